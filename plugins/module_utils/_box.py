@@ -68,25 +68,33 @@ def create_box(provider: Provider, request: CreateRequest) -> Created:
     workspace = _naming.workspace_path(request.workspace)
     name, box_id = resolve_name(request.name, workspace)
     project = _naming.project_id(workspace)
-    if not provider.image_exists(request.image):
+    image = request.image
+    restore = None
+    if request.checkpoint:
+        # Checkpoint restore: the box starts from the checkpoint's image (see _checkpoint).
+        from . import _checkpoint
+
+        restore = _checkpoint.plan_restore(provider, project, request.checkpoint)
+        image = restore.image
+    if not provider.image_exists(image):
         raise BoxError(
-            f"image {request.image!r} is not on engine {provider.engine}: build it with the box_image role "
+            f"image {image!r} is not on engine {provider.engine}: build it with the box_image role "
             "(ansible-playbook playbooks/create_box.yml does that) or pass an existing 'image'",
             box=name,
             operation="create",
         )
-    fingerprint = _image_fingerprint(provider, request.image)
+    fingerprint = _image_fingerprint(provider, image)
     repos = _git.find_repos(workspace) if request.seed else []
-    if repos and not provider.shares_host_filesystem:
-        raise BoxError(
-            f"provider {provider.name} cannot bind-mount the host repository; shipped seeding is not available yet",
-            box=name,
-            operation="create",
-        )
+    # Local engine: the box works on the host's own .git, on a branch reserved here.
+    # Elsewhere the repository is shipped (_ship) and the branch lives in the box's clone.
+    shares_git = bool(repos) and provider.shares_host_filesystem
 
     # Side effects start here; everything below is undone on failure.
-    branch = _git.reserve_branch(repos, name) if repos else ""
-    plans = [_seed.WorktreePlan.for_repo(repo, name, branch) for repo in repos]
+    if shares_git:
+        branch = _git.reserve_branch(repos, name)
+    else:
+        branch = _naming.box_branch(name) if repos else ""
+    plans = [_seed.WorktreePlan.for_repo(repo, name, branch) for repo in repos] if shares_git else []
     try:
         carry = _seed.capture_all(repos) if repos else {}
         labels = _naming.box_labels(
@@ -100,18 +108,19 @@ def create_box(provider: Provider, request: CreateRequest) -> Created:
             engine=provider.engine,
             checkpoint=request.checkpoint,
         )
-        if repos:
-            labels[_naming.label("base_commit")] = repos[0].head
-            labels[_naming.label("base_branch")] = repos[0].head_branch or ""
+        if shares_git:
             labels[_naming.label("worktrees")] = json.dumps(
                 [{"git_dir": p.common_dir, "path": p.path, "sub": p.sub} for p in plans], separators=(",", ":")
             )
+        if repos:
+            labels[_naming.label("base_commit")] = repos[0].head
+            labels[_naming.label("base_branch")] = repos[0].head_branch or ""
         spec = BoxSpec(
             name=name,
             box_id=box_id,
             project=project,
             workspace=workspace,
-            image=request.image,
+            image=image,
             labels=labels,
             env=dict(request.env),
             ports=sorted({WEB_PORT, *request.ports}),
@@ -125,9 +134,15 @@ def create_box(provider: Provider, request: CreateRequest) -> Created:
     try:
         facts = provider.create(spec)
         seed_result = None
-        if request.seed:
+        if restore is not None:
+            seed_result = restore.restore_workspace(provider, name, repos, plans, carry)
+        elif request.seed:
             if plans:
                 seed_result = _seed.seed_worktrees(provider, name, plans, carry)
+            elif repos:
+                from . import _ship
+
+                seed_result = _ship.seed_shipped(provider, name, repos, branch, carry)
             else:
                 seed_result = _seed.seed_copy(provider, name, workspace)
         boot = boot_box(provider, name) if request.boot else None
@@ -139,9 +154,7 @@ def create_box(provider: Provider, request: CreateRequest) -> Created:
 
 
 def _image_fingerprint(provider: Provider, image: str) -> str:
-    labels_of = getattr(provider, "image_labels", None)
-    labels = labels_of(image) if labels_of else {}
-    return labels.get(_naming.label("image_fingerprint"), "")
+    return provider.image_labels(image).get(_naming.label("image_fingerprint"), "")
 
 
 def _forget_branch(plans: list[_seed.WorktreePlan]) -> None:

@@ -33,14 +33,48 @@ def git(
     # safe.directory: the controller user may not own the repo (root driving a user's checkout).
     argv = ["git", "-c", "safe.directory=*", "-C", repo, *args]
     full_env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C", "GIT_TERMINAL_PROMPT": "0", **(env or {})}
+    identity = _owner_identity(repo)
+    if identity:
+        full_env["HOME"] = identity[2]
     try:
-        result = subprocess.run(argv, env=full_env, input=input_bytes, capture_output=True, check=False)
+        result = subprocess.run(
+            argv,
+            env=full_env,
+            input=input_bytes,
+            capture_output=True,
+            check=False,
+            user=identity[0] if identity else None,
+            group=identity[1] if identity else None,
+        )
     except FileNotFoundError as exc:
         raise GitError("git is not installed on the controller: install it (apt-get install git)") from exc
     if check and result.returncode != 0:
         detail = result.stderr.decode("utf-8", "replace").strip()
         raise GitError(f"git {' '.join(args[:3])} in {repo} failed: {detail}")
     return result
+
+
+def _owner_identity(path: str) -> tuple[int, int, str] | None:
+    """(uid, gid, home) of the repo's owner when we are root and they are not, else None.
+
+    Root writing refs or objects into a user's repository would leave root-owned files there
+    that the user (and the box user, sharing the .git) can no longer write; so act as the owner.
+    """
+    if os.geteuid() != 0:
+        return None
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    if info.st_uid == 0:
+        return None
+    try:
+        import pwd
+
+        home = pwd.getpwuid(info.st_uid).pw_dir
+    except KeyError:
+        home = "/nonexistent"
+    return info.st_uid, info.st_gid, home
 
 
 def git_out(repo: str, *args: str, env: dict[str, str] | None = None) -> str:
@@ -69,6 +103,11 @@ def private_index(repo: Repo) -> Iterator[dict[str, str]]:
         copy = os.path.join(scratch, "index")
         if os.path.exists(index):
             shutil.copyfile(index, copy)
+        identity = _owner_identity(repo.root)
+        if identity:
+            for path in (scratch, copy):
+                if os.path.exists(path):
+                    os.chown(path, identity[0], identity[1])
         yield {"GIT_INDEX_FILE": copy}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -191,12 +230,7 @@ def branch_exists(repo_root: str, name: str) -> bool:
 
 def remove_worktree_registration(common_dir: str, worktree_path: str) -> bool:
     """Forget a box's worktree in the host repo (the path exists only in the box)."""
-    result = subprocess.run(
-        ["git", "-c", "safe.directory=*", f"--git-dir={common_dir}", "worktree", "remove", "-f", "-f", worktree_path],
-        capture_output=True,
-        check=False,
-        env={**os.environ, "LC_ALL": "C"},
-    )
+    result = git(common_dir, f"--git-dir={common_dir}", "worktree", "remove", "-f", "-f", worktree_path, check=False)
     if result.returncode == 0:
         return True
     # Fall back to the admin directory itself when git refuses (e.g. a half-written entry).

@@ -174,6 +174,10 @@ class Provider(abc.ABC):
     @abc.abstractmethod
     def image_exists(self, image: str) -> bool: ...
 
+    def image_labels(self, image: str) -> dict[str, str]:
+        """Labels of an image (or snapshot) on this engine; {} when absent or unsupported."""
+        return {}
+
     @abc.abstractmethod
     def commit(self, name: str, image: str, labels: dict[str, str]) -> dict[str, Any]:
         """Capture the box's filesystem as `image` (layered). Returns {'id', 'size'}."""
