@@ -1,0 +1,220 @@
+#!/usr/bin/python
+# Copyright (c) agentbox.box contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: agentbox_image
+short_description: Find or build the agentbox box image from a rendered build context
+version_added: 0.1.0
+description:
+  - Fingerprints a rendered build context (a C(Dockerfile) plus the files it copies) and makes sure the
+    Docker engine has the image of that fingerprint, tagged C(<tag>:<first 16 hex of the fingerprint>)
+    and C(<tag>:latest), with the labels C(io.agentbox.image_fingerprint) and C(io.agentbox.kind=image).
+  - When that tag already exists nothing is built and the task reports no change (it only makes sure
+    C(<tag>:latest) points at it).
+  - Otherwise the base image is used if present, else pulled, else (for C(debian:<codename>) bases) made
+    from Debian's packages with C(debootstrap) and imported; then the image is built with the Docker
+    engine's classic builder. The build output goes to O(build_log), not into Ansible's output.
+  - The role M(agentbox.box.box_image) renders the context from its template and calls this module; use
+    the role rather than the module directly.
+  - The engine is the local one; C(DOCKER_HOST) and the other C(DOCKER_*) variables are honoured.
+options:
+  context:
+    description:
+      - Directory holding the rendered C(Dockerfile) and the files it copies (the build context).
+      - Every file in it is part of the fingerprint.
+    type: path
+    required: true
+  base:
+    description:
+      - The base image the C(Dockerfile) starts from (its C(FROM)). Made ready before the build.
+    type: str
+    default: debian:bookworm
+  tag:
+    description:
+      - Image repository (without a tag) to tag the image in.
+    type: str
+    default: agentbox/box
+  agents:
+    description:
+      - npm packages the rendered context installs globally; recorded in the label C(io.agentbox.agents).
+      - Informational here; the role renders them into the C(Dockerfile).
+    type: list
+    elements: str
+    default: []
+  vnc:
+    description:
+      - Whether the rendered context installs the VNC desktop; recorded in the label C(io.agentbox.vnc).
+    type: bool
+    default: false
+  build_log:
+    description:
+      - File that receives the output of a build (debootstrap, import and docker build). Overwritten by
+        each build; untouched when nothing is built.
+    type: path
+    default: ~/.agentbox/logs/box-image.log
+  force:
+    description:
+      - Build again without the layer cache even when the image of this fingerprint exists.
+    type: bool
+    default: false
+  allow_base_build:
+    description:
+      - When the base image is neither on the engine nor pullable, make it from Debian's packages with
+        C(debootstrap) (needs root and a Debian mirror in the host's apt sources).
+    type: bool
+    default: true
+  build:
+    description:
+      - Allow building. When false and the image of this fingerprint is missing, the task fails and says
+        how to build it.
+    type: bool
+    default: true
+requirements:
+  - docker (Python SDK) >= 7.0
+  - a reachable Docker engine
+  - debootstrap and root, only to make a missing Debian base image
+notes:
+  - Supports check mode, in which it reports whether a build would happen and builds nothing.
+author:
+  - agentbox.box developers
+"""
+
+EXAMPLES = r"""
+- name: Render the context and build the box image (what the role does)
+  agentbox.box.agentbox_image:
+    context: /tmp/agentbox-context
+    base: debian:bookworm
+    tag: agentbox/box
+  register: box_image
+
+- name: Fail unless the image of this context already exists
+  agentbox.box.agentbox_image:
+    context: /tmp/agentbox-context
+    build: false
+"""
+
+RETURN = r"""
+tag:
+  description: The image's fingerprint tag.
+  returned: always
+  type: str
+  sample: agentbox/box:3f2a9c0d41b7e6a2
+latest:
+  description: The moving tag that points at the same image.
+  returned: always
+  type: str
+  sample: agentbox/box:latest
+fingerprint:
+  description: sha256 over the rendered Dockerfile and every file in the context.
+  returned: always
+  type: str
+image_id:
+  description: The image's id; null in check mode when it would be built.
+  returned: always
+  type: str
+size:
+  description: The image's size in bytes; null in check mode when it would be built.
+  returned: always
+  type: int
+build_seconds:
+  description: Wall time of the base step and the build; null when nothing was built.
+  returned: always
+  type: float
+base_source:
+  description: How the base image was made ready (C(present), C(pulled) or C(debootstrap)); null when nothing was built.
+  returned: always
+  type: str
+built:
+  description: Whether an image was built by this task.
+  returned: always
+  type: bool
+would_build:
+  description: Whether a build is (or in check mode would be) needed.
+  returned: always
+  type: bool
+latest_moved:
+  description: Whether C(<tag>:latest) was (or would be) moved to this image.
+  returned: always
+  type: bool
+log:
+  description: Path of the build log.
+  returned: always
+  type: str
+msg:
+  description: One line saying what happened.
+  returned: always
+  type: str
+"""
+
+import traceback
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.agentbox.box.plugins.module_utils._image import ImageError, ImageRequest, ensure_image
+
+try:
+    import docker
+    import docker.errors
+
+    DOCKER_IMPORT_ERROR = None
+except ImportError:
+    DOCKER_IMPORT_ERROR = traceback.format_exc()
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(
+            context=dict(type="path", required=True),
+            base=dict(type="str", default="debian:bookworm"),
+            tag=dict(type="str", default="agentbox/box"),
+            agents=dict(type="list", elements="str", default=[]),
+            vnc=dict(type="bool", default=False),
+            build_log=dict(type="path", default="~/.agentbox/logs/box-image.log"),
+            force=dict(type="bool", default=False),
+            allow_base_build=dict(type="bool", default=True),
+            build=dict(type="bool", default=True),
+        ),
+        supports_check_mode=True,
+    )
+    if DOCKER_IMPORT_ERROR:
+        module.fail_json(msg=missing_required_lib("docker"), exception=DOCKER_IMPORT_ERROR)
+
+    request = ImageRequest(
+        context=module.params["context"],
+        base=module.params["base"],
+        repository=module.params["tag"],
+        agents=module.params["agents"],
+        vnc=module.params["vnc"],
+        build_log=module.params["build_log"],
+        force=module.params["force"],
+        allow_base_build=module.params["allow_base_build"],
+        build=module.params["build"],
+        check_mode=module.check_mode,
+    )
+    try:
+        client = docker.from_env()
+        client.ping()
+    except docker.errors.DockerException as exc:
+        module.fail_json(
+            msg=f"no Docker engine answers ({exc}): start one (scripts/ensure-docker.sh) or set DOCKER_HOST"
+        )
+    try:
+        result = ensure_image(client, request, docker.errors.ImageNotFound, docker.errors.APIError)
+    except ImageError as exc:
+        module.fail_json(msg=str(exc))
+    except docker.errors.DockerException as exc:
+        module.fail_json(msg=f"Docker engine error: {exc}", exception=traceback.format_exc())
+    finally:
+        client.close()
+    outcome = result.to_dict()
+    for warning in outcome.pop("warnings"):
+        module.warn(warning)
+    module.exit_json(**outcome)
+
+
+if __name__ == "__main__":
+    main()
