@@ -167,7 +167,7 @@ def test_topological_order_puts_needs_first():
 
 
 def test_the_complete_example_in_the_docs_is_valid_for_parser_and_schema():
-    blocks = re.findall(r"```yaml\n(.*?)```", DOC_PATH.read_text(), re.S)
+    blocks = re.findall(r"```yaml\n(.*?)```", DOC_PATH.read_text(), re.DOTALL)
     assert blocks, "docs/agentbox-yaml.md has no yaml example"
     complete = max(blocks, key=len)
     config, issues = ctl.parse_config(complete, "/workspace/agentbox.yaml")
