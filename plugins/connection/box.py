@@ -254,8 +254,7 @@ class Connection(ConnectionBase):
             ) from None
         if facts.state == "stopped":
             raise AnsibleConnectionFailure(
-                f"{self._where()} is stopped: start it with playbooks/box_state.yml -e box={self._box} "
-                "-e state=started"
+                f"{self._where()} is stopped: start it with playbooks/box_state.yml -e box={self._box} -e state=started"
             ) from None
         if facts.state == "paused":
             if self._resumed_checked or not self.get_option("auto_resume"):
@@ -374,7 +373,9 @@ class Connection(ConnectionBase):
                 seen.add(remote)
                 try:
                     with open(partial, "wb") as out:
-                        self._call(lambda path=remote: extract_single_file(self._provider.get_archive(self._box, path), out))
+                        self._call(
+                            lambda path=remote: extract_single_file(self._provider.get_archive(self._box, path), out)
+                        )
                 except NotARegularFile as exc:
                     if exc.link_target is None:
                         raise AnsibleError(f"{self._where()}: cannot fetch {in_path}: {exc}") from exc

@@ -37,7 +37,9 @@ WORKSPACE_B = "/home/dev/src/other"
 EVIL = "{{ lookup('pipe', 'touch /tmp/agentbox-inventory-pwned') }}"
 
 
-def box(name: str, state: str = "running", workspace: str = WORKSPACE_A, engine: str = "local", **labels: str) -> BoxFacts:
+def box(
+    name: str, state: str = "running", workspace: str = WORKSPACE_A, engine: str = "local", **labels: str
+) -> BoxFacts:
     provider = "docker" if engine == "local" else "docker_ssh"
     all_labels = {"box": name, "kind": "box", "base_branch": "main", "project": project_id(workspace), **labels}
     return BoxFacts(
@@ -266,7 +268,9 @@ def test_cache_keeps_the_raw_listing_not_the_built_inventory(fleet, tmp_path):
     assert [b["name"] for b in stored["sources"][0]["boxes"]] == ["fix-login", "fix-logout", "spike", "evil"]
     # Warm: no provider call; compose and groups (changed since) are evaluated again.
     fleet.engines["local"] = [box("brand-new")]
-    second = fleet(cache_config(tmp_path, compose={"tag": "'warm-' + agentbox_box"}, groups={"held": "agentbox_state == 'paused'"}))
+    second = fleet(
+        cache_config(tmp_path, compose={"tag": "'warm-' + agentbox_box"}, groups={"held": "agentbox_state == 'paused'"})
+    )
     assert fleet.calls == ["local"]
     assert sorted(second.hosts) == sorted(first.hosts)
     assert second.get_host("spike").vars["tag"] == "warm-spike"
