@@ -89,6 +89,7 @@ class SandboxRecord:
     last_activity_mono: float = field(default_factory=time.monotonic)
     stopped_mono: float | None = None
     ttl_minutes: int | None = None
+    restore_changes: list[str] = field(default_factory=list)
 
     def touch(self) -> None:
         self.updated = time.time()
@@ -115,6 +116,7 @@ class SnapshotRecord:
     error_reason: str | None = None
     source_sandbox_id: str | None = None
     dockerfile: str | None = None
+    user: str | None = None  # a snapshot of a sandbox keeps that sandbox's user as the default
     created: float = field(default_factory=time.time)
     updated: float = field(default_factory=time.time)
     last_used: float | None = None
@@ -363,6 +365,7 @@ class Emulator:
         build_info = body.get("buildInfo")
         dockerfile: str | None = None
         entrypoint: list[str] | None = None
+        snapshot_user: str | None = None
 
         if snapshot_ref is not None and build_info is not None:
             raise ApiError(400, "Cannot specify both a snapshot and build info")
@@ -390,6 +393,7 @@ class Emulator:
                                     "the emulator cannot pull; build it, or start the emulator with --image")
             image = snap.image_ref
             snapshot_name = snap.name
+            snapshot_user = snap.user
             entrypoint = snap.entrypoint
             size = {"cpu": snap.cpu, "memory": snap.mem, "disk": snap.disk, "gpu": snap.gpu}
             with self.lock:
@@ -400,7 +404,8 @@ class Emulator:
             raise ApiError(400, "user must be a non-empty string")
         if not user:
             info = self.backend.image_info(image) if image else None
-            user = self.config.default_user or (info.user if info and info.user else "") or "root"
+            user = (snapshot_user or self.config.default_user or (info.user if info and info.user else "")
+                    or "root")
         volumes = body.get("volumes") or []
         if not isinstance(volumes, list):
             raise ApiError(400, "volumes must be a list")
@@ -452,8 +457,10 @@ class Emulator:
             except BackendError as exc:
                 raise BuildFailed(str(exc)) from exc
             sb.image = tag
-        elif self.backend.image_info(sb.image) is None:
+        info = self.backend.image_info(sb.image)
+        if info is None:
             raise BuildFailed(f"image {sb.image} is not in the local Docker engine and the emulator cannot pull it")
+        sb.restore_changes = info.restore_changes()
         hostname = sb.name if _HOSTNAME_RE.match(sb.name) else f"sandbox-{sb.id[:8]}"
         env = {**sb.env, "DAYTONA_SANDBOX_ID": sb.id, "DAYTONA_SANDBOX_USER": sb.user}
         if sb.snapshot:
@@ -465,6 +472,9 @@ class Emulator:
 
     def _resolve_user(self, sb: SandboxRecord) -> None:
         assert sb.container_id
+        if sb.user.isdigit():
+            sb.uid = sb.gid = int(sb.user)
+            return
         ids = self.backend.exec_argv(sb.container_id, ["sh", "-c", 'id -u "$1" && id -g "$1"', "id", sb.user],
                                      user="0")
         numbers = ids.output.decode(errors="replace").split()
@@ -611,13 +621,13 @@ class Emulator:
             snap = SnapshotRecord(
                 id=str(uuid.uuid4()), name=name, image_ref=f"{repository}:{tag}", owned=True, state="pending",
                 cpu=sb.cpu, gpu=sb.gpu, mem=sb.memory, disk=sb.disk, source_sandbox_id=sb.id,
-                entrypoint=sb.entrypoint,
+                entrypoint=sb.entrypoint, user=sb.user,
             )
             self.snapshots[snap.id] = snap
 
         def work() -> None:
             assert sb.container_id
-            info = self.backend.commit(sb.container_id, repository, tag, snap.id)
+            info = self.backend.commit(sb.container_id, repository, tag, snap.id, sb.restore_changes)
             snap.size = info.size_gib
 
         def finish() -> None:

@@ -7,6 +7,7 @@ container's IP address.
 from __future__ import annotations
 
 import io
+import json
 import logging
 import re
 import tarfile
@@ -65,6 +66,13 @@ class ImageInfo:
     user: str
     workdir: str
     size_gib: float
+    entrypoint: list[str] | None = None
+    cmd: list[str] | None = None
+
+    def restore_changes(self) -> list[str]:
+        """Dockerfile lines that give a committed sandbox back the image's own USER/ENTRYPOINT/CMD."""
+        return [f"USER {self.user or 'root'}", f"ENTRYPOINT {json.dumps(self.entrypoint or [])}",
+                f"CMD {json.dumps(self.cmd or [])}"]
 
 
 @dataclass
@@ -110,6 +118,8 @@ class DockerBackend:
             user=config.get("User") or "",
             workdir=config.get("WorkingDir") or "",
             size_gib=round((attrs.get("Size") or 0) / 2**30, 3),
+            entrypoint=config.get("Entrypoint"),
+            cmd=config.get("Cmd"),
         )
 
     def build_image(self, dockerfile: str, tag: str) -> str:
@@ -123,10 +133,11 @@ class DockerBackend:
             raise BackendError(f"build failed: {exc}") from exc
         return image.id
 
-    def commit(self, container_id: str, repository: str, tag: str, snapshot_id: str) -> ImageInfo:
+    def commit(self, container_id: str, repository: str, tag: str, snapshot_id: str,
+               changes: list[str]) -> ImageInfo:
         try:
             self.long_client.api.commit(
-                container_id, repository=repository, tag=tag,
+                container_id, repository=repository, tag=tag, changes=changes,
                 conf={"Labels": {EMULATOR_LABEL: self.instance_id, SNAPSHOT_LABEL: snapshot_id}},
             )
         except docker.errors.APIError as exc:
