@@ -485,6 +485,17 @@ def test_sigterm_kills_whole_process_groups(supervised):
     assert not pid_alive(leader) and not pid_alive(child)
 
 
+def test_shutdown_command_stops_units_then_the_daemon(supervised):
+    box = supervised("services:\n  svc:\n    command: exec sleep 300\n")
+    assert box.ctl("wait-ready", "--timeout", "10").returncode == 0
+    pid = box.unit("svc")["pid"]
+    result = box.ctl("shutdown", "--timeout", "20")
+    assert result.returncode == 0, result.stderr
+    assert "stopped" in result.stdout
+    assert box.proc.wait(10) == 0
+    assert not pid_alive(pid) and not box.socket.exists()
+
+
 def test_logs_tail_follow_and_rotation(supervised):
     box = supervised("""\
     services:
