@@ -24,7 +24,7 @@ if str(REPO) not in sys.path:
 docker = pytest.importorskip("docker")
 daytona = pytest.importorskip("daytona")
 
-from daytona import (  # noqa: E402
+from daytona import (
     CreateSandboxFromImageParams,
     CreateSandboxFromSnapshotParams,
     CreateSnapshotParams,
@@ -41,7 +41,7 @@ from daytona import (  # noqa: E402
     Resources,
     SessionExecuteRequest,
 )
-from daytona.common.errors import (  # noqa: E402
+from daytona.common.errors import (
     DaytonaConnectionTimeoutError,
     DaytonaFileNotFoundError,
     DaytonaInternalServerError,
@@ -49,14 +49,14 @@ from daytona.common.errors import (  # noqa: E402
     DaytonaProcessExecutionTimeoutError,
 )
 
-from tests.daytona_emulator import (  # noqa: E402
+from tests.daytona_emulator import (
     EMULATOR_LABEL,
     TEST_IMAGE,
     ensure_test_image,
     remove_test_image,
     running_emulator,
 )
-from tests.daytona_emulator.harness import AdminError  # noqa: E402
+from tests.daytona_emulator.harness import AdminError
 
 pytestmark = pytest.mark.integration
 
@@ -67,7 +67,7 @@ def docker_client():
     try:
         client = docker.from_env()
         client.ping()
-    except Exception as exc:  # no engine: these tests cannot run here
+    except Exception as exc:  # noqa: BLE001 - no engine: these tests cannot run here
         pytest.skip(f"no Docker engine: {exc}")
     yield client
     client.close()
@@ -368,6 +368,22 @@ def test_connection_dropped_mid_call(emu, client):
         sandbox.stop()
     # The work was done before the answer broke: the sandbox did stop.
     assert client.get(sandbox.id).state == "stopped"
+
+
+def test_dropped_connections_and_what_the_sdk_retries_by_itself(emu, client):
+    sandbox = client.create(CreateSandboxFromSnapshotParams(name=_name("rd")))
+    # A drop before any work on a control-plane POST reaches the caller, and nothing happened.
+    emu.admin.add_fault(method="POST", path=f"/api/sandbox/{sandbox.id}/stop$", action="drop", times=1)
+    with pytest.raises(DaytonaConnectionError):
+        sandbox.stop()
+    assert client.get(sandbox.id).state == "started"
+    # The same drop on a GET is retried by urllib3 under the SDK: the caller never sees it.
+    emu.admin.add_fault(method="GET", path=f"^/api/sandbox/{sandbox.id}$", action="drop", times=1)
+    assert client.get(sandbox.id).id == sandbox.id
+    # Toolbox calls retry RemoteDisconnected even for POST: an answer lost after the work runs it twice.
+    emu.admin.add_fault(method="POST", path="/process/execute$", action="drop_after", times=1)
+    assert sandbox.process.exec("echo ran >> /tmp/runs").exit_code == 0
+    assert sandbox.process.exec("cat /tmp/runs").result == "ran\nran\n"
 
 
 def test_ambiguous_create_makes_one_sandbox(emu, client):
