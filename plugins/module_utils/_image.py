@@ -179,7 +179,7 @@ def run_logged(command: list[str], log: BuildLog) -> int:
 def debian_suite(base: str) -> str:
     """The Debian code name debootstrap needs for a base like debian:bookworm or debian:12-slim."""
     repository, tag = split_reference(base)
-    if repository.rsplit("/", 1)[-1] != "debian" or repository not in ("debian", "library/debian", "docker.io/library/debian"):
+    if repository not in ("debian", "library/debian", "docker.io/library/debian"):
         raise ImageError(
             f"base {base!r} is not on the engine and cannot be pulled, and only Debian bases "
             "(debian:<codename>, e.g. debian:bookworm) can be built here with debootstrap: "
@@ -272,8 +272,11 @@ def remove_tree(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def build_base_with_debootstrap(client: Any, base: str, log: BuildLog, workdir: str | None = None) -> str:
-    """Make `base` (a debian:<suite> reference) from Debian's packages and import it. Returns its id."""
+def build_base_with_debootstrap(
+    client: Any, base: str, log: BuildLog, workdir: str | None = None, import_as: str | None = None
+) -> str:
+    """Make `base` (a debian:<suite> reference) from Debian's packages and import it under its own
+    name, or under import_as when given. Returns the image id."""
     suite = debian_suite(base)
     if os.geteuid() != 0:
         raise ImageError(
@@ -313,7 +316,7 @@ def build_base_with_debootstrap(client: Any, base: str, log: BuildLog, workdir: 
         code = run_logged(["tar", "--numeric-owner", "--xattrs", "-C", rootfs, "-cf", tarball, "."], log)
         if code != 0:
             raise ImageError(f"packing the Debian {suite} root file system failed; see {log.path}")
-        repository, tag = split_reference(base)
+        repository, tag = split_reference(import_as or base)
         log.line(f"importing {tarball} as {repository}:{tag}")
         result = client.api.import_image_from_file(
             tarball,
@@ -407,8 +410,8 @@ def ensure_base(
     build_base_with_debootstrap(client, request.base, log)
     seconds = time.monotonic() - started
     return "debootstrap", [
-        f"base image {request.base} could not be pulled; built it from Debian's packages with "
-        f"debootstrap and imported it ({seconds:.0f}s)"
+        (f"base image {request.base} could not be pulled; built it from Debian's packages with "
+        f"debootstrap and imported it ({seconds:.0f}s)")
     ]
 
 

@@ -153,7 +153,6 @@ msg:
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-
 from ansible_collections.agentbox.box.plugins.module_utils._image import ImageError, ImageRequest, ensure_image
 
 try:
@@ -167,17 +166,17 @@ except ImportError:
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec=dict(
-            context=dict(type="path", required=True),
-            base=dict(type="str", default="debian:bookworm"),
-            tag=dict(type="str", default="agentbox/box"),
-            agents=dict(type="list", elements="str", default=[]),
-            vnc=dict(type="bool", default=False),
-            build_log=dict(type="path", default="~/.agentbox/logs/box-image.log"),
-            force=dict(type="bool", default=False),
-            allow_base_build=dict(type="bool", default=True),
-            build=dict(type="bool", default=True),
-        ),
+        argument_spec={
+            "context": {"type": "path", "required": True},
+            "base": {"type": "str", "default": "debian:bookworm"},
+            "tag": {"type": "str", "default": "agentbox/box"},
+            "agents": {"type": "list", "elements": "str", "default": []},
+            "vnc": {"type": "bool", "default": False},
+            "build_log": {"type": "path", "default": "~/.agentbox/logs/box-image.log"},
+            "force": {"type": "bool", "default": False},
+            "allow_base_build": {"type": "bool", "default": True},
+            "build": {"type": "bool", "default": True},
+        },
         supports_check_mode=True,
     )
     if DOCKER_IMPORT_ERROR:
