@@ -127,6 +127,13 @@ def test_unknown_keys_warn_with_line_and_suggestion_but_the_file_stays_valid():
     assert config.tasks["install"].run_once is False  # the misspelt key really was ignored
 
 
+def test_extension_keys_and_anchors_are_quiet():
+    config, issues = parse(FIXTURES / "valid" / "http-url-and-anchors.yaml")
+    assert issues == []
+    assert config.services["api"].restart == config.services["ui"].restart == "always"
+    assert config.services["ui"].backoff.max_ms == 100
+
+
 def test_defaults_and_normalisation():
     text = ("services:\n  web:\n    command: ./web\n    ready_when: {http: /health, port: 8000}\n"
             "    expose: {port: 8000}\n    env: {N: 3, DEBUG: true}\n")
