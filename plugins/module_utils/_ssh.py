@@ -272,6 +272,8 @@ class EngineConnection:
             options.key_types = tuple(preferred + [t for t in options.key_types if t not in known])
         try:
             transport.start_client(timeout=self.connect_timeout)
+            if not transport.is_active() or transport.host_key is None:
+                raise paramiko.SSHException("no key exchange within the timeout")
         except (paramiko.SSHException, EOFError, OSError) as exc:
             transport.close()
             raise EngineUnreachable(
@@ -550,7 +552,16 @@ if HAS_DOCKER_SDK:
                 conn = None
             if self.pool is None:
                 raise urllib3.exceptions.ClosedPoolError(self, "Pool is closed.")
+            if conn is not None and not _channel_usable(conn.sock):
+                conn.close()  # the engine closed it, or the SSH link dropped since: open a fresh one
+                conn = None
             return conn or self._new_conn()
+
+    def _channel_usable(channel: Any) -> bool:
+        if channel is None or channel.closed or channel.eof_received:
+            return False
+        transport = channel.get_transport()
+        return transport is not None and transport.is_active()
 
     class _DialStdioAdapter(BaseHTTPAdapter):
         def __init__(self, engine: EngineConnection, timeout: float, max_pool_size: int = MAX_POOL_SIZE):
