@@ -112,7 +112,9 @@ class _EngineLock:
                 return self
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise ProviderError(f"waited {LOCK_TIMEOUT} s for another transfer of this image (lock {self.path})")
+                    raise ProviderError(
+                        f"waited {LOCK_TIMEOUT} s for another transfer of this image (lock {self.path})"
+                    )
                 time.sleep(0.5)
 
     def __exit__(self, *exc: object) -> None:

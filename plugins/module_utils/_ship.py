@@ -343,7 +343,9 @@ def _fetch_one(provider: Provider, box: str, repo: _git.Repo, entry: dict[str, A
                 box=box,
                 operation="fetch",
             )
-    _git.git(repo.root, "update-ref", "-m", f"agentbox: fetched from box {box}", ref, tip, *([previous] if previous else []))
+    _git.git(
+        repo.root, "update-ref", "-m", f"agentbox: fetched from box {box}", ref, tip, *([previous] if previous else [])
+    )
     counted = _git.git(repo.root, "rev-list", "--count", tip, f"^{previous or base}", check=False)
     new_commits = int(counted.stdout.decode().strip() or 0) if counted.returncode == 0 else 0
     return _report(repo, entry, tip, previous, new_commits, changed=True)
@@ -385,4 +387,3 @@ def _fetch_bundle(provider: Provider, box: str, repo: _git.Repo, path: str, ref:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         provider.exec(box, ["rm", "-f", BUNDLE_PATH], user="vscode")
-

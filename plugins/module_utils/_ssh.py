@@ -98,7 +98,9 @@ class Destination:
         return f"{self.user}@{self.host}:{self.port}"
 
 
-_DESTINATION = re.compile(r"^(?:ssh://)?(?:(?P<user>[^@/\s]+)@)?(?P<host>\[[^\]]+\]|[^:@/\s\[\]]+)(?::(?P<port>\d+))?/?$")
+_DESTINATION = re.compile(
+    r"^(?:ssh://)?(?:(?P<user>[^@/\s]+)@)?(?P<host>\[[^\]]+\]|[^:@/\s\[\]]+)(?::(?P<port>\d+))?/?$"
+)
 
 
 def split_destination(engine: str) -> tuple[str | None, str, int | None]:
@@ -375,7 +377,9 @@ class EngineConnection:
         )
 
     # -- running commands on the engine ------------------------------------------------------
-    def run(self, command: str, *, stdin: bytes | None = None, timeout: float | None = 60.0) -> tuple[int, bytes, bytes]:
+    def run(
+        self, command: str, *, stdin: bytes | None = None, timeout: float | None = 60.0
+    ) -> tuple[int, bytes, bytes]:
         """Run a shell command on the engine (not in a box) and wait: (exit code, stdout, stderr)."""
         channel = self.transport().open_session(timeout=self.connect_timeout)
         try:
@@ -387,7 +391,9 @@ class EngineConnection:
             out, err = _collect(channel)
             return channel.recv_exit_status(), out, err
         except TimeoutError as exc:
-            raise ProviderError(f"engine {self.engine}: {command.split()[0]} did not finish within {timeout} s") from exc
+            raise ProviderError(
+                f"engine {self.engine}: {command.split()[0]} did not finish within {timeout} s"
+            ) from exc
         finally:
             channel.close()
 
@@ -403,7 +409,9 @@ class EngineConnection:
                 path = out.decode().strip().splitlines()[-1]
             else:
                 # Docker Desktop and OrbStack put docker on the PATH of login shells only.
-                rc, out, _ = self.run("exec \"${SHELL:-/bin/sh}\" -lc 'command -v docker'", timeout=self.connect_timeout)
+                rc, out, _ = self.run(
+                    "exec \"${SHELL:-/bin/sh}\" -lc 'command -v docker'", timeout=self.connect_timeout
+                )
                 lines = [line for line in out.decode("utf-8", "replace").splitlines() if line.startswith("/")]
                 if rc == 0 and lines:
                     path = lines[-1].strip()
@@ -524,9 +532,7 @@ if HAS_DOCKER_SDK:
 
         def connect(self) -> None:
             try:
-                channel = self._engine.open_exec_channel(
-                    f"{shlex.quote(self._engine.docker_path())} system dial-stdio"
-                )
+                channel = self._engine.open_exec_channel(f"{shlex.quote(self._engine.docker_path())} system dial-stdio")
             except paramiko.SSHException as exc:
                 raise EngineUnreachable(f"engine {self._engine.engine}: opening a channel failed ({exc})") from exc
             channel.settimeout(self._channel_timeout)
@@ -738,7 +744,9 @@ def open_local_forward(
     return LocalForward(connection, int(remote_port), int(local_port))
 
 
-def stream_to_command(connection: EngineConnection, command: str, chunks: Iterable[bytes], timeout: float = 3600) -> bytes:
+def stream_to_command(
+    connection: EngineConnection, command: str, chunks: Iterable[bytes], timeout: float = 3600
+) -> bytes:
     """Feed chunks to a command's stdin on the engine; its output, or ProviderError on failure."""
     channel = connection.open_exec_channel(command)
     try:

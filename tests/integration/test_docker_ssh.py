@@ -32,10 +32,11 @@ for entry in (str(HERE), str(HERE.parents[1] / ".collections")):
     if entry not in sys.path:
         sys.path.insert(0, entry)
 
-from ansible_collections.agentbox.box.plugins.module_utils import _box, _image_transfer, _ship, _ssh
-from ansible_collections.agentbox.box.plugins.module_utils._docker import DockerProvider
-from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
-from engines import REPO, EngineFleet
+from engines import REPO, EngineFleet  # noqa: E402
+
+from ansible_collections.agentbox.box.plugins.module_utils import _box, _image_transfer, _ship, _ssh  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils._docker import DockerProvider  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError  # noqa: E402
 
 pytestmark = pytest.mark.integration
 IMAGE = "agentbox/box:latest"
@@ -205,15 +206,16 @@ def test_two_engines_carry_over_commands_fetch_back_destroy(fleet, tmp_path, mon
             assert created.seed.modified >= 4 and (created.seed.deleted, created.seed.renamed) == (1, 1)
             assert created.seed.warnings == []
             # Byte-identical carry-over, file by file (content, mode, symlink target).
-            assert box_files(provider, name, "/workspace") == {
-                k: v for k, v in expected_root.items()
-            } | {f"nested/{k}": v for k, v in expected_nested.items()}
+            assert box_files(provider, name, "/workspace") == {k: v for k, v in expected_root.items()} | {
+                f"nested/{k}": v for k, v in expected_nested.items()
+            }
             # Staged and unstaged states survive (git status in the box reads like the host's).
             assert run(provider, name, "git", "-C", "/workspace", "status", "--porcelain=v1", "-uall") == before[
                 "status"
             ].replace("?? nested/extra.txt\n", "").replace("?? nested/lib.txt\n", "")
-            assert run(provider, name, "git", "-C", "/workspace/nested", "status", "--porcelain=v1") == (
-                nested_before["status"]
+            assert (
+                run(provider, name, "git", "-C", "/workspace/nested", "status", "--porcelain=v1")
+                == (nested_before["status"])
             )
             assert run(provider, name, "git", "-C", "/workspace", "rev-parse", "--abbrev-ref", "HEAD").strip() == (
                 f"agentbox/{name}"
@@ -257,7 +259,9 @@ def test_port_forward_to_a_box_port(fleet, tmp_path):
     provider = DockerProvider(engine=fleet.engines[0].alias, ssh_options={})
     name = f"abx-port-{secrets.token_hex(2)}"
     token = secrets.token_hex(8)
-    created = _box.create_box(provider, _box.CreateRequest(name=name, workspace=str(tmp_path), ports=[8123], seed=False))
+    created = _box.create_box(
+        provider, _box.CreateRequest(name=name, workspace=str(tmp_path), ports=[8123], seed=False)
+    )
     try:
         engine_port = created.facts.ports["8123"]
         run(provider, name, "sh", "-c",

@@ -20,10 +20,11 @@ for entry in (str(HERE), str(HERE.parents[1] / ".collections")):
     if entry not in sys.path:
         sys.path.insert(0, entry)
 
-from ansible_collections.agentbox.box.plugins.module_utils import _docker, _ssh
-from ansible_collections.agentbox.box.plugins.module_utils._docker import DockerProvider
-from ansible_collections.agentbox.box.plugins.module_utils._provider import EngineUnreachable, get_provider
-from engines import EngineFleet, free_port
+from engines import EngineFleet, free_port  # noqa: E402
+
+from ansible_collections.agentbox.box.plugins.module_utils import _docker, _ssh  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils._docker import DockerProvider  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils._provider import EngineUnreachable, get_provider  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
