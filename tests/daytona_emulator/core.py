@@ -90,6 +90,7 @@ class SandboxRecord:
     stopped_mono: float | None = None
     ttl_minutes: int | None = None
     restore_changes: list[str] = field(default_factory=list)
+    generation: int = 0  # bumped by each transition; a superseded transition does not settle the state
 
     def touch(self) -> None:
         self.updated = time.time()
@@ -307,6 +308,8 @@ class Emulator:
         otherwise the work is done before answering and the final state is returned.
         """
         with self.lock:
+            sb.generation += 1
+            generation = sb.generation
             sb.state = transitional
             sb.desired_state = desired
             sb.pending = True
@@ -326,6 +329,8 @@ class Emulator:
             if remaining > 0:
                 time.sleep(remaining)
             with self.lock:
+                if sb.generation != generation:
+                    return  # a later transition (start during archiving) took over
                 sb.pending = False
                 sb.touch()
                 if error is None:
@@ -486,12 +491,14 @@ class Emulator:
     def start_sandbox(self, id_or_name: str) -> dict[str, Any]:
         sb = self.find(id_or_name)
         with self.lock:
-            self._require_settled(sb)
+            # Start may interrupt archiving (the container is stopped either way), as on Daytona.
+            if not (sb.state == "archiving" and sb.desired_state == "archived"):
+                self._require_settled(sb)
             if sb.state == "started":
                 return self.sandbox_dto(sb)  # start is idempotent
             if sb.state in ("error", "build_failed"):
                 raise ApiError(400, "Sandbox is in an errored state")
-            if sb.state not in ("stopped", "archived"):
+            if sb.state not in ("stopped", "archived", "archiving"):
                 raise ApiError(400, "Sandbox is not in valid state")
             transitional = "restoring" if sb.state == "archived" else "starting"
 
@@ -777,7 +784,7 @@ class Emulator:
             self.tombstones = [(when, item) for when, item in self.tombstones if now - when < lag]
             items = [self.sandbox_dto(sb, full=False) for sb in self.sandboxes.values()
                      if now - sb.created_mono >= lag]
-            items += [item for _, item in self.tombstones]
+            items += [item for _deleted_at, item in self.tombstones]
         selected = [
             item for item in items
             if all(item["labels"].get(key) == value for key, value in labels.items())

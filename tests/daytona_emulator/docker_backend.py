@@ -125,7 +125,7 @@ class DockerBackend:
     def build_image(self, dockerfile: str, tag: str) -> str:
         """Build a Dockerfile with no context (only works offline if every base image is local)."""
         try:
-            image, _ = self.long_client.images.build(
+            image, _build_log = self.long_client.images.build(
                 fileobj=io.BytesIO(dockerfile.encode()), tag=tag, rm=True, forcerm=True, pull=False,
                 labels={EMULATOR_LABEL: self.instance_id},
             )
@@ -326,7 +326,7 @@ class DockerBackend:
     def read_dir_files(self, container_id: str, path: str) -> dict[str, bytes]:
         """Every regular file directly under a directory, by name ({} if the directory does not exist)."""
         try:
-            stream, _ = self._get_archive(container_id, path)
+            stream, _stat = self._get_archive(container_id, path)
         except PathNotFound:
             return {}
         files: dict[str, bytes] = {}
@@ -346,7 +346,7 @@ class DockerBackend:
             raise BackendError(f"reading {path} failed: {exc.explanation or exc}") from exc
 
     def write_file(self, container_id: str, path: str, data: bytes, uid: int, gid: int, user: str) -> None:
-        parent, _, name = path.rstrip("/").rpartition("/")
+        parent, _slash, name = path.rstrip("/").rpartition("/")
         parent = parent or "/"
         made = self.exec_argv(container_id, ["mkdir", "-p", parent], user=user)
         if made.exit_code != 0:

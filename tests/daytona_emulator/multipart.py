@@ -18,7 +18,7 @@ class FormPart:
 
 def boundary_from_content_type(content_type: str) -> bytes | None:
     for piece in content_type.split(";")[1:]:
-        key, _, value = piece.strip().partition("=")
+        key, _eq, value = piece.strip().partition("=")
         if key.lower() == "boundary":
             return value.strip().strip('"').encode("latin-1")
     return None
@@ -27,13 +27,13 @@ def boundary_from_content_type(content_type: str) -> bytes | None:
 def _disposition_params(header: str) -> dict[str, str]:
     params: dict[str, str] = {}
     for piece in header.split(";")[1:]:
-        key, _, value = piece.strip().partition("=")
+        key, _eq, value = piece.strip().partition("=")
         value = value.strip()
         if value.startswith('"') and value.endswith('"'):
             value = value[1:-1].replace('\\"', '"')
         params[key.lower()] = value
     if "filename*" in params:
-        charset, _, encoded = params["filename*"].partition("''")
+        charset, _sep, encoded = params["filename*"].partition("''")
         params["filename"] = urllib.parse.unquote(encoded, encoding=charset or "utf-8")
     return params
 
@@ -53,7 +53,7 @@ def parse_form(body: bytes, boundary: bytes) -> list[FormPart]:
             data = data[:-2]
         headers: dict[str, str] = {}
         for line in raw_headers.decode("utf-8", "replace").split("\r\n"):
-            key, _, value = line.partition(":")
+            key, _colon, value = line.partition(":")
             headers[key.strip().lower()] = value.strip()
         params = _disposition_params(headers.get("content-disposition", ""))
         parts.append(FormPart(params.get("name", ""), params.get("filename"), headers.get("content-type"), data))

@@ -64,7 +64,20 @@ class RequestHandler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         LOG.debug("%s - %s", self.address_string(), format % args)
 
-    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = lambda self: self._handle()
+    def do_GET(self) -> None:  # the names http.server dispatches to
+        self._handle()
+
+    def do_POST(self) -> None:
+        self._handle()
+
+    def do_PUT(self) -> None:
+        self._handle()
+
+    def do_DELETE(self) -> None:
+        self._handle()
+
+    def do_PATCH(self) -> None:
+        self._handle()
 
     # ---- plumbing -----------------------------------------------------------------------------------------
     def _read_body(self) -> bytes:
@@ -142,7 +155,7 @@ class RequestHandler(BaseHTTPRequestHandler):
             self._drop()
         elif rule is not None and rule.action == "truncate":
             entry["outcome"] = "fault:truncate"
-            head, _, payload = raw.partition(b"\r\n\r\n")
+            head, _blank, payload = raw.partition(b"\r\n\r\n")
             self.wfile.write(head + b"\r\n\r\n" + payload[: max(1, len(payload) // 2)])
             self._drop()
         else:

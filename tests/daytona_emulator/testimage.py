@@ -100,7 +100,7 @@ def ensure_test_image(client: docker.DockerClient, tag: str = TEST_IMAGE) -> boo
     """Make sure `tag` exists; return True when this call created it (so the caller removes it)."""
     if image_exists(client, tag):
         return False
-    repository, _, version = tag.rpartition(":")
+    repository, _colon, version = tag.rpartition(":")
     rootfs = build_rootfs(_find_busybox())
     client.api.import_image_from_data(
         rootfs,

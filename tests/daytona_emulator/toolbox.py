@@ -163,7 +163,7 @@ class Toolbox:
                 return self.create_session(sb, body)
             if method == "GET":
                 with self.lock:
-                    return Reply(200, [s.to_json() for (sid, _), s in self.sessions.items() if sid == sb.id])
+                    return Reply(200, [s.to_json() for (sid, _sid), s in self.sessions.items() if sid == sb.id])
         elif len(rest) == 1 and rest[0] != "entrypoint":
             if method == "GET":
                 return Reply(200, self._session(sb, rest[0]).to_json())
@@ -181,7 +181,7 @@ class Toolbox:
                 raise daemon_error(400, "following logs needs a websocket, which the emulator does not serve; "
                                         "poll the logs instead")
             session = self._session(sb, rest[0])
-            _, stdout, stderr = self._refresh(session, self._command(session, rest[2]))
+            _command, stdout, stderr = self._refresh(session, self._command(session, rest[2]))
             return Reply(200, _logs(stdout, stderr))
         raise daemon_error(404, f"the emulator does not implement {method} /process/session/{'/'.join(rest)}")
 
@@ -211,7 +211,7 @@ class Toolbox:
         except OSError:
             pass
         exit_code = None
-        for _ in range(50):
+        for _attempt in range(50):
             exit_code = self.backend.exec_exit_code(session.exec_id)
             if exit_code is not None:
                 break

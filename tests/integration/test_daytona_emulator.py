@@ -24,7 +24,7 @@ if str(REPO) not in sys.path:
 docker = pytest.importorskip("docker")
 daytona = pytest.importorskip("daytona")
 
-from daytona import (
+from daytona import (  # noqa: E402 - after the sys.path set-up above
     CreateSandboxFromImageParams,
     CreateSandboxFromSnapshotParams,
     CreateSnapshotParams,
@@ -41,7 +41,7 @@ from daytona import (
     Resources,
     SessionExecuteRequest,
 )
-from daytona.common.errors import (
+from daytona.common.errors import (  # noqa: E402 - after the sys.path set-up above
     DaytonaConnectionTimeoutError,
     DaytonaFileNotFoundError,
     DaytonaInternalServerError,
@@ -49,14 +49,14 @@ from daytona.common.errors import (
     DaytonaProcessExecutionTimeoutError,
 )
 
-from tests.daytona_emulator import (
+from tests.daytona_emulator import (  # noqa: E402 - after the sys.path set-up above
     EMULATOR_LABEL,
     TEST_IMAGE,
     ensure_test_image,
     remove_test_image,
     running_emulator,
 )
-from tests.daytona_emulator.harness import AdminError
+from tests.daytona_emulator.harness import AdminError  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -225,6 +225,20 @@ def test_mutation_during_a_transition_is_409(emu, client):
     assert client.get(sandbox.id).state == "stopped"
 
 
+def test_start_may_interrupt_archiving(emu, client):
+    sandbox = client.create(CreateSandboxFromSnapshotParams(name=_name("unarch")))
+    sandbox.stop()
+    emu.admin.set_config(transition_seconds=1.5)
+    sandbox.archive()  # does not wait: the SDK refreshes once and sees 'archiving'
+    assert sandbox.state == "archiving"
+    with pytest.raises(DaytonaConflictError):  # other mutations wait for the transition
+        client.delete(client.get(sandbox.id))
+    sandbox.start()
+    assert sandbox.state == "started"
+    time.sleep(1.6)  # the interrupted archive does not come back to settle the state
+    assert client.get(sandbox.id).state == "started"
+
+
 def test_create_from_image_with_resources_and_missing_things(emu, client, sandbox_image):
     sandbox = client.create(CreateSandboxFromImageParams(
         name=_name("img"), image=sandbox_image, resources=Resources(cpu=2, memory=2, disk=4)))
@@ -343,7 +357,7 @@ def test_injected_429_and_504_are_answered_and_then_clear(emu, client):
 def test_persistent_500_fails_every_time(emu, client):
     sandbox = client.create(CreateSandboxFromSnapshotParams(name=_name("p500")))
     rule = emu.admin.add_fault(path=f"/api/sandbox/{sandbox.id}/start$", status=500, times=0)
-    for _ in range(3):
+    for _attempt in range(3):
         with pytest.raises(DaytonaInternalServerError):
             sandbox.start()
     assert next(r for r in emu.admin.faults() if r["id"] == rule["id"])["fired"] == 3
