@@ -913,8 +913,10 @@ def prune(provider: Provider, check_mode: bool = False, project: str | None = No
     With `project`, only that project's images are considered.
     """
     client = _docker(provider)
-    in_use = {c.attrs.get("Image") for c in client.containers.list(all=True)}
-    in_use |= {(c.attrs.get("Config") or {}).get("Image") for c in client.containers.list(all=True)}
+    containers = client.containers.list(all=True)
+    # A box refers to its checkpoint by tag (its Config.Image); an untagged image only by id.
+    used_ids = {c.attrs.get("Image") for c in containers}
+    used_refs = {(c.attrs.get("Config") or {}).get("Image") for c in containers}
     kept_by_manifest = _all_manifest_images()
     candidates: list[tuple[str, str]] = []  # (reference to remove, image id)
     seen: set[str] = set()
@@ -926,12 +928,10 @@ def prune(provider: Provider, check_mode: bool = False, project: str | None = No
         tags = [t for t in image.tags if t.startswith(prefix)]
         short = _naming.strip_labels(image.labels)
         is_checkpoint = short.get("kind") == "checkpoint" and (not project or short.get("project") == project)
-        if image.id in in_use:
-            continue
-        if not image.tags and is_checkpoint:
+        if not image.tags and is_checkpoint and image.id not in used_ids:
             candidates.append((image.id, image.id))
         for tag in tags:
-            if tag in in_use or (tag in kept_by_manifest and TEMP_TAG_MARK not in tag):
+            if tag in used_refs or (tag in kept_by_manifest and TEMP_TAG_MARK not in tag):
                 continue
             candidates.append((tag, image.id))
     removed: list[dict[str, str]] = []

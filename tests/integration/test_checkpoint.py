@@ -91,7 +91,8 @@ class Lab:
         fd, args_file = tempfile.mkstemp(suffix=".json", dir=self.root)
         with os.fdopen(fd, "w") as handle:
             json.dump(payload, handle)
-        env = {**os.environ, "HOME": str(self.home), "PYTHONPATH": str(REPO / ".collections")}
+        pythonpath = os.pathsep.join(p for p in (str(REPO / ".collections"), os.environ.get("PYTHONPATH")) if p)
+        env = {**os.environ, "HOME": str(self.home), "PYTHONPATH": pythonpath}
         done = subprocess.run(
             [sys.executable, "-m", f"ansible_collections.agentbox.box.plugins.modules.{name}", args_file],
             env=env,
@@ -436,8 +437,11 @@ def test_checkpoint_playbook(lab: Lab) -> None:
     workspace = lab.workspace()
     box = lab.ok_box("pb", workspace)["box"]["name"]
     env = {**os.environ, "HOME": str(lab.home)}
+    # The controller's own Python (it has the docker SDK); discovery would look under the temp HOME.
+    playbook = [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", "localhost,",
+                "-e", f"ansible_python_interpreter={sys.executable}"]
     done = subprocess.run(
-        [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", "localhost,", "playbooks/checkpoint.yml",
+        [*playbook, "playbooks/checkpoint.yml",
          "-e", f"box={box}", "-e", "checkpoint=pb-flat", "-e", "merged=true", "-e", "set_default=true"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
     )
@@ -446,7 +450,7 @@ def test_checkpoint_playbook(lab: Lab) -> None:
     listed = lab.module("agentbox_checkpoint_info", {"box": box})
     assert [c["name"] for c in listed["checkpoints"]] == ["pb-flat"] and listed["default"] == "pb-flat"
     missing = subprocess.run(
-        [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", "localhost,", "playbooks/checkpoint.yml"],
+        [*playbook, "playbooks/checkpoint.yml"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )
     assert missing.returncode != 0 and "-e box=NAME" in missing.stdout
