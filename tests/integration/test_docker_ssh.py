@@ -348,3 +348,27 @@ def test_module_end_to_end_with_user_at_host_port(fleet, tmp_path):
         gone = module(f"{common} state=absent")
         assert gone["box"] == {}
     assert engine.agentbox_objects() == []
+
+
+def test_checkpoint_image_copied_between_engines(fleet, tmp_path):
+    source = DockerProvider(engine=fleet.engines[0].alias, ssh_options={})
+    destination = DockerProvider(engine=fleet.engines[1].destination, ssh_options={})
+    name = f"abx-ckpt-{secrets.token_hex(2)}"
+    image = f"agentbox-ckpt-test{secrets.token_hex(4)}:first"
+    created = _box.create_box(source, _box.CreateRequest(name=name, workspace=str(tmp_path), seed=False, boot=False))
+    try:
+        run(source, name, "sh", "-c", "echo warm state > /home/vscode/warm.txt")
+        committed = source.commit(name, image, {"io.agentbox.kind": "checkpoint", "io.agentbox.box": name})
+        report = _image_transfer.copy_image(source, destination, image, compress=False)
+        assert report.path == "copied" and report.source == fleet.engines[0].alias
+        assert report.image_id == committed["id"] and report.image_bytes >= committed["size"] > 0
+        assert report.seconds > 0 and report.bytes_sent == report.image_bytes
+        assert destination.image_labels(image)["io.agentbox.kind"] == "checkpoint"
+        again = _image_transfer.copy_image(source, destination, image)
+        assert again.path == "present"
+    finally:
+        _box.destroy_box(source, created.facts)
+        for provider in (source, destination):
+            if provider.image_exists(image):
+                provider.client.images.remove(image, force=True)
+    assert not destination.image_exists(image) and fleet.engines[0].agentbox_objects() == []
