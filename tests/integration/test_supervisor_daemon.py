@@ -220,19 +220,19 @@ def test_sample_project_becomes_ready_serves_http_and_skips_install_after_restar
 
 def test_killed_service_restarts_with_growing_backoff(supervised):
     http_port = free_port()
-    box = supervised(sample_project(http_port, backoff="{initial_ms: 1000, max_ms: 1500, factor: 2}"))
+    box = supervised(sample_project(http_port, backoff="{initial_ms: 2500, max_ms: 3000, factor: 2}"))
     assert box.ctl("wait-ready", "--timeout", "30").returncode == 0
     first = box.unit("web")["pid"]
     os.kill(first, signal.SIGKILL)
     backoff = box.wait_state("web", ("backoff",), timeout=5)
-    assert "killed by SIGKILL; restart #1 in 1s" in backoff["detail"]
+    assert "killed by SIGKILL; restart #1 in 2.5s" in backoff["detail"]
     assert box.ctl("wait-ready", "--timeout", "0.3").returncode == 3  # in backoff: not ready, not failed
     second = box.wait_state("web", ("ready",), timeout=15)
     assert second["pid"] != first and second["restarts"] == 1
     os.kill(second["pid"], signal.SIGKILL)
     box.wait_state("web", ("ready",), timeout=15)
     log_text = (box.log_dir / "web.log").read_text()
-    assert "restart #1 in 1s" in log_text and "restart #2 in 1.5s" in log_text  # factor 2, capped by max_ms
+    assert "restart #1 in 2.5s" in log_text and "restart #2 in 3s" in log_text  # factor 2, capped by max_ms
     assert box.ctl("wait-ready", "--timeout", "10").returncode == 0
 
 
