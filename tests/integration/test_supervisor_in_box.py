@@ -188,3 +188,24 @@ def test_sample_project_in_a_real_box(box_image, workspace):
             for leftover in client.containers.list(all=True, filters={"name": container}):
                 leftover.remove(force=True, v=True)
         assert time.monotonic() - started < 120
+
+
+def test_boot_fails_clearly_when_dockerd_cannot_start_and_still_starts_the_supervisor(box_image):
+    """Without the box's capabilities dockerd cannot run: agentbox-boot must say so and exit non-zero."""
+    client = docker.from_env()
+    container = client.containers.create(box_image, entrypoint=["agentbox-boot", "--dockerd-timeout", "20"],
+                                         user="root", name=f"abx-boot-{uuid.uuid4().hex[:8]}")
+    try:
+        container.start()
+        exit_code = container.wait(timeout=180)["StatusCode"]
+        stdout = container.logs(stdout=True, stderr=False).decode()
+        stderr = container.logs(stdout=False, stderr=True).decode()
+    finally:
+        container.remove(force=True, v=True)
+    assert exit_code == 1, stderr
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    assert summary["ok"] is False
+    assert summary["dockerd"]["state"] == "failed"
+    assert "dockerd" in summary["dockerd"]["error"] and "/var/log/agentbox/dockerd.log" in summary["dockerd"]["error"]
+    assert summary["supervisor"]["state"] == "started"  # the app side does not depend on Docker
+    assert "agentbox-boot: dockerd:" in stderr and "last lines of its log" in stderr
