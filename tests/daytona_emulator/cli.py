@@ -47,6 +47,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--enforce-resources", action="store_true", help="apply cpu/memory limits to containers")
     parser.add_argument("--no-box-capabilities", action="store_true",
                         help="run containers without SYS_ADMIN/NET_ADMIN, /dev/fuse and unconfined profiles")
+    parser.add_argument("--no-events", action="store_true",
+                        help="do not serve Socket.IO events (the SDK then polls for state changes)")
     parser.add_argument("--keep-on-exit", action="store_true",
                         help="leave containers and snapshot images when the emulator stops")
     parser.add_argument("--fault", action="append", default=[], metavar="JSON",
@@ -77,7 +79,7 @@ def build_config(args: argparse.Namespace) -> tuple[EmulatorConfig, bool]:
         list_lag_seconds=args.list_lag, proxy_timeout_seconds=args.proxy_timeout,
         proxy_cut_mode=args.proxy_cut_mode, minute_seconds=args.minute_seconds,
         enforce_resources=args.enforce_resources, box_capabilities=not args.no_box_capabilities,
-        keep_on_exit=args.keep_on_exit, faults=faults,
+        keep_on_exit=args.keep_on_exit, faults=faults, events=not args.no_events,
     )
     if args.instance_id:
         config.instance_id = args.instance_id

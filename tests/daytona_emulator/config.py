@@ -49,6 +49,8 @@ class EmulatorConfig:
     enforce_resources: bool = False
     # Box capabilities from the project rules (SYS_ADMIN, NET_ADMIN, /dev/fuse, unconfined profiles).
     box_capabilities: bool = True
+    # Push sandbox state changes over Socket.IO (the SDK's waits then end at once instead of polling).
+    events: bool = True
     # Leave containers and snapshot images in place when the emulator stops.
     keep_on_exit: bool = False
     request_log_size: int = 2000

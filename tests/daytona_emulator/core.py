@@ -25,6 +25,7 @@ from typing import Any
 from .config import EmulatorConfig, validate_runtime_setting
 from .docker_backend import BackendError, DockerBackend, docker_name
 from .errors import ApiError
+from .events import EventHub
 from .faults import FaultInjector
 
 LOG = logging.getLogger("daytona_emulator")
@@ -136,6 +137,7 @@ class Emulator:
         self.images_to_remove: set[str] = set()
         self.signed_previews: dict[str, tuple[str, int, float]] = {}
         self.ssh_tokens: dict[str, tuple[str, float]] = {}
+        self.events = EventHub()
         self.faults = FaultInjector()
         for spec in config.faults:
             self.faults.add(spec)
@@ -168,6 +170,7 @@ class Emulator:
 
     def shutdown(self) -> None:
         self._stop_event.set()
+        self.events.close_all()
         self.toolbox.close_all()
         if not self.config.keep_on_exit:
             self.backend.cleanup()
@@ -310,11 +313,13 @@ class Emulator:
         with self.lock:
             sb.generation += 1
             generation = sb.generation
+            old_state = sb.state
             sb.state = transitional
             sb.desired_state = desired
             sb.pending = True
             sb.touch()
             answer = self.sandbox_dto(sb)
+            self._publish_state(sb, old_state)
         hold = self.config.transition_seconds
 
         def run() -> None:
@@ -333,6 +338,7 @@ class Emulator:
                     return  # a later transition (start during archiving) took over
                 sb.pending = False
                 sb.touch()
+                before = sb.state
                 if error is None:
                     finish()
                 elif fail is not None:
@@ -341,6 +347,7 @@ class Emulator:
                     sb.state = "error"
                     sb.error_reason = str(error)
                     sb.recoverable = False
+                self._publish_state(sb, before)
 
         if hold > 0:
             threading.Thread(target=run, name=f"transition-{sb.id[:8]}", daemon=True).start()
@@ -348,6 +355,11 @@ class Emulator:
         run()
         with self.lock:
             return self.sandbox_dto(sb) if sb.id in self.sandboxes else {**answer, "state": sb.state}
+
+    def _publish_state(self, sb: SandboxRecord, old_state: str) -> None:
+        if sb.state != old_state:
+            self.events.publish("sandbox.state.updated",
+                                {"sandbox": self.sandbox_dto(sb), "oldState": old_state, "newState": sb.state})
 
     def _require_settled(self, sb: SandboxRecord) -> None:
         if sb.pending:
@@ -438,6 +450,7 @@ class Emulator:
             if any(sb.name == record.name for sb in self.sandboxes.values()):
                 raise ApiError(409, f"Sandbox with name {record.name} already exists")
             self.sandboxes[sandbox_id] = record
+            self.events.publish("sandbox.created", self.sandbox_dto(record))
 
         def work() -> None:
             self._provision(record)

@@ -154,12 +154,13 @@ def running_emulator(*, mode: str = "thread", startup_timeout: float = 30, **set
     settings.setdefault("api_key", "emu-" + secrets.token_hex(16))
     config = EmulatorConfig(**settings)
     config.port = 0
-    if mode == "thread":
-        yield from _in_thread(config, startup_timeout)
-    elif mode == "subprocess":
-        yield from _in_subprocess(config, startup_timeout)
-    else:
+    if mode not in ("thread", "subprocess"):
         raise ValueError(f"mode must be 'thread' or 'subprocess', not {mode!r}")
+    serving = _in_thread(config, startup_timeout) if mode == "thread" else _in_subprocess(config, startup_timeout)
+    try:
+        yield from serving
+    finally:
+        serving.close()  # runs the server's own clean-up if the caller's block raised
 
 
 def _in_thread(config: EmulatorConfig, startup_timeout: float) -> Iterator[RunningEmulator]:
@@ -198,6 +199,8 @@ def _in_subprocess(config: EmulatorConfig, startup_timeout: float) -> Iterator[R
         argv += ["--default-user", config.default_user]
     if not config.box_capabilities:
         argv.append("--no-box-capabilities")
+    if not config.events:
+        argv.append("--no-events")
     for rule in config.faults:
         argv += ["--fault", json.dumps(rule)]
     env = {**os.environ, "DAYTONA_EMULATOR_API_KEY": config.api_key}  # not on the command line: ps shows argv

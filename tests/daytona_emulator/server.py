@@ -22,6 +22,7 @@ from typing import Any
 
 from .core import Emulator
 from .errors import SOURCE_PROXY, ApiError, Reply, error_body, reason_phrase
+from .events import SocketIOSession, accept_key
 from .faults import FaultRule, FaultRuleError
 
 LOG = logging.getLogger("daytona_emulator.http")
@@ -129,6 +130,12 @@ class RequestHandler(BaseHTTPRequestHandler):
             self.close_connection = True
         entry: dict[str, Any] = {"time": time.time(), "method": self.command, "path": path, "query": split.query}
         rule: FaultRule | None = None
+        if (path.startswith("/api/socket.io") and emulator.config.events
+                and (headers.get("upgrade") or "").lower() == "websocket" and headers.get("sec-websocket-key")):
+            entry["status"] = 101
+            self._log(emulator, entry)
+            self._websocket(emulator, headers["sec-websocket-key"])
+            return
         try:
             body = self._read_body()
             reply = self._route(emulator, path, query, headers, body, entry)
@@ -162,6 +169,14 @@ class RequestHandler(BaseHTTPRequestHandler):
             self.wfile.write(raw)
         entry["duration"] = round(time.monotonic() - began, 4)
         self._log(emulator, entry)
+
+    def _websocket(self, emulator: Emulator, client_key: str) -> None:
+        """Take the connection over for Socket.IO; it ends when either side closes."""
+        self.close_connection = True
+        self.wfile.write((
+            "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            f"Sec-WebSocket-Accept: {accept_key(client_key)}\r\n\r\n").encode())
+        SocketIOSession(emulator.events, emulator.config.api_key, self.rfile, self.connection).run()
 
     @staticmethod
     def _log(emulator: Emulator, entry: dict[str, Any]) -> None:

@@ -239,6 +239,30 @@ def test_start_may_interrupt_archiving(emu, client):
     assert client.get(sandbox.id).state == "started"
 
 
+def test_state_changes_are_pushed_over_socketio(emu, client):
+    socketio = pytest.importorskip("socketio")  # the SDK's own event client library
+    base = emu.api_url[: -len("/api")]
+    events: list[tuple[str, str]] = []
+    listener = socketio.Client(reconnection=False)
+    listener.on("sandbox.state.updated", lambda data: events.append((data["oldState"], data["newState"])))
+    listener.connect(base, socketio_path="/api/socket.io/", transports=["websocket"], auth={"token": emu.api_key},
+                     wait_timeout=5)
+    try:
+        sandbox = client.create(CreateSandboxFromSnapshotParams(name=_name("evt")))
+        sandbox.stop()
+        deadline = time.monotonic() + 5
+        while ("stopping", "stopped") not in events and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ("creating", "started") in events
+        assert events.index(("started", "stopping")) < events.index(("stopping", "stopped"))
+    finally:
+        listener.disconnect()
+    intruder = socketio.Client(reconnection=False)
+    with pytest.raises(socketio.exceptions.ConnectionError):
+        intruder.connect(base, socketio_path="/api/socket.io/", transports=["websocket"],
+                         auth={"token": "wrong"}, wait_timeout=5)
+
+
 def test_create_from_image_with_resources_and_missing_things(emu, client, sandbox_image):
     sandbox = client.create(CreateSandboxFromImageParams(
         name=_name("img"), image=sandbox_image, resources=Resources(cpu=2, memory=2, disk=4)))
