@@ -285,8 +285,8 @@ def read_manifest(project: str, name: str) -> dict[str, Any] | None:
 def parse_reference(ref: str, project: str) -> str:
     """A checkpoint name from `name` or `agentbox-ckpt-<project>:<name>`; another project's → error."""
     if ":" in ref and ref.startswith(_naming.CHECKPOINT_IMAGE_PREFIX):
-        repo, _, name = ref.rpartition(":")
-        owner = repo[len(_naming.CHECKPOINT_IMAGE_PREFIX):]
+        repo, _sep, name = ref.rpartition(":")
+        owner = repo[len(_naming.CHECKPOINT_IMAGE_PREFIX) :]
         if owner != project:
             raise CheckpointError(
                 f"checkpoint {ref!r} belongs to project {owner}, not to this workspace's project {project}: "
@@ -371,7 +371,7 @@ def list_checkpoints(provider: Provider, project: str) -> list[Checkpoint]:
     repository = _naming.CHECKPOINT_IMAGE_PREFIX + project
     for image in _checkpoint_images(client, project):
         for tag in image.tags:
-            repo, _, name = tag.rpartition(":")
+            repo, _sep, name = tag.rpartition(":")
             if repo != repository or name in found or TEMP_TAG_MARK in name:
                 continue
             found[name] = Checkpoint(
@@ -456,7 +456,7 @@ def plan_capture(
             f"{', broken: its image is gone' if existing.broken else ''}): pass replace: true to overwrite it, "
             "or pick another name"
         )
-    labels, _ = _box_image_labels(provider, facts)
+    labels, _image_id = _box_image_labels(provider, facts)
     parent_record = _labels_to_record(labels) if _naming.strip_labels(labels).get("kind") == "checkpoint" else None
     parents: list[str] = []
     source_layers = 0
@@ -486,13 +486,13 @@ def _worktree_heads(provider: Provider, facts: BoxFacts) -> list[dict[str, str]]
         listing = _git.git(record["git_dir"], f"--git-dir={record['git_dir']}", "worktree", "list", "--porcelain")
         entry: dict[str, str] = {}
         match: dict[str, str] | None = None
-        for line in listing.stdout.decode("utf-8", "replace").splitlines() + [""]:
+        for line in [*listing.stdout.decode("utf-8", "replace").splitlines(), ""]:
             if not line:
                 if entry.get("worktree") == record["path"]:
                     match = entry
                 entry = {}
                 continue
-            key, _, value = line.partition(" ")
+            key, _sep, value = line.partition(" ")
             entry[key] = value
         if match is None or "HEAD" not in match:
             raise CheckpointError(
@@ -518,7 +518,7 @@ def _guard_secrets(provider: Provider, facts: BoxFacts, container_env: list[str]
     run = provider.exec(facts.name, ["sh", "-c", script], user="root")
     values = [v for v in run.stdout.split(b"\0") if len(v) >= 4]
     for entry in container_env:
-        key, _, value = entry.partition("=")
+        key, _sep, value = entry.partition("=")
         raw = value.encode("utf-8", "replace")
         if any(secret in raw for secret in values):
             raise CheckpointError(
@@ -584,11 +584,13 @@ def config_changes(config: dict[str, Any], labels: dict[str, str]) -> list[str]:
     """Dockerfile instructions replaying an image config on an imported (config-less) filesystem."""
     changes: list[str] = []
     for entry in config.get("Env") or []:
-        key, _, value = entry.partition("=")
-        try:
-            changes.append(f"ENV {key}={_dockerfile_quote(value)}")
-        except CheckpointError as exc:
-            raise CheckpointError(f"environment variable {key}: {exc}") from exc
+        key, _sep, value = entry.partition("=")
+        if "\n" in value or "\r" in value:
+            raise CheckpointError(
+                f"environment variable {key} holds a line break, which a flattened image cannot replay: "
+                "take a layered checkpoint (merged: false) or drop the variable"
+            )
+        changes.append(f"ENV {key}={_dockerfile_quote(value)}")
     if config.get("WorkingDir"):
         changes.append(f"WORKDIR {config['WorkingDir']}")
     if config.get("User"):
@@ -631,7 +633,7 @@ class _Blocks:
             if not self._buffer and not self._fill():
                 raise CheckpointError("the exported filesystem stream ended in the middle of a file")
             piece = self._buffer[:size]
-            self._buffer = self._buffer[len(piece):]
+            self._buffer = self._buffer[len(piece) :]
             size -= len(piece)
             yield piece
 
@@ -662,7 +664,7 @@ def _pax_records(data: bytes) -> dict[str, str]:
             break
         if length <= 0:
             break
-        key, _, value = data[space + 1:position + length - 1].partition(b"=")
+        key, _sep, value = data[space + 1 : position + length - 1].partition(b"=")
         records[key.decode("utf-8", "replace")] = value.decode("utf-8", "surrogateescape")
         position += length
     return records
@@ -728,7 +730,7 @@ def _filter_entries(chunks: Iterable[bytes], excluded: tuple[str, ...]) -> Itera
         padded = -(-size // 512) * 512 if kind not in (b"1", b"2", b"3", b"4", b"5", b"6") else 0
         meta, pending, long_name, pax = pending, [], None, {}
         if any(name.startswith(prefix) and name != prefix for prefix in excluded):
-            for _ in blocks.copy(padded):
+            for _skipped in blocks.copy(padded):
                 pass
             continue
         yield from meta
@@ -743,7 +745,7 @@ def _flatten(provider: Provider, facts: BoxFacts, target: str, labels: dict[str,
     config = container.attrs.get("Config") or {}
     merged_labels = {**(config.get("Labels") or {}), **labels}
     changes = config_changes(config, merged_labels)
-    repository, _, tag = target.rpartition(":")
+    repository, _sep, tag = target.rpartition(":")
     was_running = container.attrs.get("State", {}).get("Status") == "running"
     if was_running:
         container.pause()
@@ -820,7 +822,7 @@ def capture(provider: Provider, plan: CapturePlan, cleanup: bool = True) -> dict
         timings["capture_seconds"] = time.monotonic() - started
         old_id = plan.replaces.image_id if plan.replaces else ""
         image = client.images.get(made["id"])
-        repository, _, tag = plan.image.rpartition(":")
+        repository, _sep, tag = plan.image.rpartition(":")
         image.tag(repository, tag)
     finally:
         with contextlib.suppress(Exception):
@@ -836,7 +838,13 @@ def capture(provider: Provider, plan: CapturePlan, cleanup: bool = True) -> dict
     if provider.shares_host_filesystem:
         for head in heads:
             if head["commit"]:
-                _git.git(head["git_dir"], f"--git-dir={head['git_dir']}", "update-ref", _ref(facts.project, plan.name), head["commit"])
+                _git.git(
+                    head["git_dir"],
+                    f"--git-dir={head['git_dir']}",
+                    "update-ref",
+                    _ref(facts.project, plan.name),
+                    head["commit"],
+                )
     result = Checkpoint(
         name=plan.name,
         project=facts.project,
@@ -854,11 +862,21 @@ def capture(provider: Provider, plan: CapturePlan, cleanup: bool = True) -> dict
 
 def _in_box_head(provider: Provider, facts: BoxFacts) -> list[dict[str, str]]:
     """A box with its own clone (remote engines): its branch and commit, read in the box."""
-    run = provider.exec(facts.name, ["sh", "-c", "cd /workspace && git rev-parse HEAD && git symbolic-ref -q --short HEAD"])
+    run = provider.exec(
+        facts.name, ["sh", "-c", "cd /workspace && git rev-parse HEAD && git symbolic-ref -q --short HEAD"]
+    )
     lines = run.text.split()
     if run.rc not in (0, 1) or not lines:
         return []
-    return [{"sub": "", "git_dir": "", "path": _seed.WORKSPACE, "branch": lines[1] if len(lines) > 1 else "", "commit": lines[0]}]
+    return [
+        {
+            "sub": "",
+            "git_dir": "",
+            "path": _seed.WORKSPACE,
+            "branch": lines[1] if len(lines) > 1 else "",
+            "commit": lines[0],
+        }
+    ]
 
 
 def _ref(project: str, name: str) -> str:
@@ -1132,19 +1150,37 @@ def restore_workspace(
             provider.put_archive(box, outcome["physical"], tar_of_paths(wt_plan.host_root, missing))
         if existing:
             paths = sorted(existing)
-            hashed = _git.git(
-                wt_plan.host_root, "hash-object", "--no-filters", "--stdin-paths", input_bytes="\n".join(paths).encode()
-            ).stdout.decode().split()
-            for path, host_hash in zip(paths, hashed):
+            hashed = (
+                _git.git(
+                    wt_plan.host_root,
+                    "hash-object",
+                    "--no-filters",
+                    "--stdin-paths",
+                    input_bytes="\n".join(paths).encode(),
+                )
+                .stdout.decode()
+                .split()
+            )
+            for path, host_hash in zip(paths, hashed, strict=False):
                 if host_hash != existing[path]:
                     result.conflicts.append(
-                        {"repo": label, "path": path, "kind": "host-untracked", "kept": "box",
-                         "detail": "untracked on the host and different in the box"}
+                        {
+                            "repo": label,
+                            "path": path,
+                            "kind": "host-untracked",
+                            "kept": "box",
+                            "detail": "untracked on the host and different in the box",
+                        }
                     )
         for path in sorted(blocked):
             result.conflicts.append(
-                {"repo": label, "path": path, "kind": "host-untracked", "kept": "box",
-                 "detail": "a parent of this path is a file in the box"}
+                {
+                    "repo": label,
+                    "path": path,
+                    "kind": "host-untracked",
+                    "kept": "box",
+                    "detail": "a parent of this path is a file in the box",
+                }
             )
         result.merges.append({k: outcome[k] for k in ("sub", "merge", "merge_commit", "head")})
         result.modified += state.modified

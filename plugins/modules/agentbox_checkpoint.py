@@ -23,9 +23,10 @@ description:
   - The facts are kept twice, in C(~/.agentbox/checkpoints/<project>/<name>/manifest.json) and in the image's
     C(io.agentbox.*) labels, so a checkpoint is recognised from the engine alone.
 author:
-  - agentbox.box developers
+  - agentbox.box developers (@agentbox)
 extends_documentation_fragment:
   - agentbox.box.provider
+  - agentbox.box.attributes
 attributes:
   check_mode:
     support: full
@@ -133,12 +134,12 @@ checkpoint:
     type: {description: V(layered) or V(flattened)., type: str}
     image: {description: Image reference., type: str, sample: "agentbox-ckpt-5292fc5e2d99be21:fix-login-1"}
     image_id: {description: Image id., type: str}
-    parents: {description: The checkpoints it descends from, nearest first., type: list, elements: str}
+    parents: {description: 'The checkpoints it descends from (nearest first).', type: list, elements: str}
     layers: {description: Checkpoint layers over the last base (0 for a flattened one)., type: int}
     source_box: {description: The box it was taken of., type: str}
     branch: {description: That box's branch., type: str}
     commit: {description: That branch's commit at capture time., type: str}
-    worktrees: {description: Each repository's worktree, branch and commit., type: list, elements: dict}
+    worktrees: {description: "Each repository's worktree path, branch and commit.", type: list, elements: dict}
     base_image: {description: The image the chain started from., type: str}
     base_fingerprint: {description: Fingerprint of that image when the chain started., type: str}
     created: {description: Creation time (UTC)., type: str}

@@ -9,14 +9,15 @@ module: agentbox_checkpoint_info
 short_description: List a workspace's checkpoints
 version_added: 0.1.0
 description:
-  - Lists the checkpoints of one project (workspace) from both places they are known: the manifests under
+  - Lists the checkpoints of one project (workspace) from both places they are known, the manifests under
     C(~/.agentbox/checkpoints/<project>/) and the C(io.agentbox.kind=checkpoint) images on the engine.
   - A checkpoint whose manifest exists but whose image is gone is listed as V(broken) (it is never used to start a
     box); one whose base image has been rebuilt since is V(stale) (it still works, on the old base).
 author:
-  - agentbox.box developers
+  - agentbox.box developers (@agentbox)
 extends_documentation_fragment:
   - agentbox.box.provider
+  - agentbox.box.attributes
 attributes:
   check_mode:
     support: full
@@ -71,7 +72,7 @@ checkpoints:
     stale: {description: The base image was rebuilt since the chain started., type: bool}
     manifest: {description: Whether a manifest exists on this host., type: bool}
     default: {description: Whether it is the project's default., type: bool}
-    parents: {description: Parent checkpoints, nearest first., type: list, elements: str}
+    parents: {description: 'Parent checkpoints (nearest first).', type: list, elements: str}
     source_box: {description: The box it was taken of., type: str}
     branch: {description: That box's branch., type: str}
     commit: {description: Its commit., type: str}

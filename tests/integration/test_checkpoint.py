@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO / ".collections") not in sys.path:
     sys.path.insert(0, str(REPO / ".collections"))
 
-from ansible_collections.agentbox.box.plugins.module_utils import _checkpoint, _naming  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils import _naming  # noqa: E402
 
 pytestmark = pytest.mark.integration
 IMAGE = os.environ.get("AGENTBOX_TEST_BOX_IMAGE", "agentbox/box:latest")
@@ -190,8 +190,8 @@ def test_warm_state_survives_restore_and_source_is_untouched(lab: Lab) -> None:
     lab.sh(
         source,
         "cd /workspace && mkdir -p node_modules/left-pad/lib node_modules/.bin"
-        " && for i in $(seq 1 40); do echo \"module.exports = $i\" > node_modules/left-pad/lib/m$i.js; done"
-        " && printf '{\"name\":\"left-pad\"}' > node_modules/left-pad/package.json"
+        ' && for i in $(seq 1 40); do echo "module.exports = $i" > node_modules/left-pad/lib/m$i.js; done'
+        ' && printf \'{"name":"left-pad"}\' > node_modules/left-pad/package.json'
         " && ln -s ../left-pad/lib/m1.js node_modules/.bin/left-pad"
         " && echo 'TOKEN_FILE=local' > .env && echo 'made in the box' > box-notes.txt"
         " && sed -i 's/line 2/line 2 (box)/' README.md"
@@ -210,10 +210,24 @@ def test_warm_state_survives_restore_and_source_is_untouched(lab: Lab) -> None:
     assert checkpoint["timings"]["cleanup_seconds"] >= 0 and checkpoint["timings"]["capture_seconds"] > 0
     assert saved["box"]["name"] == source
     project = _naming.project_id(str(workspace))
-    manifest = json.loads((lab.home / ".agentbox" / "checkpoints" / project / checkpoint["name"] / "manifest.json").read_text())
+    manifest = json.loads(
+        (lab.home / ".agentbox" / "checkpoints" / project / checkpoint["name"] / "manifest.json").read_text()
+    )
     assert manifest["image"] == _naming.checkpoint_image(project, checkpoint["name"])
-    for key in ("schema", "name", "type", "parents", "source_box", "branch", "commit", "base_fingerprint",
-                "collection_version", "created", "engine", "base_image"):
+    for key in (
+        "schema",
+        "name",
+        "type",
+        "parents",
+        "source_box",
+        "branch",
+        "commit",
+        "base_fingerprint",
+        "collection_version",
+        "created",
+        "engine",
+        "base_image",
+    ):
         assert key in manifest, key
     labels = lab.client.images.get(manifest["image"]).labels
     assert labels["io.agentbox.kind"] == "checkpoint" and labels["io.agentbox.checkpoint"] == checkpoint["name"]
@@ -252,13 +266,18 @@ def test_warm_state_survives_restore_and_source_is_untouched(lab: Lab) -> None:
     lab.git(workspace, "merge-base", "--is-ancestor", checkpoint["commit"], new_head)
 
     # The source box is exactly as it was: same commit, same status, same gitfile, same files.
-    assert lab.sh(source, "cd /workspace && git rev-parse HEAD && git status --porcelain && cat .git && ls -A") == before_source
+    assert (
+        lab.sh(source, "cd /workspace && git rev-parse HEAD && git status --porcelain && cat .git && ls -A")
+        == before_source
+    )
     assert lab.git(workspace, "rev-parse", f"agentbox/{source}") == checkpoint["commit"]
     worktrees = lab.git(workspace, "worktree", "list", "--porcelain")
     assert f"/home/vscode/.agentbox-worktrees/{source}\n" in worktrees + "\n"
     assert f"/home/vscode/.agentbox-worktrees/{new_box}\n" in worktrees + "\n"
     # Commits made in the restored box land on its own branch in the host repository.
-    lab.sh(new_box, "cd /workspace && git add -A && git -c user.name=Box -c user.email=b@x commit -q -m 'after restore'")
+    lab.sh(
+        new_box, "cd /workspace && git add -A && git -c user.name=Box -c user.email=b@x commit -q -m 'after restore'"
+    )
     assert lab.git(workspace, "log", "-1", "--format=%s", f"agentbox/{new_box}") == "after restore"
 
     # Destroying the restored box removes its registration (made for its own path), not the source's.
@@ -279,7 +298,10 @@ def test_three_layered_in_a_chain_then_the_fourth_is_flattened(lab: Lab) -> None
     box = lab.ok_box("g0", workspace)["box"]["name"]
     names: list[str] = []
     for generation in range(1, 5):
-        lab.sh(box, f"cd /workspace && mkdir -p node_modules/gen{generation} && echo {generation} > node_modules/gen{generation}/v")
+        lab.sh(
+            box,
+            f"cd /workspace && mkdir -p node_modules/gen{generation} && echo {generation} > node_modules/gen{generation}/v",
+        )
         saved = lab.ok_checkpoint(box=box, name=f"gen{generation}")["checkpoint"]
         names.append(saved["name"])
         assert saved["parents"] == list(reversed(names[:-1])), saved
@@ -327,8 +349,9 @@ def test_secrets_are_in_neither_kind_of_checkpoint(lab: Lab) -> None:
     workspace = lab.workspace()
     token = "relay-" + secrets.token_hex(16)
     api_key = "sk-ant-fake-" + secrets.token_hex(20)
-    made = lab.ok_box("sec", workspace, secrets={"RELAY_TOKEN": token, "ANTHROPIC_API_KEY": api_key},
-                      env={"HARMLESS": "visible"})
+    made = lab.ok_box(
+        "sec", workspace, secrets={"RELAY_TOKEN": token, "ANTHROPIC_API_KEY": api_key}, env={"HARMLESS": "visible"}
+    )
     box = made["box"]["name"]
     # The secrets are really in the box (so the search below can fail), and not in its environment.
     assert lab.sh(box, "cat /run/agentbox/secrets/ANTHROPIC_API_KEY") == api_key
@@ -342,7 +365,9 @@ def test_secrets_are_in_neither_kind_of_checkpoint(lab: Lab) -> None:
         inspect = subprocess.run(["docker", "image", "inspect", saved["image"]], capture_output=True, check=True).stdout
         assert b"visible" in inspect  # the search would see env values
         assert not any(n in inspect for n in needles), saved["type"]
-        assert _filesystem_contains(lab.client, saved["image"], needles + [b"made-sure-search-works"]) == [], saved["type"]
+        assert _filesystem_contains(lab.client, saved["image"], [*needles, b"made-sure-search-works"]) == [], saved[
+            "type"
+        ]
         assert _filesystem_contains(lab.client, saved["image"], [b"work\n"]) == [b"work\n"]
 
     # A box whose environment holds one of its secrets is refused, and nothing is made.
@@ -373,7 +398,9 @@ def test_absent_bad_input_check_mode_defaults_and_prune(lab: Lab) -> None:
     assert config["default_checkpoint"] == first["name"]
 
     # Bad input fails clearly and changes nothing.
-    images_before = sorted(t for i in lab.client.images.list(name=_naming.CHECKPOINT_IMAGE_PREFIX + project) for t in i.tags)
+    images_before = sorted(
+        t for i in lab.client.images.list(name=_naming.CHECKPOINT_IMAGE_PREFIX + project) for t in i.tags
+    )
     unknown = lab.checkpoint(box="no-such-box-here")
     assert unknown["failed"] and "no box called 'no-such-box-here'" in unknown["msg"]
     invalid = lab.checkpoint(box=box, name="Bad Name!")
@@ -387,7 +414,10 @@ def test_absent_bad_input_check_mode_defaults_and_prune(lab: Lab) -> None:
     assert foreign_ref["failed"] and "belongs to project" in foreign_ref["msg"]
     assert not lab.client.containers.list(all=True, filters={"name": f"agentbox-ckt-{lab.tag}-foreign"})
     assert "agentbox/ckt-" not in lab.git(other, "branch", "--list", "agentbox/*")
-    assert sorted(t for i in lab.client.images.list(name=_naming.CHECKPOINT_IMAGE_PREFIX + project) for t in i.tags) == images_before
+    assert (
+        sorted(t for i in lab.client.images.list(name=_naming.CHECKPOINT_IMAGE_PREFIX + project) for t in i.tags)
+        == images_before
+    )
 
     # The info module sees both, the default, and none broken.
     listed = lab.module("agentbox_checkpoint_info", {"workspace": str(workspace)})
@@ -438,12 +468,31 @@ def test_checkpoint_playbook(lab: Lab) -> None:
     box = lab.ok_box("pb", workspace)["box"]["name"]
     env = {**os.environ, "HOME": str(lab.home)}
     # The controller's own Python (it has the docker SDK); discovery would look under the temp HOME.
-    playbook = [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", "localhost,",
-                "-e", f"ansible_python_interpreter={sys.executable}"]
+    playbook = [
+        str(REPO / ".venv" / "bin" / "ansible-playbook"),
+        "-i",
+        "localhost,",
+        "-e",
+        f"ansible_python_interpreter={sys.executable}",
+    ]
     done = subprocess.run(
-        [*playbook, "playbooks/checkpoint.yml",
-         "-e", f"box={box}", "-e", "checkpoint=pb-flat", "-e", "merged=true", "-e", "set_default=true"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
+        [
+            *playbook,
+            "playbooks/checkpoint.yml",
+            "-e",
+            f"box={box}",
+            "-e",
+            "checkpoint=pb-flat",
+            "-e",
+            "merged=true",
+            "-e",
+            "set_default=true",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "checkpoint: pb-flat (flattened, project default)" in done.stdout
@@ -451,6 +500,10 @@ def test_checkpoint_playbook(lab: Lab) -> None:
     assert [c["name"] for c in listed["checkpoints"]] == ["pb-flat"] and listed["default"] == "pb-flat"
     missing = subprocess.run(
         [*playbook, "playbooks/checkpoint.yml"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert missing.returncode != 0 and "-e box=NAME" in missing.stdout

@@ -84,8 +84,19 @@ def made() -> Iterator[dict[str, Any]]:
 
 def test_flatten_replays_the_config_and_drops_run_agentbox(made: dict[str, Any]) -> None:
     client, container, refs = made["client"], made["container"], made["refs"]
-    facts = BoxFacts(name=f"ckt-flat-{made['tag']}", id="", provider="docker", engine="local", state="stopped",
-                     container=container.name, image=refs["base"], project="", workspace="", branch="", created="")
+    facts = BoxFacts(
+        name=f"ckt-flat-{made['tag']}",
+        id="",
+        provider="docker",
+        engine="local",
+        state="stopped",
+        container=container.name,
+        image=refs["base"],
+        project="",
+        workspace="",
+        branch="",
+        created="",
+    )
     ours = {"io.agentbox.kind": "checkpoint", "io.agentbox.checkpoint": "flat"}
     result = _checkpoint._flatten(DockerProvider(), facts, refs["flat"], ours)
 
@@ -96,7 +107,7 @@ def test_flatten_replays_the_config_and_drops_run_agentbox(made: dict[str, Any])
     config = image.attrs["Config"]
     for key in ("Env", "User", "WorkingDir", "Cmd", "Entrypoint", "ExposedPorts"):
         assert config[key] == source[key], key
-    assert "TRICKY=$HOME and \"quotes\" and \\backslash and a=b" in config["Env"]
+    assert 'TRICKY=$HOME and "quotes" and \\backslash and a=b' in config["Env"]
     assert "EXTRA=from the box" in config["Env"]
     assert config["Labels"] == {**source["Labels"], **ours}
     assert config["Labels"]["org.example.note"] == 'say "$hi"'

@@ -54,7 +54,7 @@ def _chunks(data: bytes, sizes: list[int]) -> list[bytes]:
     out, position, index = [], 0, 0
     while position < len(data):
         size = sizes[index % len(sizes)]
-        out.append(data[position:position + size])
+        out.append(data[position : position + size])
         position += size
         index += 1
     return out
@@ -105,7 +105,7 @@ def test_filter_tar_keeps_a_stream_without_excluded_entries_byte_for_byte() -> N
 def test_config_changes_quote_what_dockerfile_would_expand() -> None:
     changes = _checkpoint.config_changes(
         {
-            "Env": ['PATH=/usr/bin:/bin', 'TRICKY=$HOME "q" \\x a=b'],
+            "Env": ["PATH=/usr/bin:/bin", 'TRICKY=$HOME "q" \\x a=b'],
             "WorkingDir": "/workspace",
             "User": "1000:1000",
             "ExposedPorts": {"80/tcp": {}, "6080/tcp": {}},
@@ -129,7 +129,7 @@ def test_config_changes_quote_what_dockerfile_would_expand() -> None:
 
 
 def test_config_changes_refuse_a_line_break() -> None:
-    with pytest.raises(_checkpoint.CheckpointError, match="MULTI"):
+    with pytest.raises(_checkpoint.CheckpointError, match="MULTI holds a line break"):
         _checkpoint.config_changes({"Env": ["MULTI=a\nb"]}, {})
 
 
@@ -175,8 +175,15 @@ def test_labels_carry_the_manifest_facts() -> None:
         "source_box_id": "deadbeef",
         "branch": "agentbox/app-1",
         "commit": "a" * 40,
-        "worktrees": [{"sub": "", "git_dir": "/src/app/.git", "path": "/home/vscode/.agentbox-worktrees/app-1",
-                       "branch": "agentbox/app-1", "commit": "a" * 40}],
+        "worktrees": [
+            {
+                "sub": "",
+                "git_dir": "/src/app/.git",
+                "path": "/home/vscode/.agentbox-worktrees/app-1",
+                "branch": "agentbox/app-1",
+                "commit": "a" * 40,
+            }
+        ],
         "base_image": "agentbox/box:latest",
         "base_image_id": "sha256:" + "b" * 64,
         "base_fingerprint": "f" * 64,
@@ -211,11 +218,23 @@ def write(path: Path, text: str) -> None:
 
 
 def run_restore(request: dict) -> subprocess.CompletedProcess:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "R", "GIT_AUTHOR_EMAIL": "r@x", "GIT_COMMITTER_NAME": "R",
-           "GIT_COMMITTER_EMAIL": "r@x", "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory",
-           "GIT_CONFIG_VALUE_0": "*"}
-    return subprocess.run([sys.executable, "-c", _checkpoint.RESTORE_SCRIPT], input=json.dumps(request),
-                          capture_output=True, text=True, env=env)
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "R",
+        "GIT_AUTHOR_EMAIL": "r@x",
+        "GIT_COMMITTER_NAME": "R",
+        "GIT_COMMITTER_EMAIL": "r@x",
+        "GIT_CONFIG_COUNT": "1",
+        "GIT_CONFIG_KEY_0": "safe.directory",
+        "GIT_CONFIG_VALUE_0": "*",
+    }
+    return subprocess.run(
+        [sys.executable, "-c", _checkpoint.RESTORE_SCRIPT],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        env=env,
+    )
 
 
 @pytest.fixture
@@ -267,15 +286,33 @@ def world(tmp_path: Path) -> dict:
         "box": "new",
         "checkpoint": "ck-1",
         "worktrees_home": str(home),
-        "jobs": [{
-            "sub": "", "common_dir": str(host / ".git"), "old_path": str(baked), "new_path": str(new_path),
-            "branch": "agentbox/new", "commit": checkpoint_commit, "host_head": head, "host_stash": stash,
-            "untracked": ["later.txt", "fresh.txt"], "owner_uid": os.getuid(),
-        }],
+        "jobs": [
+            {
+                "sub": "",
+                "common_dir": str(host / ".git"),
+                "old_path": str(baked),
+                "new_path": str(new_path),
+                "branch": "agentbox/new",
+                "commit": checkpoint_commit,
+                "host_head": head,
+                "host_stash": stash,
+                "untracked": ["later.txt", "fresh.txt"],
+                "owner_uid": os.getuid(),
+            }
+        ],
     }
-    return {"host": host, "source": source, "baked": baked, "new": new_path, "request": request, "base": base,
-            "checkpoint_commit": checkpoint_commit, "head": head, "source_status": source_status,
-            "source_admin": source_admin}
+    return {
+        "host": host,
+        "source": source,
+        "baked": baked,
+        "new": new_path,
+        "request": request,
+        "base": base,
+        "checkpoint_commit": checkpoint_commit,
+        "head": head,
+        "source_status": source_status,
+        "source_admin": source_admin,
+    }
 
 
 def test_restore_merges_host_head_box_wins_and_reports_every_conflict(world: dict) -> None:
