@@ -372,3 +372,35 @@ def test_checkpoint_image_copied_between_engines(fleet, tmp_path):
             if provider.image_exists(image):
                 provider.client.images.remove(image, force=True)
     assert not destination.image_exists(image) and fleet.engines[0].agentbox_objects() == []
+
+
+def test_fleet_playbook_spreads_boxes_over_engines(fleet, tmp_path):
+    repo = make_host_repo(tmp_path, commits=2)
+    prefix = f"abx-fleet-{secrets.token_hex(2)}"
+    inventory = tmp_path / "engines.yml"
+    inventory.write_text(
+        "engines:\n  hosts:\n"
+        f"    {fleet.engines[0].alias}: {{}}\n"
+        f"    second: {{agentbox_engine: '{fleet.engines[1].destination}'}}\n"
+    )
+    env = {**os.environ, **fleet.env, "ANSIBLE_DEPRECATION_WARNINGS": "0"}
+
+    def playbook(*extra: str) -> subprocess.CompletedProcess:
+        done = subprocess.run(
+            [str(REPO / ".venv/bin/ansible-playbook"), "-i", str(inventory), "playbooks/fleet_create.yml",
+             "-f", "4", "-e", f"workspace={repo}", "-e", f"prefix={prefix}", "-e", "count=4", *extra],
+            cwd=REPO, env=env, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+        return done
+
+    try:
+        playbook()
+        on_first = {b.name for b in DockerProvider(engine=fleet.engines[0].alias, ssh_options={}).list_boxes()}
+        on_second = {b.name for b in DockerProvider(engine=fleet.engines[1].destination, ssh_options={}).list_boxes()}
+        assert on_first == {f"{prefix}-01", f"{prefix}-03"}
+        assert on_second == {f"{prefix}-02", f"{prefix}-04"}
+    finally:
+        playbook("-e", "state=absent")
+    for engine in fleet.engines:
+        assert engine.agentbox_objects() == []
