@@ -25,7 +25,7 @@ _PASSWD = "root:x:0:0:root:/root:/bin/sh\nvscode:x:1000:1000:vscode:/home/vscode
 _GROUP = "root:x:0:\nvscode:x:1000:\n"
 
 
-class TestImageError(RuntimeError):
+class FixtureImageError(RuntimeError):
     """The test image cannot be built on this host."""
 
 
@@ -36,7 +36,7 @@ def _find_busybox() -> str:
     found = shutil.which("busybox")
     if found:
         return found
-    raise TestImageError(
+    raise FixtureImageError(
         "no static busybox on this host: install it (Debian/Ubuntu: `apt-get install busybox-static`) "
         "or point AGENTBOX_EMULATOR_TEST_IMAGE at an image that has /bin/sh"
     )
@@ -115,7 +115,7 @@ def ensure_test_image(client: docker.DockerClient, tag: str = TEST_IMAGE) -> boo
         ],
     )
     if not image_exists(client, tag):
-        raise TestImageError(f"docker import did not produce {tag}")
+        raise FixtureImageError(f"docker import did not produce {tag}")
     return True
 
 

@@ -153,7 +153,10 @@ class Toolbox:
             raise daemon_error(
                 408, f"Command execution timed out after {timeout} seconds. The timeout can be increased by "
                      "adjusting the timeout parameter in the request.", code="PROCESS_EXECUTION_TIMEOUT")
-        return Reply(200, {"exitCode": result.exit_code, "result": result.output.decode("utf-8", "replace")})
+        exit_code = result.exit_code
+        if exit_code == 126 and result.output.startswith(b"OCI runtime exec failed"):
+            exit_code = -1  # the process never started (a missing cwd, say): the daemon answers -1
+        return Reply(200, {"exitCode": exit_code, "result": result.output.decode("utf-8", "replace")})
 
     # ---- sessions -----------------------------------------------------------------------------------------
     def session_route(self, sb: SandboxRecord, method: str, rest: list[str], query: dict[str, list[str]],

@@ -57,6 +57,7 @@ from tests.daytona_emulator import (  # noqa: E402 - after the sys.path set-up a
     running_emulator,
 )
 from tests.daytona_emulator.harness import AdminError  # noqa: E402
+from tests.daytona_emulator.testimage import FixtureImageError  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -80,11 +81,16 @@ def sandbox_image(docker_client):
     if override:
         yield override
         return
-    created = ensure_test_image(docker_client)
+    try:
+        created = ensure_test_image(docker_client)
+    except FixtureImageError as exc:
+        pytest.fail(f"cannot build the emulator test image: {exc}")
     try:
         yield TEST_IMAGE
     finally:
-        if created:
+        # Under pytest-xdist another worker may still run sandboxes from it: then it stays, as a reusable
+        # 2 MB fixture image (labelled io.agentbox.test-image).
+        if created and not os.environ.get("PYTEST_XDIST_WORKER"):
             remove_test_image(docker_client)
 
 
@@ -163,6 +169,7 @@ def test_lifecycle_exec_files_stop_start_archive_delete(emu, client, docker_clie
     in_dir = sandbox.process.exec('pwd; echo "$EXTRA"', cwd="/tmp", env={"EXTRA": "x y"})
     assert (in_dir.exit_code, in_dir.result) == (0, "/tmp\nx y\n")
     assert sandbox.process.exec("id -un").result.strip() == sandbox.user
+    assert sandbox.process.exec("pwd", cwd="/no/such/dir").exit_code == -1  # never started, like the daemon
 
     payload = bytes(range(256)) * 1024 + os.urandom(4096)
     sandbox.fs.upload_file(payload, "/tmp/deep/dir/blob.bin")
