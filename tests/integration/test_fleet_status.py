@@ -264,3 +264,21 @@ def test_fleet_status_numbers_table_and_html(fleet, tmp_path):
     assert taken.returncode == 0 and shot.stat().st_size > 10_000, taken.stderr[-2000:]
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(shot, SCREENSHOT)
+
+
+def test_fleet_status_playbook_passes_ansible_lint(tmp_path):
+    """ansible-lint (production profile) on a copy: the checkout's collection symlinks loop for its file walker."""
+    collection = tmp_path / "collections" / "ansible_collections" / "agentbox" / "box"
+    skip = shutil.ignore_patterns(".venv*", ".collections", ".git", "collections", "tests", "benchmarks", "__pycache__")
+    shutil.copytree(REPO, collection, ignore=skip, symlinks=True)
+    project = tmp_path / "project"
+    shutil.copytree(REPO / "playbooks" / "templates", project / "playbooks" / "templates")
+    shutil.copyfile(REPO / "playbooks" / "fleet_status.yml", project / "playbooks" / "fleet_status.yml")
+    subprocess.run(["git", "init", "-q", str(project)], check=True)
+    env = {**ansible_env(), "ANSIBLE_COLLECTIONS_PATH": str(tmp_path / "collections")}
+    env.pop("ANSIBLE_CONFIG", None)
+    lint = subprocess.run(
+        [str(VENV_BIN / "ansible-lint"), "--offline", "--profile", "production", "playbooks/fleet_status.yml"],
+        cwd=project, env=env, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert lint.returncode == 0, lint.stdout[-3000:] + lint.stderr[-3000:]
