@@ -84,7 +84,7 @@ class SandboxRecord:
     gid: int = 0
     preview_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     created: float = field(default_factory=time.time)
-    created_mono: float = field(default_factory=time.monotonic)
+    listed_from: float = field(default_factory=lambda: float("inf"))  # monotonic time list() may show it
     updated: float = field(default_factory=time.time)
     last_activity: float = field(default_factory=time.time)
     last_activity_mono: float = field(default_factory=time.monotonic)
@@ -464,7 +464,10 @@ class Emulator:
             record.error_reason = str(error)
             record.recoverable = False
 
-        return self._transition(record, "creating", "started", work, finish, fail)
+        answer = self._transition(record, "creating", "started", work, finish, fail)
+        # The list index catches up list_lag_seconds after the create answered (eventual consistency).
+        record.listed_from = time.monotonic() + self.config.list_lag_seconds
+        return answer
 
     def _provision(self, sb: SandboxRecord) -> None:
         if not sb.image:
@@ -759,14 +762,21 @@ class Emulator:
     def _remove_released_images(self) -> None:
         """Deleted snapshots' images go once no container uses them any more."""
         with self.lock:
-            pending = list(self.images_to_remove)
+            in_use = {sb.image for sb in self.sandboxes.values() if sb.state != "destroyed"}
+            pending = [ref for ref in self.images_to_remove if ref not in in_use]
         for ref in pending:
-            try:
-                if self.backend.remove_image(ref):
+            # No sandbox uses it any more; a conflict now is the engine still finishing a container removal.
+            for _attempt in range(10):
+                try:
+                    removed = self.backend.remove_image(ref)
+                except Exception as exc:  # noqa: BLE001 - retried at the next delete and at cleanup
+                    LOG.warning("could not remove image %s: %s", ref, exc)
+                    break
+                if removed:
                     with self.lock:
                         self.images_to_remove.discard(ref)
-            except Exception as exc:  # noqa: BLE001 - retried at the next delete and at cleanup
-                LOG.warning("could not remove image %s: %s", ref, exc)
+                    break
+                time.sleep(0.3)
 
     # ---- list ---------------------------------------------------------------------------------------------
     def list_sandboxes(self, query: dict[str, list[str]]) -> dict[str, Any]:
@@ -795,8 +805,7 @@ class Emulator:
         now = time.monotonic()
         with self.lock:
             self.tombstones = [(when, item) for when, item in self.tombstones if now - when < lag]
-            items = [self.sandbox_dto(sb, full=False) for sb in self.sandboxes.values()
-                     if now - sb.created_mono >= lag]
+            items = [self.sandbox_dto(sb, full=False) for sb in self.sandboxes.values() if now >= sb.listed_from]
             items += [item for _deleted_at, item in self.tombstones]
         selected = [
             item for item in items

@@ -333,12 +333,12 @@ def test_list_filters_by_labels_and_follows_cursors(emu, client):
 
 
 def test_list_is_eventually_consistent_when_configured(emu, client):
-    emu.admin.set_config(list_lag_seconds=1.5)
+    emu.admin.set_config(list_lag_seconds=2.5)
     sandbox = client.create(CreateSandboxFromSnapshotParams(name=_name("lag"), labels={"lag": "yes"}))
     query = ListSandboxesQuery(labels={"lag": "yes"})
     assert client.get(sandbox.name).id == sandbox.id  # get(name) sees it at once
     assert list(client.list(query)) == []
-    time.sleep(1.6)
+    time.sleep(2.6)
     assert [s.id for s in client.list(query)] == [sandbox.id]
     client.delete(sandbox)
     lingering = list(client.list(query))
