@@ -744,6 +744,56 @@ def open_local_forward(
     return LocalForward(connection, int(remote_port), int(local_port))
 
 
+def start_forward_daemon(
+    engine: str,
+    remote_port: int,
+    local_port: int = 0,
+    **ssh_options: Any,
+) -> tuple[int, int]:
+    """A local forward that outlives the calling process (a module run): (pid, local port).
+
+    A detached child (double fork, new session) makes its own SSH connection, listens on the
+    controller's 127.0.0.1:local_port and forwards to the engine's 127.0.0.1:remote_port until
+    it is killed (`kill <pid>`) or the engine goes away. Errors before it listens are raised here.
+    """
+    read_end, write_end = os.pipe()
+    first = os.fork()
+    if first == 0:  # pragma: no cover - runs in the child
+        os.close(read_end)
+        code = 0
+        try:
+            os.setsid()
+            if os.fork() != 0:
+                os._exit(0)
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(devnull, fd)
+            try:
+                # EngineConnection sees the new pid and connects afresh, leaving the parent's alone.
+                forward = open_local_forward(engine, remote_port, local_port, **ssh_options)
+            except Exception as exc:  # noqa: BLE001 - reported to the caller through the pipe
+                os.write(write_end, f"error {exc}".encode()[:4000])
+                os._exit(1)
+            os.write(write_end, f"ok {os.getpid()} {forward.local_port}".encode())
+            os.close(write_end)
+            while forward.connection.transport().is_active():
+                forward._closed.wait(5)
+        except Exception:  # noqa: BLE001 - a daemon has nobody to tell; it just ends
+            code = 1
+        os._exit(code)
+    os.close(write_end)
+    os.waitpid(first, 0)
+    answer = b""
+    while chunk := os.read(read_end, 4096):
+        answer += chunk
+    os.close(read_end)
+    text = answer.decode("utf-8", "replace")
+    if not text.startswith("ok "):
+        raise EngineUnreachable(text.removeprefix("error ") or f"the forward to engine {engine} did not start")
+    _, pid, port = text.split()
+    return int(pid), int(port)
+
+
 def stream_to_command(
     connection: EngineConnection, command: str, chunks: Iterable[bytes], timeout: float = 3600
 ) -> bytes:

@@ -15,6 +15,7 @@ import io
 import json
 import os
 import secrets
+import signal
 import stat
 import subprocess
 import sys
@@ -278,9 +279,35 @@ def test_port_forward_to_a_box_port(fleet, tmp_path):
                     if time.monotonic() > deadline:
                         raise
                     time.sleep(0.3)
+        # A forward that outlives its caller (what a module run would leave for the user).
+        pid, local_port = _ssh.start_forward_daemon(fleet.engines[0].alias, engine_port)
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{local_port}/token", timeout=10) as answer:
+                assert answer.read().decode().strip() == token
+        finally:
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while _pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _pid_alive(pid)
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{local_port}/token", timeout=3)
     finally:
         _box.destroy_box(provider, created.facts)
     assert fleet.engines[0].agentbox_objects() == []
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (not reaped: it is not our child) counts as gone.
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+            return handle.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def test_disk_full_during_upload_leaves_nothing(fleet, tmp_path):
