@@ -166,9 +166,9 @@ def run_logged(command: list[str], log: BuildLog) -> int:
     """Run a command with its output (stdout and stderr together) going to the log."""
     log.line("$ " + " ".join(command))
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    assert process.stdout is not None
-    for chunk in iter(lambda: process.stdout.readline(), b""):
-        log.write(chunk.decode("utf-8", errors="replace"))
+    if process.stdout is not None:
+        for chunk in iter(process.stdout.readline, b""):
+            log.write(chunk.decode("utf-8", errors="replace"))
     return process.wait()
 
 
@@ -202,7 +202,7 @@ def _sources_entries(text: str, deb822: bool) -> Iterator[tuple[str, list[str]]]
             for raw in stanza.splitlines():
                 if raw.startswith("#") or ":" not in raw or raw[:1].isspace():
                     continue
-                key, _, value = raw.partition(":")
+                key, _colon, value = raw.partition(":")
                 fields[key.strip().lower()] = value.strip()
             if fields.get("enabled", "yes").lower() == "no" or "deb" not in fields.get("types", "").split():
                 continue
@@ -409,10 +409,11 @@ def ensure_base(
     started = time.monotonic()
     build_base_with_debootstrap(client, request.base, log)
     seconds = time.monotonic() - started
-    return "debootstrap", [
-        (f"base image {request.base} could not be pulled; built it from Debian's packages with "
-        f"debootstrap and imported it ({seconds:.0f}s)")
-    ]
+    warning = (
+        f"base image {request.base} could not be pulled; built it from Debian's packages with "
+        f"debootstrap and imported it ({seconds:.0f}s)"
+    )
+    return "debootstrap", [warning]
 
 
 def run_build(

@@ -78,9 +78,16 @@ requirements:
   - a reachable Docker engine
   - debootstrap and root, only to make a missing Debian base image
 notes:
-  - Supports check mode, in which it reports whether a build would happen and builds nothing.
+  - In check mode it reports whether a build would happen (and whether C(:latest) would move) and builds nothing.
 author:
-  - agentbox.box developers
+  - agentbox.box developers (@agentbox)
+extends_documentation_fragment:
+  - agentbox.box.attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
 """
 
 EXAMPLES = r"""

@@ -228,7 +228,8 @@ def test_failed_build_reports_the_log_tail_and_tags_nothing(client: Any, reposit
     result = run_module(tmp_path, module_args(context, repository, tmp_path))
     assert result.get("failed") is True
     assert "failed" in result["msg"] and "before-the-failure" in result["msg"]
-    assert "last lines of" in result["msg"]
+    # The log's tail is in the message: the step lines come from the log, not from the error.
+    assert "last lines of" in result["msg"] and "Step 2/" in result["msg"]
     assert client.images.list(name=repository) == []
     leftovers = [
         c.id

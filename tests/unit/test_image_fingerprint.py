@@ -207,6 +207,7 @@ def _render(**variables: object) -> str:
 def test_template_copes_with_no_files_no_agents_no_vnc() -> None:
     text = _render()
     assert "COPY" not in text and "npm install --global" not in text and "tigervnc" not in text
+    assert "ca-certificates/" not in text
     assert text.startswith("#") and "FROM debian:bookworm\n" in text
     assert 'CMD ["sleep", "infinity"]' in text and "WORKDIR /workspace" in text and "ENV LANG=C.UTF-8" in text
 
@@ -224,3 +225,10 @@ def test_template_copies_every_file_and_adds_optional_layers() -> None:
     assert "FROM debian:bookworm-slim\n" in text
     # Optional layers come before the COPY so a change to an in-box script keeps them cached.
     assert text.index("tigervnc") < text.index("npm install --global") < text.index("COPY [")
+
+
+def test_template_trusts_extra_certificate_authorities_before_any_package() -> None:
+    text = _render(box_image_ca_count="2")
+    copy = 'COPY ["ca/agentbox-ca-0.crt", "ca/agentbox-ca-1.crt", "/usr/local/share/ca-certificates/"]'
+    assert copy in text
+    assert text.index(copy) < text.index("apt-get install")
