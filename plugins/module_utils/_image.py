@@ -140,7 +140,7 @@ class BuildLog:
         directory = os.path.dirname(path)
         if directory:
             os.makedirs(directory, exist_ok=True)
-        self._handle: IO[str] = open(path, "w", encoding="utf-8", errors="replace")  # noqa: SIM115
+        self._handle: IO[str] = open(path, "w", encoding="utf-8", errors="replace")
         self._tail: collections.deque[str] = collections.deque(maxlen=FAILURE_TAIL_LINES)
         self._partial = ""
 

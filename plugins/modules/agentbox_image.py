@@ -157,10 +157,16 @@ msg:
   type: str
 """
 
-import traceback
+# Ansible modules keep their imports below the documentation strings.
+import traceback  # noqa: E402
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible_collections.agentbox.box.plugins.module_utils._image import ImageError, ImageRequest, ensure_image
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib  # noqa: E402
+
+from ansible_collections.agentbox.box.plugins.module_utils._image import (  # noqa: E402
+    ImageError,
+    ImageRequest,
+    ensure_image,
+)
 
 try:
     import docker

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO / ".collections") not in sys.path:
     sys.path.insert(0, str(REPO / ".collections"))
 
-from ansible_collections.agentbox.box.plugins.module_utils import _image
+from ansible_collections.agentbox.box.plugins.module_utils import _image  # noqa: E402
 
 pytestmark = pytest.mark.integration
 ANSIBLE_PLAYBOOK = str(REPO / ".venv" / "bin" / "ansible-playbook")
