@@ -74,7 +74,16 @@ def workspace(root: Path) -> Path:
 
 
 def summary(samples: list[float]) -> dict[str, Any]:
-    return {"median": round(statistics.median(samples), 3), "samples": [round(s, 3) for s in samples]}
+    return {
+        "median": round(statistics.median(samples), 3),
+        "min": round(min(samples), 3),
+        "samples": [round(s, 3) for s in samples],
+    }
+
+
+def paired(ours: list[float], theirs: list[float]) -> float:
+    """Median of per-run ratios: each pair ran back to back, so load swings hit both sides."""
+    return round(statistics.median(a / b for a, b in zip(ours, theirs, strict=True)), 2)
 
 
 def main() -> int:
@@ -92,7 +101,8 @@ def main() -> int:
     boxes: list[str] = []
     images: list[str] = []
     project = ""
-    results: dict[str, Any] = {"megabytes": args.megabytes, "runs": args.runs}
+    results: dict[str, Any] = {"megabytes": args.megabytes, "runs": args.runs, "cpus": os.cpu_count()}
+    results["load_before"] = [round(x, 2) for x in os.getloadavg()]
     try:
         ws = workspace(root)
         project = _naming.project_id(str(ws))
@@ -151,14 +161,11 @@ def main() -> int:
             restore_to_ready=summary(restore),
             fresh_create=summary(fresh),
         )
+        results["load_after"] = [round(x, 2) for x in os.getloadavg()]
         results["ratios"] = {
-            "layered_vs_raw_commit": round(results["layered"]["median"] / results["raw_commit"]["median"], 2),
-            "flattened_vs_raw_export_import": round(
-                results["flattened"]["median"] / results["raw_export_import"]["median"], 2
-            ),
-            "restore_vs_fresh_create": round(
-                results["restore_to_ready"]["median"] / results["fresh_create"]["median"], 2
-            ),
+            "layered_vs_raw_commit": paired(layered, raw_commit),
+            "flattened_vs_raw_export_import": paired(flattened, raw_export_import),
+            "restore_vs_fresh_create": paired(restore, fresh),
         }
         out_dir = REPO / "benchmarks" / "results"
         out_dir.mkdir(parents=True, exist_ok=True)

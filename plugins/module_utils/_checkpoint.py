@@ -810,23 +810,25 @@ def capture(provider: Provider, plan: CapturePlan, cleanup: bool = True) -> dict
         timings["cleanup_seconds"], warning = run_cleanup(provider, facts.name)
         if warning:
             warnings.append(warning)
-    # Built under a temporary tag and renamed at the end: a failure (or a replace) never loses the
-    # checkpoint that was there, and never leaves a tag that looks like a finished checkpoint.
-    temp = f"{plan.image}{TEMP_TAG_MARK}{os.getpid()}-{int(time.time())}"
+    # The engine tags an image only once it is complete, so a new name is written directly. A
+    # replacement is built under a temporary tag and renamed at the end: a failure never loses the
+    # checkpoint that was there.
+    old_id = plan.replaces.image_id if plan.replaces else ""
+    target = f"{plan.image}{TEMP_TAG_MARK}{os.getpid()}-{int(time.time())}" if plan.replaces else plan.image
     started = time.monotonic()
     try:
         if plan.type == "layered":
-            made = provider.commit(facts.name, temp, labels)
+            made = provider.commit(facts.name, target, labels)
         else:
-            made = _flatten(provider, facts, temp, labels)
+            made = _flatten(provider, facts, target, labels)
         timings["capture_seconds"] = time.monotonic() - started
-        old_id = plan.replaces.image_id if plan.replaces else ""
-        image = client.images.get(made["id"])
-        repository, _sep, tag = plan.image.rpartition(":")
-        image.tag(repository, tag)
+        if target != plan.image:
+            repository, _sep, tag = plan.image.rpartition(":")
+            client.images.get(made["id"]).tag(repository, tag)
     finally:
-        with contextlib.suppress(Exception):
-            client.images.remove(temp, noprune=False)
+        if target != plan.image:
+            with contextlib.suppress(Exception):
+                client.images.remove(target, noprune=False)
     if old_id and old_id != made["id"]:
         # Kept when a box still runs on it (the engine refuses); prune reaps it later.
         with contextlib.suppress(Exception):
@@ -1182,7 +1184,7 @@ def restore_workspace(
                     "detail": "a parent of this path is a file in the box",
                 }
             )
-        result.merges.append({k: outcome[k] for k in ("sub", "merge", "merge_commit", "head")})
+        result.merges.append({k: outcome[k] for k in ("sub", "merge", "merge_commit", "head", "seconds")})
         result.modified += state.modified
         result.deleted += state.deleted
         result.renamed += state.renamed
@@ -1202,7 +1204,7 @@ def restore_workspace(
 # The in-box half of a restore; stdin is the JSON request built by restore_workspace, stdout's last
 # line the JSON answer. Runs as the repository's owner against the host .git bind-mounted in the box.
 RESTORE_SCRIPT = r'''
-import json, os, shutil, subprocess, sys, tempfile
+import json, os, shutil, subprocess, sys, tempfile, time
 
 GIT = ["git", "-c", "core.hooksPath=/dev/null", "-c", "commit.gpgsign=false", "-c", "rerere.enabled=false",
        "-c", "merge.conflictStyle=merge", "-c", "core.autocrlf=false"]
@@ -1464,7 +1466,16 @@ def untracked_report(job, cwd):
 
 def restore(job, home, box, checkpoint):
     job["checkpoint"] = checkpoint
+    clock = [time.monotonic()]
+    seconds = {}
+
+    def lap(name):
+        now = time.monotonic()
+        seconds[name] = round(now - clock[0], 3)
+        clock[0] = now
+
     physical = register(job, home, box)
+    lap("register")
     cwd = physical
     conflicts = []
     git(cwd, "update-ref", "refs/heads/" + job["branch"], job["commit"])
@@ -1475,9 +1486,11 @@ def restore(job, home, box, checkpoint):
     if made.returncode != 0 and (changes or made.stderr.strip()):
         raise Failure("git stash create failed in %s: %s" % (cwd, made.stderr.decode(errors="replace").strip()))
     needs_merge = not ancestor(cwd, job["host_head"], job["commit"])
+    lap("checkpoint_state")
     if changes and needs_merge:
         git(cwd, "reset", "-q", "--hard", job["commit"])
     merge = merge_host(job, cwd, home, conflicts)
+    lap("merge")
     if changes and needs_merge:
         done = git(cwd, "stash", "apply", "-q", changes, check=False)
         if done.returncode != 0:
@@ -1485,9 +1498,11 @@ def restore(job, home, box, checkpoint):
                 raise Failure("re-applying the checkpoint's own changes failed: " + done.stderr.decode(errors="replace"))
             resolve_for_box(cwd, 3, 2, "checkpoint-changes", conflicts)
         git(cwd, "reset", "-q")
+    lap("checkpoint_changes")
     if job["host_stash"]:
         overlay_host(job, cwd, conflicts)
     existing, blocked = untracked_report(job, cwd)
+    lap("host_changes")
     return {
         "sub": job["sub"],
         "physical": physical,
@@ -1497,6 +1512,7 @@ def restore(job, home, box, checkpoint):
         "conflicts": conflicts,
         "untracked_existing": existing,
         "untracked_blocked": blocked,
+        "seconds": seconds,
     }
 
 
