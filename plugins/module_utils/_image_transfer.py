@@ -29,6 +29,13 @@ from typing import Any, Self
 
 from ._provider import Provider, ProviderError
 
+try:
+    from docker.errors import DockerException, ImageNotFound
+
+    HAS_DOCKER = True
+except ImportError:  # pragma: no cover - reported by _client
+    HAS_DOCKER = False
+
 # gzip level 1: box images shrink to about a third for little CPU; the engine's dockerd
 # decompresses on load (it detects the gzip header).
 GZIP_LEVEL = 1
@@ -74,6 +81,8 @@ def _gzip(chunks: Iterable[bytes]) -> Iterator[bytes]:
 
 
 def _client(provider: Provider) -> Any:
+    if not HAS_DOCKER:
+        raise ProviderError("the Python 'docker' package is required on the controller to move images")
     client = getattr(provider, "client", None)
     if client is None or not hasattr(client, "api"):
         raise ProviderError(f"provider {provider.name!r} is not a Docker engine: images cannot be streamed to it")
@@ -81,10 +90,9 @@ def _client(provider: Provider) -> Any:
 
 
 def _image_id(provider: Provider, image: str) -> str | None:
-    from docker.errors import ImageNotFound
-
+    client = _client(provider)
     try:
-        return _client(provider).images.get(image).id
+        return client.images.get(image).id
     except ImageNotFound:
         return None
 
@@ -167,8 +175,6 @@ def ensure_image(
 
 
 def _try_pull(provider: Provider, image: str, registry: str, notes: list[str]) -> str | None:
-    from docker.errors import DockerException
-
     api = _client(provider).api
     repository, _, tag = registry.rpartition(":") if ":" in registry.rsplit("/", 1)[-1] else (registry, "", "latest")
     try:
@@ -201,8 +207,6 @@ def copy_image(source: Provider, destination: Provider, image: str, *, compress:
 
 
 def _stream(source: Provider, destination: Provider, image: str, compress: bool, path: str) -> TransferReport:
-    from docker.errors import DockerException
-
     started = time.monotonic()
     raw = _Counter(_client(source).api.get_image(image, chunk_size=1 << 20))
     sent = _Counter(_gzip(raw) if compress else raw)
