@@ -15,11 +15,13 @@ import collections
 import dataclasses
 import glob
 import hashlib
+import io
 import json
 import os
 import re
 import shutil
 import subprocess
+import tarfile
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -98,6 +100,44 @@ def read_context(context_dir: str) -> list[ContextFile]:
             rel = os.path.relpath(full, context_dir).replace(os.sep, "/")
             entries.append(ContextFile(rel, content, bool(os.stat(full).st_mode & 0o111)))
     return entries
+
+
+def context_from_parts(
+    dockerfile: str, programs: dict[str, str] | None = None, ca_certificates: list[str] | None = None
+) -> list[ContextFile]:
+    """The build context the role's template expects: Dockerfile, bin/<program> (0755) and
+    ca/agentbox-ca-<n>.crt (0644), from their texts."""
+    entries = [ContextFile("Dockerfile", dockerfile.encode("utf-8"))]
+    for name, content in sorted((programs or {}).items()):
+        if not name or "/" in name or name in (".", ".."):
+            raise ImageError(f"program name {name!r} is not a plain file name: programs go to /usr/local/bin/<name>")
+        entries.append(ContextFile(f"bin/{name}", content.encode("utf-8"), executable=True))
+    for index, pem in enumerate(ca_certificates or []):
+        if "-----BEGIN CERTIFICATE-----" not in pem:
+            raise ImageError(f"CA certificate number {index + 1} is not PEM text: give .crt/.pem files in PEM format")
+        entries.append(ContextFile(f"ca/agentbox-ca-{index}.crt", pem.encode("utf-8")))
+    return entries
+
+
+def context_tar(files: Iterable[ContextFile]) -> io.BytesIO:
+    """An uncompressed tar of the entries (root-owned, fixed times) to send as the build context."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        directories: set[str] = set()
+        for entry in sorted(files, key=lambda item: item.path):
+            parts = entry.path.split("/")[:-1]
+            for depth in range(1, len(parts) + 1):
+                directory = "/".join(parts[:depth])
+                if directory not in directories:
+                    directories.add(directory)
+                    info = tarfile.TarInfo(directory)
+                    info.type, info.mode = tarfile.DIRTYPE, 0o755
+                    archive.addfile(info)
+            info = tarfile.TarInfo(entry.path)
+            info.size, info.mode = len(entry.content), 0o755 if entry.executable else 0o644
+            archive.addfile(info, io.BytesIO(entry.content))
+    buffer.seek(0)
+    return buffer
 
 
 def short_fingerprint(fingerprint: str) -> str:
@@ -336,7 +376,13 @@ def build_base_with_debootstrap(
 
 @dataclasses.dataclass
 class ImageRequest:
-    context: str
+    """What to build. The context is either a directory (`context`) or given in parts (`dockerfile`,
+    `programs`, `ca_certificates`), which is what the role passes."""
+
+    context: str | None = None
+    dockerfile: str | None = None
+    programs: dict[str, str] = dataclasses.field(default_factory=dict)
+    ca_certificates: list[str] = dataclasses.field(default_factory=list)
     base: str = DEFAULT_BASE
     repository: str = DEFAULT_REPOSITORY
     agents: list[str] = dataclasses.field(default_factory=list)
@@ -419,11 +465,13 @@ def ensure_base(
 def run_build(
     client: Any,
     request: ImageRequest,
+    files: list[ContextFile],
     fingerprint: str,
     log: BuildLog,
     api_error: type[Exception],
 ) -> str:
-    """docker build of the context with the low-level API. Returns the new image's id (untagged)."""
+    """docker build of exactly the fingerprinted files (sent as a tar) with the low-level API.
+    Returns the new image's id (untagged)."""
     labels = {
         FINGERPRINT_LABEL: fingerprint,
         KIND_LABEL: "image",
@@ -435,7 +483,8 @@ def run_build(
     error: str | None = None
     try:
         stream = client.api.build(
-            path=request.context,
+            fileobj=context_tar(files),
+            custom_context=True,
             dockerfile="Dockerfile",
             labels=labels,
             rm=True,
@@ -477,7 +526,13 @@ def ensure_image(
 ) -> ImageResult:
     """Find the image of this context on the engine, or build it (and its base when needed)."""
     validate_repository(request.repository)
-    fingerprint = compute_fingerprint(read_context(request.context))
+    if request.context is not None:
+        files = read_context(request.context)
+    elif request.dockerfile is not None:
+        files = context_from_parts(request.dockerfile, request.programs, request.ca_certificates)
+    else:
+        raise ImageError("give the build context: a directory (context) or the rendered Dockerfile (dockerfile)")
+    fingerprint = compute_fingerprint(files)
     tag = image_tag(request.repository, fingerprint)
     latest = f"{request.repository}:{LATEST_TAG}"
     log_path = os.path.abspath(os.path.expanduser(request.build_log))
@@ -515,10 +570,11 @@ def ensure_image(
     log = BuildLog(log_path)
     started = clock()
     try:
-        log.line(f"agentbox box image {tag} (fingerprint {fingerprint}) from {request.context}")
+        source = request.context or "the rendered Dockerfile and " + ", ".join(f.path for f in files if f.path != "Dockerfile")
+        log.line(f"agentbox box image {tag} (fingerprint {fingerprint}) from {source}")
         result.base_source, base_warnings = ensure_base(client, request, log, not_found, api_error)
         result.warnings.extend(base_warnings)
-        image_id = run_build(client, request, fingerprint, log, api_error)
+        image_id = run_build(client, request, files, fingerprint, log, api_error)
         image = client.images.get(image_id)
         repository_tag = tag.rsplit(":", 1)[1]
         try:

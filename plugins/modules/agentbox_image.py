@@ -10,7 +10,7 @@ module: agentbox_image
 short_description: Find or build the agentbox box image from a rendered build context
 version_added: 0.1.0
 description:
-  - Fingerprints a rendered build context (a C(Dockerfile) plus the files it copies) and makes sure the
+  - Fingerprints a build context (a rendered C(Dockerfile) plus the files it copies) and makes sure the
     Docker engine has the image of that fingerprint, tagged C(<tag>:<first 16 hex of the fingerprint>)
     and C(<tag>:latest), with the labels C(io.agentbox.image_fingerprint) and C(io.agentbox.kind=image).
   - When that tag already exists nothing is built and the task reports no change (it only makes sure
@@ -22,12 +22,32 @@ description:
     the role rather than the module directly.
   - The engine is the local one; C(DOCKER_HOST) and the other C(DOCKER_*) variables are honoured.
 options:
+  dockerfile:
+    description:
+      - The rendered C(Dockerfile) text. The build context is then this C(Dockerfile), O(programs) under
+        C(bin/) and O(ca_certificates) under C(ca/); this is how the role calls the module.
+      - Exactly one of O(dockerfile) and O(context) is required.
+    type: str
+  programs:
+    description:
+      - Programs for the context, by file name; they are put in C(bin/<name>) with mode 0755 (the role's
+        C(Dockerfile) copies them to C(/usr/local/bin/)).
+      - Only with O(dockerfile).
+    type: dict
+    default: {}
+  ca_certificates:
+    description:
+      - PEM texts of extra certificate authorities, put in C(ca/agentbox-ca-<n>.crt) in this order.
+      - Only with O(dockerfile).
+    type: list
+    elements: str
+    default: []
   context:
     description:
-      - Directory holding the rendered C(Dockerfile) and the files it copies (the build context).
-      - Every file in it is part of the fingerprint.
+      - A directory holding a rendered C(Dockerfile) and the files it copies, instead of O(dockerfile).
+      - Every file in it (with its executable bit) is part of the fingerprint, and exactly those files are
+        sent to the engine.
     type: path
-    required: true
   base:
     description:
       - The base image the C(Dockerfile) starts from (its C(FROM)). Made ready before the build.
@@ -91,12 +111,19 @@ attributes:
 """
 
 EXAMPLES = r"""
-- name: Render the context and build the box image (what the role does)
+- name: Build the box image from the role's template (what the role does)
   agentbox.box.agentbox_image:
-    context: /tmp/agentbox-context
+    dockerfile: "{{ lookup('ansible.builtin.template', 'Dockerfile.j2') }}"
+    programs:
+      agentbox-ctl: "{{ lookup('ansible.builtin.file', 'agentbox-ctl', rstrip=false) }}"
     base: debian:bookworm
     tag: agentbox/box
   register: box_image
+
+- name: Build from a directory that holds a Dockerfile
+  agentbox.box.agentbox_image:
+    context: /tmp/agentbox-context
+    tag: agentbox/box
 
 - name: Fail unless the image of this context already exists
   agentbox.box.agentbox_image:
@@ -180,7 +207,10 @@ except ImportError:
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
-            "context": {"type": "path", "required": True},
+            "dockerfile": {"type": "str"},
+            "programs": {"type": "dict", "default": {}},
+            "ca_certificates": {"type": "list", "elements": "str", "default": []},
+            "context": {"type": "path"},
             "base": {"type": "str", "default": "debian:bookworm"},
             "tag": {"type": "str", "default": "agentbox/box"},
             "agents": {"type": "list", "elements": "str", "default": []},
@@ -190,6 +220,8 @@ def main() -> None:
             "allow_base_build": {"type": "bool", "default": True},
             "build": {"type": "bool", "default": True},
         },
+        required_one_of=[("dockerfile", "context")],
+        mutually_exclusive=[("dockerfile", "context"), ("context", "programs"), ("context", "ca_certificates")],
         supports_check_mode=True,
     )
     if DOCKER_IMPORT_ERROR:
@@ -197,6 +229,9 @@ def main() -> None:
 
     request = ImageRequest(
         context=module.params["context"],
+        dockerfile=module.params["dockerfile"],
+        programs={str(name): str(text) for name, text in module.params["programs"].items()},
+        ca_certificates=module.params["ca_certificates"],
         base=module.params["base"],
         repository=module.params["tag"],
         agents=module.params["agents"],

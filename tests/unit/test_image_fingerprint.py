@@ -232,3 +232,37 @@ def test_template_trusts_extra_certificate_authorities_before_any_package() -> N
     copy = 'COPY ["ca/agentbox-ca-0.crt", "ca/agentbox-ca-1.crt", "/usr/local/share/ca-certificates/"]'
     assert copy in text
     assert text.index(copy) < text.index("apt-get install")
+
+
+def test_context_from_parts_matches_the_same_context_on_disk(tmp_path: Path) -> None:
+    pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+    parts = _image.context_from_parts(
+        "FROM debian:bookworm\n", {"agentbox-ctl": "#!/bin/sh\n", "agentbox-boot": "#!/bin/sh\nboot\n"}, [pem]
+    )
+    assert [f.path for f in parts] == ["Dockerfile", "bin/agentbox-boot", "bin/agentbox-ctl", "ca/agentbox-ca-0.crt"]
+    _write_context(tmp_path, parts)
+    assert compute_fingerprint(read_context(str(tmp_path))) == compute_fingerprint(parts)
+
+
+@pytest.mark.parametrize("name", ["", "../evil", "bin/x", ".."])
+def test_context_from_parts_refuses_odd_program_names(name: str) -> None:
+    with pytest.raises(ImageError, match="plain file name"):
+        _image.context_from_parts("FROM x\n", {name: "data"})
+
+
+def test_context_from_parts_refuses_a_certificate_that_is_not_pem() -> None:
+    with pytest.raises(ImageError, match="not PEM"):
+        _image.context_from_parts("FROM x\n", {}, ["just text"])
+
+
+def test_context_tar_holds_exactly_the_fingerprinted_files() -> None:
+    import tarfile
+
+    with tarfile.open(fileobj=_image.context_tar(BASE_FILES)) as archive:
+        members = {m.name: m for m in archive.getmembers()}
+        assert set(members) == {"Dockerfile", "bin", "bin/agentbox-ctl", "bin/agentbox-checkpoint-cleanup"}
+        assert members["bin"].isdir()
+        assert members["bin/agentbox-ctl"].mode == 0o755 and members["Dockerfile"].mode == 0o644
+        for entry in BASE_FILES:
+            extracted = archive.extractfile(entry.path)
+            assert extracted is not None and extracted.read() == entry.content
