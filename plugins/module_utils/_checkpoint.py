@@ -45,7 +45,7 @@ from typing import Any
 
 from . import _git, _naming, _seed
 from ._provider import BoxFacts, Provider, ProviderError
-from ._tarstream import tar_of_paths
+from ._tarstream import tar_of_paths, tar_of_tree
 
 SCHEMA_VERSION = 1
 # Kept in step with galaxy.yml by hand: modules run from a zip, where galaxy.yml is not readable.
@@ -58,6 +58,8 @@ EXCLUDED_FROM_FLATTEN = ("run/agentbox/",)
 CHECKPOINT_REF_PREFIX = "refs/agentbox/checkpoints/"
 TEMP_TAG_MARK = ".partial-"
 IMAGE_TYPES = ("layered", "flattened")
+# Where the host's HEAD waits in the staging repo shipped to a remote box during a restore.
+RESTORE_HOST_BRANCH = "agentbox-restore/host-head"
 
 # Image label keys (without the io.agentbox. prefix) a checkpoint sets; all are always written, so
 # a checkpoint of a restored box never keeps a stale value inherited from its parent's image.
@@ -1072,11 +1074,7 @@ def restore_workspace(
         _seed._finish(provider, box, None, result)
         return result
     if not plans:
-        raise CheckpointError(
-            "restoring a checkpoint on an engine that does not share the host's filesystem is not supported yet: "
-            "restore on the local engine, or create the box without a checkpoint",
-            box=box,
-        )
+        return _restore_clones(plan, provider, box, repos, carry, result)
     if "" not in worktrees:
         raise CheckpointError(
             f"checkpoint {plan.name!r} has no git worktree (it was taken of a box that was not a git checkout), "
@@ -1119,8 +1117,73 @@ def restore_workspace(
                 "owner_uid": wt_plan.owner_uid,
             }
         )
-    request = {"box": box, "checkpoint": plan.name, "worktrees_home": _seed.WORKTREES_HOME, "jobs": jobs}
     owned_by_box = all(p.owner_uid == _seed.BOX_UID for p in plans)
+    _run_restore(provider, plan, box, repos, jobs, carry, result, {p.sub: p.host_root for p in plans}, owned_by_box)
+    for wt_plan in plans:
+        result.worktrees.append(dataclasses.asdict(wt_plan))
+    if not owned_by_box:
+        for wt_plan in plans:
+            provider.exec(box, ["chown", "-R", f"{_seed.BOX_UID}:{_seed.BOX_UID}", wt_plan.path + "/"], user="root")
+    _seed._finish(provider, box, plans[0].path, result)
+    return result
+
+
+def _restore_clones(
+    plan: RestorePlan,
+    provider: Provider,
+    box: str,
+    repos: list[_git.Repo],
+    carry: dict[str, _git.CarryOver],
+    result: RestoreResult,
+) -> RestoreResult:
+    """Remote engines: each repo is a clone inside the checkpoint's /workspace. The host's HEAD and
+    uncommitted state are staged on the controller (as for shipped seeding), streamed into the box,
+    fetched into the clone, and then merged and overlaid exactly as on the local engine."""
+    from . import _ship
+
+    branch = _naming.box_branch(box)
+    result.branch = branch
+    depth, _adaptive = _ship.ship_depth()
+    workdir = tempfile.mkdtemp(prefix="agentbox-restore-")
+    jobs = []
+    try:
+        for number, repo in enumerate(repos):
+            state = carry[repo.sub]
+            staged = _ship.stage_repo(repo, RESTORE_HOST_BRANCH, state.stash, depth, workdir)
+            source = f"/tmp/.agentbox-restore-{number}"
+            provider.exec(box, ["mkdir", "-p", source], user="vscode").check(f"making {source}", box)
+            _ship._upload(provider, box, source, tar_of_tree(staged.path), f"the host state of {repo.root}")
+            jobs.append(
+                {
+                    "mode": "clone",
+                    "sub": repo.sub,
+                    "path": _ship.box_path(repo.sub),
+                    "source": source,
+                    "branch": branch,
+                    "with_stash": bool(state.stash),
+                    "untracked": state.untracked,
+                }
+            )
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    _run_restore(provider, plan, box, repos, jobs, carry, result, {r.sub: r.root for r in repos}, True)
+    _seed._finish(provider, box, None, result)
+    return result
+
+
+def _run_restore(
+    provider: Provider,
+    plan: RestorePlan,
+    box: str,
+    repos: list[_git.Repo],
+    jobs: list[dict[str, Any]],
+    carry: dict[str, _git.CarryOver],
+    result: RestoreResult,
+    host_roots: dict[str, str],
+    owned_by_box: bool,
+) -> None:
+    """Run the in-box restore for every repo, then bring in the host's untracked files it lacks."""
+    request = {"box": box, "checkpoint": plan.name, "worktrees_home": _seed.WORKTREES_HOME, "jobs": jobs}
     user = "vscode" if owned_by_box else "root"
     if not owned_by_box:
         result.warnings.append(
@@ -1138,23 +1201,23 @@ def restore_workspace(
         detail = (run.stderr or run.stdout).decode("utf-8", "replace").strip()[-2000:]
         raise CheckpointError(f"restoring the workspace from checkpoint {plan.name!r} failed: {detail}", box=box)
     answer = json.loads(run.stdout.decode("utf-8").strip().splitlines()[-1])
-    by_sub = {p.sub: p for p in plans}
     for outcome in answer["worktrees"]:
-        wt_plan = by_sub[outcome["sub"]]
-        state = carry[wt_plan.sub]
-        label = wt_plan.sub or "."
+        sub = outcome["sub"]
+        host_root = host_roots[sub]
+        state = carry[sub]
+        label = sub or "."
         for conflict in outcome["conflicts"]:
             result.conflicts.append({"repo": label, **conflict})
         existing = outcome["untracked_existing"]
         blocked = set(outcome["untracked_blocked"])
         missing = [p for p in state.untracked if p not in existing and p not in blocked]
         if missing:
-            provider.put_archive(box, outcome["physical"], tar_of_paths(wt_plan.host_root, missing))
+            provider.put_archive(box, outcome["physical"], tar_of_paths(host_root, missing))
         if existing:
             paths = sorted(existing)
             hashed = (
                 _git.git(
-                    wt_plan.host_root,
+                    host_root,
                     "hash-object",
                     "--no-filters",
                     "--stdin-paths",
@@ -1189,16 +1252,10 @@ def restore_workspace(
         result.deleted += state.deleted
         result.renamed += state.renamed
         result.untracked += len(missing)
-        result.worktrees.append(dataclasses.asdict(wt_plan))
-    if not owned_by_box:
-        for wt_plan in plans:
-            provider.exec(box, ["chown", "-R", f"{_seed.BOX_UID}:{_seed.BOX_UID}", wt_plan.path + "/"], user="root")
     for conflict in result.conflicts:
         result.warnings.append(
             f"restore conflict in {conflict['repo']}/{conflict['path']} ({conflict['kind']}): the box's version was kept"
         )
-    _seed._finish(provider, box, plans[0].path, result)
-    return result
 
 
 # The in-box half of a restore; stdin is the JSON request built by restore_workspace, stdout's last
@@ -1464,6 +1521,29 @@ def untracked_report(job, cwd):
     return hashes, blocked
 
 
+def adopt_clone(job):
+    """Remote engines: the repo is a clone in the box; fetch the shipped host state, switch branch."""
+    cwd = os.path.realpath(job["path"])
+    if not os.path.isdir(os.path.join(cwd, ".git")):
+        raise Failure("the checkpoint has no git clone at %s" % job["path"])
+    refspecs = ["+refs/heads/agentbox-restore/host-head:refs/agentbox/restore/host-head"]
+    if job["with_stash"]:
+        refspecs.append("+refs/agentbox/carry-over:refs/agentbox/restore/carry-over")
+    git(cwd, "fetch", "-q", "--no-tags", "--update-shallow", job["source"], *refspecs)
+    job["commit"] = text(cwd, "rev-parse", "HEAD")
+    job["host_head"] = text(cwd, "rev-parse", "refs/agentbox/restore/host-head")
+    job["host_stash"] = text(cwd, "rev-parse", "refs/agentbox/restore/carry-over") if job["with_stash"] else ""
+    # A new branch at the checkpoint's commit; the working tree (warm state included) stays as it is.
+    git(cwd, "checkout", "-q", "-B", job["branch"])
+    return cwd
+
+
+def forget_clone_refs(job, cwd):
+    for ref in ("refs/agentbox/restore/host-head", "refs/agentbox/restore/carry-over"):
+        git(cwd, "update-ref", "-d", ref, check=False)
+    shutil.rmtree(job["source"], ignore_errors=True)
+
+
 def restore(job, home, box, checkpoint):
     job["checkpoint"] = checkpoint
     clock = [time.monotonic()]
@@ -1474,11 +1554,15 @@ def restore(job, home, box, checkpoint):
         seconds[name] = round(now - clock[0], 3)
         clock[0] = now
 
-    physical = register(job, home, box)
+    clone = job.get("mode") == "clone"
+    if clone:
+        home = tempfile.gettempdir()  # a shipped box has no worktrees home
+    physical = adopt_clone(job) if clone else register(job, home, box)
     lap("register")
     cwd = physical
     conflicts = []
-    git(cwd, "update-ref", "refs/heads/" + job["branch"], job["commit"])
+    if not clone:
+        git(cwd, "update-ref", "refs/heads/" + job["branch"], job["commit"])
     git(cwd, "read-tree", job["commit"])
     # `stash create` exits 1 on a clean tree (git 2.39); its output is what matters.
     made = git(cwd, "stash", "create", "agentbox: the checkpoint's uncommitted changes", check=False)
@@ -1502,6 +1586,8 @@ def restore(job, home, box, checkpoint):
     if job["host_stash"]:
         overlay_host(job, cwd, conflicts)
     existing, blocked = untracked_report(job, cwd)
+    if clone:
+        forget_clone_refs(job, cwd)
     lap("host_changes")
     return {
         "sub": job["sub"],
