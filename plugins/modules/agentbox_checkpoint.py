@@ -88,7 +88,8 @@ options:
     type: bool
     default: false
 notes:
-  - Capture and prune need the V(docker) or V(docker_ssh) provider; restoring needs the local engine for now.
+  - Capture, removal and prune need the V(docker) or V(docker_ssh) provider. A checkpoint lives on the engine it
+    was taken on; new boxes start from it there (see M(agentbox.box.agentbox_box)).
 """
 
 EXAMPLES = r"""

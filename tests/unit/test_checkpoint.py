@@ -379,3 +379,53 @@ def test_restore_leaves_no_registration_when_the_branch_is_taken(world: dict) ->
     assert done.returncode == 1 and "worktree add" in done.stderr
     assert sorted(p.name for p in (world["host"] / ".git/worktrees").iterdir()) == ["src"]
     assert not [p for p in Path(request["worktrees_home"]).iterdir() if p.name.startswith(".restore-")]
+
+
+def test_restore_registers_nested_repositories_inside_the_baked_root(tmp_path: Path) -> None:
+    home = tmp_path / "worktrees"
+    home.mkdir()
+    host = tmp_path / "host"
+    nested = host / "lib"
+    for repo in (host, nested):
+        repo.mkdir(parents=True, exist_ok=True)
+        git(repo, "init", "-q", "-b", "main")
+        write(repo / "file.txt", f"{repo.name}\n")
+        git(repo, "add", "file.txt")
+        git(repo, "commit", "-q", "-m", "init")
+    source = home / "src"
+    git(host, "worktree", "add", "-q", "--lock", str(source), "-b", "agentbox/src")
+    git(nested, "worktree", "add", "-q", "--lock", str(source / "lib"), "-b", "agentbox/src")
+    write(source / "lib" / "node_modules" / "x.js", "warm\n")
+    baked = home / "baked"
+    shutil.copytree(source, baked, symlinks=True)
+    jobs = []
+    for repo, sub in ((host, ""), (nested, "lib")):
+        head = git(repo, "rev-parse", "main")
+        git(repo, "update-ref", "refs/heads/agentbox/new", head, "")
+        jobs.append(
+            {
+                "sub": sub,
+                "common_dir": str(repo / ".git"),
+                "old_path": str(baked / sub) if sub else str(baked),
+                "new_path": str(home / "new" / sub) if sub else str(home / "new"),
+                "branch": "agentbox/new",
+                "commit": git(repo, "rev-parse", "agentbox/src"),
+                "host_head": head,
+                "host_stash": "",
+                "untracked": [],
+                "owner_uid": os.getuid(),
+            }
+        )
+    done = run_restore({"box": "new", "checkpoint": "ck", "worktrees_home": str(home), "jobs": list(reversed(jobs))})
+    assert done.returncode == 0, done.stderr
+    answers = json.loads(done.stdout.splitlines()[-1])["worktrees"]
+    assert [a["sub"] for a in answers] == ["", "lib"]  # the root first, whatever the order asked
+    assert os.path.realpath(home / "new" / "lib") == str(baked / "lib")
+    admin = Path((home / "new" / "lib" / ".git").read_text().split("gitdir:", 1)[1].strip())
+    assert admin.parent == nested / ".git" / "worktrees" and admin.name != "lib"  # "lib" is the source's
+    assert (admin / "gitdir").read_text().strip() == f"{home}/new/lib/.git"
+    assert (nested / ".git/worktrees/lib/gitdir").read_text().strip() == f"{source}/lib/.git"
+    assert git(home / "new" / "lib", "symbolic-ref", "--short", "HEAD") == "agentbox/new"
+    assert git(home / "new", "symbolic-ref", "--short", "HEAD") == "agentbox/new"
+    assert (home / "new" / "lib" / "node_modules" / "x.js").read_text() == "warm\n"
+    assert git(source / "lib", "symbolic-ref", "--short", "HEAD") == "agentbox/src"
