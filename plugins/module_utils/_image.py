@@ -462,6 +462,42 @@ def ensure_base(
     return "debootstrap", [warning]
 
 
+class BuildSteps:
+    """Follows the classic builder's output to know which layer images this build made (a step
+    that was not taken from the cache), so that a failed build can remove them."""
+
+    def __init__(self) -> None:
+        self.created: list[str] = []
+        self._counts = False
+        self._partial = ""
+
+    def feed(self, text: str) -> None:
+        lines = (self._partial + text).split("\n")
+        self._partial = lines.pop()
+        for line in lines:
+            if line.startswith("Step "):
+                # FROM names an existing image; every other step makes one unless cached.
+                self._counts = " : FROM " not in line.upper()
+            elif line.startswith(" ---> Using cache"):
+                self._counts = False
+            else:
+                made = re.match(r"^ ---> ([0-9a-f]{12,64})\s*$", line)
+                if made and self._counts:
+                    self.created.append(made.group(1))
+                    self._counts = False
+
+    def remove_created(self, client: Any, api_error: type[Exception]) -> int:
+        removed = 0
+        for image in reversed(self.created):
+            try:
+                # Never forced: an image another build or a tag now uses stays.
+                client.api.remove_image(image, force=False, noprune=True)
+                removed += 1
+            except api_error:
+                pass
+        return removed
+
+
 def run_build(
     client: Any,
     request: ImageRequest,
@@ -481,6 +517,7 @@ def run_build(
     }
     image_id: str | None = None
     error: str | None = None
+    steps = BuildSteps()
     try:
         stream = client.api.build(
             fileobj=context_tar(files),
@@ -496,6 +533,7 @@ def run_build(
         for event in stream:
             if "stream" in event:
                 log.write(event["stream"])
+                steps.feed(event["stream"])
                 found = re.match(r"Successfully built ([0-9a-f]+)", event["stream"].strip())
                 if found:
                     image_id = found.group(1)
@@ -510,6 +548,9 @@ def run_build(
         error = str(exc)
         log.line(error)
     if error or not image_id:
+        removed = steps.remove_created(client, api_error)
+        if removed:
+            log.line(f"removed the {removed} layer image(s) this failed build made")
         raise ImageError(
             f"building {image_tag(request.repository, fingerprint)} failed: {error or 'no image id in the output'}\n"
             f"last lines of {log.path}:\n{log.tail()}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -99,7 +100,7 @@ def make_context(root: Path, marker: str, *, failing: bool = False) -> Path:
     script = root / "bin" / "agentbox-hello"
     script.write_text(f"#!/bin/sh\necho {marker}\n")
     script.chmod(0o755)
-    steps = ["RUN echo before-the-failure && false"] if failing else []
+    steps = ["RUN echo made-by-the-test > /made", "RUN echo before-the-failure && false"] if failing else []
     (root / "Dockerfile").write_text(
         "\n".join([f"FROM {BASE}", *steps, 'COPY ["bin/agentbox-hello", "/usr/local/bin/"]', ""])
     )
@@ -237,6 +238,12 @@ def test_failed_build_reports_the_log_tail_and_tags_nothing(client: Any, reposit
         if c.id not in containers_before and "before-the-failure" in json.dumps(c.attrs["Config"].get("Cmd"))
     ]
     assert not leftovers, "the failed build left intermediate containers"
+    # The layer the successful RUN made is removed with the failed build.
+    log_text = (tmp_path / "logs" / "build.log").read_text()
+    made = re.search(r"Step 2/\d+ : RUN echo made-by-the-test.*?\n ---> Running in \w+\n.*? ---> ([0-9a-f]+)\n", log_text, re.S)
+    assert made, log_text[-2000:]
+    assert image_id(client, made.group(1)) is None, "the failed build left its layer image behind"
+    assert "removed the 1 layer image(s)" in log_text
 
 
 def test_unbuildable_base_fails_with_advice(client: Any, repository: str, tmp_path: Path) -> None:

@@ -266,3 +266,19 @@ def test_context_tar_holds_exactly_the_fingerprinted_files() -> None:
         for entry in BASE_FILES:
             extracted = archive.extractfile(entry.path)
             assert extracted is not None and extracted.read() == entry.content
+
+
+def test_build_steps_track_only_layers_this_build_made() -> None:
+    steps = _image.BuildSteps()
+    output = (
+        "Step 1/4 : FROM debian:bookworm\n ---> c2497f74d8bf\n"
+        "Step 2/4 : RUN apt-get update\n ---> Using cache\n ---> 107ee0978c3b\n"
+        "Step 3/4 : RUN echo made\n ---> Running in 5a08aba69b3a\nmade\n"
+        "Removing intermediate container 5a08aba69b3a\n ---> 01300bfe0628\n"
+        "Step 4/4 : COPY a /b\n ---> bdb3"
+    )
+    # Fed in pieces that cut lines anywhere, as the engine's stream does.
+    for start in range(0, len(output), 7):
+        steps.feed(output[start : start + 7])
+    steps.feed("68939f5e\n")
+    assert steps.created == ["01300bfe0628", "bdb368939f5e"]
