@@ -14,7 +14,8 @@ set -euo pipefail
 
 log_file=${AGENTBOX_DOCKERD_LOG:-/var/log/agentbox-dockerd.log}
 wait_seconds=${AGENTBOX_DOCKERD_WAIT:-60}
-host_packages=(docker.io fuse-overlayfs debootstrap openssh-server git)
+# busybox-static: the Daytona emulator's tests build a tiny image from it.
+host_packages=(docker.io fuse-overlayfs debootstrap openssh-server git busybox-static)
 
 say() { printf 'ensure-docker: %s\n' "$*" >&2; }
 

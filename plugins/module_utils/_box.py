@@ -34,6 +34,7 @@ class CreateRequest:
     checkpoint: str | None = None
     seed: bool = True
     boot: bool = True
+    ship_depth: int | None = None  # history shipped to remote boxes (None: adaptive default, 0: all)
 
 
 @dataclasses.dataclass
@@ -41,6 +42,7 @@ class Created:
     facts: BoxFacts
     seed: _seed.SeedResult | None
     boot: dict[str, Any] | None
+    image_transfer: dict[str, Any] | None = None
 
 
 class BoxError(ProviderError):
@@ -70,12 +72,25 @@ def create_box(provider: Provider, request: CreateRequest) -> Created:
     project = _naming.project_id(workspace)
     image = request.image
     restore = None
-    if request.checkpoint:
+    checkpoint = request.checkpoint
+    if checkpoint:
         # Checkpoint restore: the box starts from the checkpoint's image (see _checkpoint).
+        # 'default' is the project's default checkpoint when one is set; 'none' is none.
         from . import _checkpoint
 
-        restore = _checkpoint.plan_restore(provider, project, request.checkpoint)
+        if checkpoint == "default":
+            checkpoint = _checkpoint.project_default(provider, project)
+        elif checkpoint == "none":
+            checkpoint = None
+    if checkpoint:
+        restore = _checkpoint.plan_restore(provider, project, checkpoint)
         image = restore.image
+    image_transfer = None
+    if restore is None and provider.name == "docker_ssh":
+        # A remote engine gets the image from the local one (or a registry) when it lacks it.
+        from . import _image_transfer
+
+        image_transfer = _image_transfer.ensure_image(provider, image).to_dict()
     if not provider.image_exists(image):
         raise BoxError(
             f"image {image!r} is not on engine {provider.engine}: build it with the box_image role "
@@ -84,7 +99,7 @@ def create_box(provider: Provider, request: CreateRequest) -> Created:
             operation="create",
         )
     fingerprint = _image_fingerprint(provider, image)
-    repos = _git.find_repos(workspace) if request.seed else []
+    repos = _git.find_repos(workspace)
     # Local engine: the box works on the host's own .git, on a branch reserved here.
     # Elsewhere the repository is shipped (_ship) and the branch lives in the box's clone.
     shares_git = bool(repos) and provider.shares_host_filesystem
@@ -96,7 +111,7 @@ def create_box(provider: Provider, request: CreateRequest) -> Created:
         branch = _naming.box_branch(name) if repos else ""
     plans = [_seed.WorktreePlan.for_repo(repo, name, branch) for repo in repos] if shares_git else []
     try:
-        carry = _seed.capture_all(repos) if repos else {}
+        carry = _seed.capture_all(repos) if repos and (request.seed or restore) else {}
         labels = _naming.box_labels(
             box=name,
             box_id=box_id,
@@ -106,7 +121,7 @@ def create_box(provider: Provider, request: CreateRequest) -> Created:
             image_fingerprint=fingerprint,
             provider=provider.name,
             engine=provider.engine,
-            checkpoint=request.checkpoint,
+            checkpoint=checkpoint,
         )
         if shares_git:
             labels[_naming.label("worktrees")] = json.dumps(
@@ -137,20 +152,64 @@ def create_box(provider: Provider, request: CreateRequest) -> Created:
         if restore is not None:
             seed_result = restore.restore_workspace(provider, name, repos, plans, carry)
         elif request.seed:
-            if plans:
-                seed_result = _seed.seed_worktrees(provider, name, plans, carry)
-            elif repos:
-                from . import _ship
-
-                seed_result = _ship.seed_shipped(provider, name, repos, branch, carry)
-            else:
-                seed_result = _seed.seed_copy(provider, name, workspace)
+            seed_result = _seed_workspace(provider, name, workspace, repos, plans, branch, carry, request.ship_depth)
         boot = boot_box(provider, name) if request.boot else None
         facts = provider.find(name) or facts
     except BaseException:
         _undo_create(provider, name, plans)
         raise
-    return Created(facts=facts, seed=seed_result, boot=boot)
+    return Created(facts=facts, seed=seed_result, boot=boot, image_transfer=image_transfer)
+
+
+def _seed_workspace(
+    provider: Provider,
+    name: str,
+    workspace: str,
+    repos: list[_git.Repo],
+    plans: list[_seed.WorktreePlan],
+    branch: str,
+    carry: dict[str, _git.CarryOver],
+    ship_depth: int | None = None,
+) -> _seed.SeedResult:
+    """The one dispatch between the three ways of seeding /workspace."""
+    if plans:
+        return _seed.seed_worktrees(provider, name, plans, carry)
+    if repos:
+        from . import _ship
+
+        return _ship.seed_shipped(provider, name, repos, branch, carry, depth=ship_depth)
+    return _seed.seed_copy(provider, name, workspace)
+
+
+def seed_existing(provider: Provider, facts: BoxFacts) -> tuple[bool, dict[str, Any]]:
+    """Seed a box made with seed=false; (changed, seed record). A seeded box is left alone."""
+    record = _seed.read_seed_record(provider, facts.name)
+    if record is not None:
+        return False, record
+    repos = _git.find_repos(facts.workspace)
+    plans: list[_seed.WorktreePlan] = []
+    if repos and provider.shares_host_filesystem:
+        by_sub = {record["sub"]: record for record in worktree_records(facts)}
+        missing = [repo.root for repo in repos if repo.sub not in by_sub]
+        if missing:
+            raise BoxError(
+                f"{', '.join(missing)} appeared after the box was made, so its .git is not mounted in the box; "
+                "destroy and re-create the box",
+                box=facts.name,
+                operation="seed",
+            )
+        for repo in repos:
+            plan = _seed.WorktreePlan.for_repo(repo, facts.name, facts.branch)
+            plan.path = by_sub[repo.sub]["path"]
+            plans.append(plan)
+    carry = _seed.capture_all(repos) if repos else {}
+    try:
+        result = _seed_workspace(provider, facts.name, facts.workspace, repos, plans, facts.branch, carry)
+    except BaseException:
+        for plan in plans:
+            _git.remove_worktree_registration(plan.common_dir, plan.path)
+        raise
+    return True, result.to_dict()
 
 
 def _image_fingerprint(provider: Provider, image: str) -> str:
@@ -222,7 +281,12 @@ def set_state(provider: Provider, facts: BoxFacts, state: str) -> BoxFacts:
             return provider.find(facts.name) or facts
         return facts
     if state == "stopped":
-        return provider.stop(facts.name) if facts.state != "stopped" else facts
+        if facts.state == "stopped":
+            return facts
+        if facts.state == "running":
+            # Let the supervisor stop services cleanly: `docker stop` alone SIGKILLs them.
+            provider.exec(facts.name, ["sh", "-c", "command -v agentbox-ctl >/dev/null && agentbox-ctl shutdown || true"])
+        return provider.stop(facts.name)
     if state == "paused":
         if facts.state == "stopped":
             provider.start(facts.name)

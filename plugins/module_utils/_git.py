@@ -118,7 +118,9 @@ def _repo_at(path: str, sub: str) -> Repo | None:
         return None
     probe = git(path, "rev-parse", "--show-toplevel", "--git-common-dir", check=False)
     if probe.returncode != 0:
-        return None
+        # A .git that git cannot read is an error, not a reason to fall back to a plain copy.
+        detail = probe.stderr.decode("utf-8", "replace").strip()
+        raise GitError(f"{path} has a .git but git cannot read it ({detail}); fix its permissions or pass another workspace")
     toplevel, common = probe.stdout.decode().strip().splitlines()[:2]
     if os.path.realpath(toplevel) != os.path.realpath(path):
         return None
@@ -170,7 +172,20 @@ class CarryOver:
 def capture_carry_over(repo: Repo, skip_dirs: list[str] | None = None) -> CarryOver:
     skipped = tuple(d.rstrip("/") + "/" for d in (skip_dirs or []))
     with private_index(repo) as env:
-        stash = git_out(repo.root, "stash", "create", "agentbox carry-over", env=env) or None
+        # The stash commit is an internal carrier: give it an identity so a user without one still works.
+        identity = {
+            "GIT_AUTHOR_NAME": "agentbox",
+            "GIT_AUTHOR_EMAIL": "agentbox@localhost",
+            "GIT_COMMITTER_NAME": "agentbox",
+            "GIT_COMMITTER_EMAIL": "agentbox@localhost",
+        }
+        created = git(repo.root, "stash", "create", "agentbox carry-over", env={**env, **identity}, check=False)
+        # A tree whose index stat data is stale (as in a fresh copy) but has nothing to save
+        # makes `stash create` exit 1 silently: that is "no stash", not a failure.
+        if created.returncode not in (0, 1) or (created.returncode == 1 and created.stderr.strip()):
+            detail = created.stderr.decode("utf-8", "replace").strip()
+            raise GitError(f"git stash create in {repo.root} failed: {detail}")
+        stash = created.stdout.decode().strip() or None
         status = git(repo.root, "status", "--porcelain=v1", "-z", "--untracked-files=no", env=env).stdout
         untracked_raw = git(repo.root, "ls-files", "--others", "--exclude-standard", "-z", env=env).stdout
     carry = CarryOver(stash=stash, untracked=[])

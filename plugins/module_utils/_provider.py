@@ -182,7 +182,7 @@ class Provider(abc.ABC):
     def commit(self, name: str, image: str, labels: dict[str, str]) -> dict[str, Any]:
         """Capture the box's filesystem as `image` (layered). Returns {'id', 'size'}."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook: most providers hold nothing to release
         """Release connections. Safe to call twice."""
 
 

@@ -18,9 +18,10 @@ description:
     are never modified.
   - Anything that fails half-way is undone; no container, volume, branch or worktree entry is left behind.
 author:
-  - agentbox.box developers
+  - agentbox.box developers (@agentbox)
 extends_documentation_fragment:
   - agentbox.box.provider
+  - agentbox.box.attributes
 attributes:
   check_mode:
     support: full
@@ -92,6 +93,12 @@ options:
     description: Seed C(/workspace) from the workspace when creating. V(false) makes an empty box.
     type: bool
     default: true
+  ship_depth:
+    description:
+      - Commits of history shipped into boxes on engines that cannot see the host repository
+        (O(provider=docker_ssh), O(provider=daytona)). Default 200, or 100 when that packs over 20 MiB.
+      - V(0) ships the whole history.
+    type: int
   delete_branch:
     description: With O(state=absent), also delete the box's branch in the host repository (kept by default).
     type: bool
@@ -119,44 +126,104 @@ EXAMPLES = r"""
 
 RETURN = r"""
 box:
-  description: The box's facts after the task (before it, in check mode). Empty when the box is absent.
+  description: "The box's facts after the task (before it, in check mode). Empty when the box is absent."
   returned: always
   type: dict
   contains:
-    name: {description: Box name., type: str, sample: fix-login}
-    id: {description: Box id., type: str, sample: 5b0a6d52}
-    provider: {description: Provider., type: str, sample: docker}
-    engine: {description: Engine (V(local), an SSH destination or an API URL)., type: str, sample: local}
-    state: {description: V(running), V(paused), V(stopped) or V(missing)., type: str, sample: running}
-    container: {description: Container (or sandbox) name., type: str, sample: agentbox-fix-login}
-    image: {description: Image the box runs., type: str, sample: agentbox/box:latest}
-    project: {description: First 16 hex of sha1 of the workspace path., type: str, sample: 5292fc5e2d99be21}
-    workspace: {description: Host workspace path., type: str, sample: /home/me/src/app}
-    branch: {description: The box's branch in the host repository., type: str, sample: agentbox/fix-login}
-    created: {description: Creation time (UTC, ISO 8601)., type: str, sample: "2026-11-29T09:03:33Z"}
-    ports: {description: Container port to published 127.0.0.1 port., type: dict, sample: {"80": 32769}}
-    labels: {description: The io.agentbox.* labels without their prefix., type: dict}
-    checkpoint: {description: Checkpoint the box was restored from., type: str}
-    web_url: {description: URL of the box's web port on the controller., type: str, sample: "http://127.0.0.1:32769/"}
+    name:
+      description: "Box name."
+      type: str
+      sample: fix-login
+    id:
+      description: "Box id."
+      type: str
+      sample: 5b0a6d52
+    provider:
+      description: "Provider."
+      type: str
+      sample: docker
+    engine:
+      description: "Engine (V(local), an SSH destination or an API URL)."
+      type: str
+      sample: local
+    state:
+      description: "V(running), V(paused), V(stopped) or V(missing)."
+      type: str
+      sample: running
+    container:
+      description: "Container (or sandbox) name."
+      type: str
+      sample: agentbox-fix-login
+    image:
+      description: "Image the box runs."
+      type: str
+      sample: agentbox/box:latest
+    project:
+      description: "First 16 hex of sha1 of the workspace path."
+      type: str
+      sample: 5292fc5e2d99be21
+    workspace:
+      description: "Host workspace path."
+      type: str
+      sample: /home/me/src/app
+    branch:
+      description: "The box's branch in the host repository."
+      type: str
+      sample: agentbox/fix-login
+    created:
+      description: "Creation time (UTC, ISO 8601)."
+      type: str
+      sample: "2026-11-29T09:03:33Z"
+    ports:
+      description: "Container port to published 127.0.0.1 port."
+      type: dict
+      sample: {"80": 32769}
+    labels:
+      description: "The io.agentbox.* labels without their prefix."
+      type: dict
+    checkpoint:
+      description: "Checkpoint the box was restored from."
+      type: str
+    web_url:
+      description: "URL of the box's web port on the controller."
+      type: str
+      sample: "http://127.0.0.1:32769/"
 seed:
-  description: What seeding carried over, when the box was created.
+  description: "What seeding carried over, when the box was created."
   returned: when created
   type: dict
   contains:
-    mode: {description: V(worktree) or V(copy)., type: str}
-    branch: {description: Branch of /workspace., type: str}
-    base_commit: {description: Host HEAD the branch starts at., type: str}
-    modified: {description: Modified or added tracked files carried., type: int}
-    deleted: {description: Deleted tracked files carried., type: int}
-    renamed: {description: Renamed files carried., type: int}
-    untracked: {description: Untracked, not ignored files carried., type: int}
-    warnings: {description: What could not be carried exactly., type: list, elements: str}
+    mode:
+      description: "V(worktree) or V(copy)."
+      type: str
+    branch:
+      description: "Branch of /workspace."
+      type: str
+    base_commit:
+      description: "Host HEAD the branch starts at."
+      type: str
+    modified:
+      description: "Modified or added tracked files carried."
+      type: int
+    deleted:
+      description: "Deleted tracked files carried."
+      type: int
+    renamed:
+      description: "Renamed files carried."
+      type: int
+    untracked:
+      description: "Untracked, not ignored files carried."
+      type: int
+    warnings:
+      description: "What could not be carried exactly."
+      type: list
+      elements: str
 boot:
-  description: What the in-box start sequence reported (dockerd storage driver, supervisor), when it ran.
+  description: "What the in-box start sequence reported (dockerd storage driver, supervisor), when it ran."
   returned: when the box was created or started
   type: dict
 destroyed:
-  description: Worktree registrations removed and branches deleted, with O(state=absent).
+  description: "Worktree registrations removed and branches deleted, with O(state=absent)."
   returned: when destroyed
   type: dict
 """
@@ -196,12 +263,14 @@ def _run(module: AnsibleModule) -> dict:
         _naming.validate_box_name(name)
     elif state not in ("present", "started"):
         module.fail_json(msg=f"'name' is required with state={state}")
-    workspace = None
-    if state in ("present", "started") or params["workspace"]:
-        workspace = _naming.workspace_path(params["workspace"])
     provider = provider_from_params(params)
     existing = provider.find(name) if name else None
-    if existing and workspace:
+    # The workspace defaults to the current directory only for a box about to be made; an
+    # existing box is checked against a workspace only when one was given.
+    workspace = None
+    if params["workspace"] or (existing is None and state in ("present", "started")):
+        workspace = _naming.workspace_path(params["workspace"])
+    if existing and params["workspace"]:
         _box.check_owner(existing, _naming.project_id(workspace))
     before = existing.to_dict() if existing else {}
     result: dict = {"changed": False, "box": before}
@@ -232,8 +301,11 @@ def _run(module: AnsibleModule) -> dict:
                     secrets={k: str(v) for k, v in params["secrets"].items()},
                     checkpoint=params["checkpoint"],
                     seed=params["seed"],
+                    ship_depth=params["ship_depth"],
                 ),
             )
+            if created.image_transfer:
+                result["image_transfer"] = created.image_transfer
             result["box"] = created.facts.to_dict()
             result["seed"] = created.seed.to_dict() if created.seed else None
             result["boot"] = created.boot
@@ -271,6 +343,7 @@ def main() -> None:
         "secrets": {"type": "dict", "default": {}, "no_log": True},
         "ports": {"type": "list", "elements": "int", "default": []},
         "seed": {"type": "bool", "default": True},
+        "ship_depth": {"type": "int"},
         "delete_branch": {"type": "bool", "default": False},
         **PROVIDER_ARGUMENT_SPEC,
     }

@@ -1,0 +1,48 @@
+# Copyright (c) agentbox.box contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Options every module that reaches boxes shares: which provider, which engine."""
+
+from __future__ import annotations
+
+
+class ModuleDocFragment:
+    DOCUMENTATION = r"""
+options:
+  provider:
+    description:
+      - Where the box lives.
+      - V(docker) is the local Docker engine (C(DOCKER_HOST) is honoured).
+      - V(docker_ssh) is a Docker engine on another machine reached over SSH; set O(engine).
+      - V(daytona) is a Daytona sandbox reached through the official SDK.
+    type: str
+    choices: [docker, docker_ssh, daytona]
+    default: docker
+  engine:
+    description:
+      - The SSH destination of the Docker engine for O(provider=docker_ssh), an C(~/.ssh/config) alias or
+        C(user@host[:port]).
+      - Ignored by the other providers.
+    type: str
+  ssh_strict_host_key_checking:
+    description:
+      - Check the engine's host key against C(~/.ssh/known_hosts) (O(provider=docker_ssh) only).
+      - Set to V(false) only for engines you trust on a network you trust; unknown keys are then accepted.
+    type: bool
+    default: true
+  ssh_private_key_file:
+    description:
+      - Private key used to reach O(engine); default the SSH agent and C(~/.ssh/config).
+    type: path
+  daytona_api_key:
+    description:
+      - API key for O(provider=daytona). Default the C(DAYTONA_API_KEY) environment variable.
+    type: str
+  daytona_api_url:
+    description:
+      - API URL for O(provider=daytona). Default C(DAYTONA_API_URL), else the SDK's default.
+    type: str
+  daytona_target:
+    description:
+      - Daytona target (region). Default C(DAYTONA_TARGET), else the SDK's default.
+    type: str
+"""

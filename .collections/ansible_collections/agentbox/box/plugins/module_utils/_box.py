@@ -1,0 +1,295 @@
+# Copyright (c) agentbox.box contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The life of a box, written once for every provider: create (with seeding and the in-box
+start sequence), change state, destroy. Modules call these; providers do the engine work.
+
+create: workspace → names, project, repos → branch reserved → carry-over captured →
+provider.create → seed → boot. Anything that fails after the first side effect undoes every
+side effect made so far (container, volume, worktree registrations, the reserved branch).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from . import _git, _naming, _seed
+from ._provider import BoxFacts, BoxSpec, Provider, ProviderError
+
+DEFAULT_IMAGE = "agentbox/box:latest"
+WEB_PORT = 80
+BOOT_COMMAND = "agentbox-boot"
+
+
+@dataclasses.dataclass
+class CreateRequest:
+    name: str | None
+    workspace: str
+    image: str = DEFAULT_IMAGE
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    ports: list[int] = dataclasses.field(default_factory=list)
+    resources: dict[str, Any] = dataclasses.field(default_factory=dict)
+    secrets: dict[str, str] = dataclasses.field(default_factory=dict)
+    checkpoint: str | None = None
+    seed: bool = True
+    boot: bool = True
+    ship_depth: int | None = None  # history shipped to remote boxes (None: adaptive default, 0: all)
+
+
+@dataclasses.dataclass
+class Created:
+    facts: BoxFacts
+    seed: _seed.SeedResult | None
+    boot: dict[str, Any] | None
+    image_transfer: dict[str, Any] | None = None
+
+
+class BoxError(ProviderError):
+    pass
+
+
+def resolve_name(name: str | None, workspace: str) -> tuple[str, str]:
+    """(box name, box id): a given name is validated; none gives <workspace>-<id>."""
+    box_id = _naming.new_box_id()
+    if name:
+        return _naming.validate_box_name(name), box_id
+    return _naming.default_box_name(workspace, box_id), box_id
+
+
+def check_owner(facts: BoxFacts, project: str) -> None:
+    if facts.project and facts.project != project:
+        raise BoxError(
+            f"box name {facts.name!r} is already used by another project (workspace {facts.workspace}); "
+            "pick another name",
+            box=facts.name,
+        )
+
+
+def create_box(provider: Provider, request: CreateRequest) -> Created:
+    workspace = _naming.workspace_path(request.workspace)
+    name, box_id = resolve_name(request.name, workspace)
+    project = _naming.project_id(workspace)
+    image = request.image
+    restore = None
+    checkpoint = request.checkpoint
+    if checkpoint:
+        # Checkpoint restore: the box starts from the checkpoint's image (see _checkpoint).
+        # 'default' is the project's default checkpoint when one is set; 'none' is none.
+        from . import _checkpoint
+
+        if checkpoint == "default":
+            checkpoint = _checkpoint.project_default(provider, project)
+        elif checkpoint == "none":
+            checkpoint = None
+    if checkpoint:
+        restore = _checkpoint.plan_restore(provider, project, checkpoint)
+        image = restore.image
+    image_transfer = None
+    if restore is None and provider.name == "docker_ssh":
+        # A remote engine gets the image from the local one (or a registry) when it lacks it.
+        from . import _image_transfer
+
+        image_transfer = _image_transfer.ensure_image(provider, image).to_dict()
+    if not provider.image_exists(image):
+        raise BoxError(
+            f"image {image!r} is not on engine {provider.engine}: build it with the box_image role "
+            "(ansible-playbook playbooks/create_box.yml does that) or pass an existing 'image'",
+            box=name,
+            operation="create",
+        )
+    fingerprint = _image_fingerprint(provider, image)
+    repos = _git.find_repos(workspace)
+    # Local engine: the box works on the host's own .git, on a branch reserved here.
+    # Elsewhere the repository is shipped (_ship) and the branch lives in the box's clone.
+    shares_git = bool(repos) and provider.shares_host_filesystem
+
+    # Side effects start here; everything below is undone on failure.
+    if shares_git:
+        branch = _git.reserve_branch(repos, name)
+    else:
+        branch = _naming.box_branch(name) if repos else ""
+    plans = [_seed.WorktreePlan.for_repo(repo, name, branch) for repo in repos] if shares_git else []
+    try:
+        carry = _seed.capture_all(repos) if repos and (request.seed or restore) else {}
+        labels = _naming.box_labels(
+            box=name,
+            box_id=box_id,
+            project=project,
+            workspace=workspace,
+            branch=branch,
+            image_fingerprint=fingerprint,
+            provider=provider.name,
+            engine=provider.engine,
+            checkpoint=checkpoint,
+        )
+        if shares_git:
+            labels[_naming.label("worktrees")] = json.dumps(
+                [{"git_dir": p.common_dir, "path": p.path, "sub": p.sub} for p in plans], separators=(",", ":")
+            )
+        if repos:
+            labels[_naming.label("base_commit")] = repos[0].head
+            labels[_naming.label("base_branch")] = repos[0].head_branch or ""
+        spec = BoxSpec(
+            name=name,
+            box_id=box_id,
+            project=project,
+            workspace=workspace,
+            image=image,
+            labels=labels,
+            env=dict(request.env),
+            ports=sorted({WEB_PORT, *request.ports}),
+            resources=dict(request.resources),
+            bind_paths=sorted({plan.common_dir for plan in plans}),
+            secrets=dict(request.secrets),
+        )
+    except BaseException:
+        _forget_branch(plans)
+        raise
+    try:
+        facts = provider.create(spec)
+        seed_result = None
+        if restore is not None:
+            seed_result = restore.restore_workspace(provider, name, repos, plans, carry)
+        elif request.seed:
+            seed_result = _seed_workspace(provider, name, workspace, repos, plans, branch, carry, request.ship_depth)
+        boot = boot_box(provider, name) if request.boot else None
+        facts = provider.find(name) or facts
+    except BaseException:
+        _undo_create(provider, name, plans)
+        raise
+    return Created(facts=facts, seed=seed_result, boot=boot, image_transfer=image_transfer)
+
+
+def _seed_workspace(
+    provider: Provider,
+    name: str,
+    workspace: str,
+    repos: list[_git.Repo],
+    plans: list[_seed.WorktreePlan],
+    branch: str,
+    carry: dict[str, _git.CarryOver],
+    ship_depth: int | None = None,
+) -> _seed.SeedResult:
+    """The one dispatch between the three ways of seeding /workspace."""
+    if plans:
+        return _seed.seed_worktrees(provider, name, plans, carry)
+    if repos:
+        from . import _ship
+
+        return _ship.seed_shipped(provider, name, repos, branch, carry, depth=ship_depth)
+    return _seed.seed_copy(provider, name, workspace)
+
+
+def seed_existing(provider: Provider, facts: BoxFacts) -> tuple[bool, dict[str, Any]]:
+    """Seed a box made with seed=false; (changed, seed record). A seeded box is left alone."""
+    record = _seed.read_seed_record(provider, facts.name)
+    if record is not None:
+        return False, record
+    repos = _git.find_repos(facts.workspace)
+    plans: list[_seed.WorktreePlan] = []
+    if repos and provider.shares_host_filesystem:
+        by_sub = {record["sub"]: record for record in worktree_records(facts)}
+        missing = [repo.root for repo in repos if repo.sub not in by_sub]
+        if missing:
+            raise BoxError(
+                f"{', '.join(missing)} appeared after the box was made, so its .git is not mounted in the box; "
+                "destroy and re-create the box",
+                box=facts.name,
+                operation="seed",
+            )
+        for repo in repos:
+            plan = _seed.WorktreePlan.for_repo(repo, facts.name, facts.branch)
+            plan.path = by_sub[repo.sub]["path"]
+            plans.append(plan)
+    carry = _seed.capture_all(repos) if repos else {}
+    try:
+        result = _seed_workspace(provider, facts.name, facts.workspace, repos, plans, facts.branch, carry)
+    except BaseException:
+        for plan in plans:
+            _git.remove_worktree_registration(plan.common_dir, plan.path)
+        raise
+    return True, result.to_dict()
+
+
+def _image_fingerprint(provider: Provider, image: str) -> str:
+    return provider.image_labels(image).get(_naming.label("image_fingerprint"), "")
+
+
+def _forget_branch(plans: list[_seed.WorktreePlan]) -> None:
+    for plan in plans:
+        _git.delete_branch(plan.host_root, plan.branch)
+
+
+def _undo_create(provider: Provider, name: str, plans: list[_seed.WorktreePlan]) -> None:
+    try:
+        provider.destroy(name)
+    finally:
+        for plan in plans:
+            _git.remove_worktree_registration(plan.common_dir, plan.path)
+        _forget_branch(plans)
+
+
+def boot_box(provider: Provider, name: str) -> dict[str, Any] | None:
+    """Run the in-box start sequence (dockerd, supervisor, VNC, sshd) if the image has it."""
+    script = f"command -v {BOOT_COMMAND} >/dev/null 2>&1 || exit 3; exec {BOOT_COMMAND}"
+    run = provider.exec(name, ["sh", "-c", script], user="root")
+    if run.rc == 3:
+        return None
+    run.check("the in-box start sequence (agentbox-boot)", name)
+    lines = [line for line in run.stdout.decode("utf-8", "replace").splitlines() if line.startswith("{")]
+    try:
+        return json.loads(lines[-1]) if lines else {}
+    except ValueError:
+        return {"output": run.stdout.decode("utf-8", "replace")[-2000:]}
+
+
+def worktree_records(facts: BoxFacts) -> list[dict[str, str]]:
+    raw = facts.labels.get("worktrees")
+    if not raw:
+        return []
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return []
+
+
+def destroy_box(provider: Provider, facts: BoxFacts, delete_branch: bool = False) -> dict[str, Any]:
+    """Remove the box, its volumes and its worktree registrations; the branch stays unless asked."""
+    provider.destroy(facts.name)
+    removed_worktrees = []
+    deleted_branches = []
+    if provider.shares_host_filesystem:
+        for record in worktree_records(facts):
+            if _git.remove_worktree_registration(record["git_dir"], record["path"]):
+                removed_worktrees.append(record["path"])
+            if delete_branch and facts.branch:
+                repo_root = facts.workspace if not record["sub"] else f"{facts.workspace}/{record['sub']}"
+                _git.delete_branch(repo_root, facts.branch)
+                deleted_branches.append(f"{repo_root}:{facts.branch}")
+    return {"worktrees_removed": removed_worktrees, "branches_deleted": deleted_branches}
+
+
+def set_state(provider: Provider, facts: BoxFacts, state: str) -> BoxFacts:
+    """Move an existing box to started, stopped or paused; a start re-runs the boot sequence."""
+    if state == "started":
+        if facts.state == "paused":
+            return provider.resume(facts.name)
+        if facts.state == "stopped":
+            provider.start(facts.name)
+            boot_box(provider, facts.name)
+            return provider.find(facts.name) or facts
+        return facts
+    if state == "stopped":
+        if facts.state == "stopped":
+            return facts
+        if facts.state == "running":
+            # Let the supervisor stop services cleanly: `docker stop` alone SIGKILLs them.
+            provider.exec(facts.name, ["sh", "-c", "command -v agentbox-ctl >/dev/null && agentbox-ctl shutdown || true"])
+        return provider.stop(facts.name)
+    if state == "paused":
+        if facts.state == "stopped":
+            provider.start(facts.name)
+            boot_box(provider, facts.name)
+        return provider.pause(facts.name) if facts.state != "paused" else facts
+    raise BoxError(f"unknown state {state!r}", box=facts.name)

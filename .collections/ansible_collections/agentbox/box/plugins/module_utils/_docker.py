@@ -1,0 +1,456 @@
+# Copyright (c) agentbox.box contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Docker provider: boxes as containers on the local engine or on an engine reached over SSH.
+
+The two differ only in how the client reaches the engine (`_client_for`); every operation
+below is the same for both. Boxes are found by their io.agentbox.* labels, never by a local
+state file, so any machine that reaches the engine sees the same boxes.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import Iterable, Iterator
+from typing import IO, Any
+
+from ._naming import container_name, docker_volume_name, label, strip_labels
+from ._provider import (
+    BoxFacts,
+    BoxNotFound,
+    BoxSpec,
+    EngineUnreachable,
+    ExecResult,
+    Provider,
+    ProviderError,
+)
+
+try:
+    import docker
+    from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+    from docker.utils.socket import frames_iter
+
+    HAS_DOCKER = True
+    DOCKER_IMPORT_ERROR: Exception | None = None
+except ImportError as exc:  # pragma: no cover - reported by the modules
+    HAS_DOCKER = False
+    DOCKER_IMPORT_ERROR = exc
+
+BOX_USER = "vscode"
+WEB_PORT = 80
+# The capabilities a box needs for Docker-in-box and FUSE; never --privileged.
+BOX_CAPABILITIES = ["SYS_ADMIN", "NET_ADMIN"]
+BOX_SECURITY_OPT = ["seccomp=unconfined", "apparmor=unconfined"]
+RUN_DIR = "/run/agentbox"
+SECRETS_DIR = RUN_DIR + "/secrets"
+DOCKER_STATES = {
+    "running": "running",
+    "paused": "paused",
+    "created": "stopped",
+    "exited": "stopped",
+    "dead": "stopped",
+    "restarting": "stopped",
+    "removing": "stopped",
+}
+API_TIMEOUT = 120
+
+# One client per engine per process: Ansible builds a new connection object for every task,
+# and the inventory lists many engines; reconnecting each time is the slow part.
+_CLIENTS: dict[str, Any] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def _client_for(engine: str, ssh_options: dict[str, Any] | None = None) -> Any:
+    if not HAS_DOCKER:
+        raise ProviderError(f"the Python 'docker' package is required on the controller: {DOCKER_IMPORT_ERROR}")
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.get(engine)
+        if client is not None:
+            return client
+        try:
+            if engine == "local":
+                client = docker.from_env(timeout=API_TIMEOUT)
+            else:
+                from ._ssh import docker_client_over_ssh
+
+                client = docker_client_over_ssh(engine, timeout=API_TIMEOUT, **(ssh_options or {}))
+            client.api.ping()
+        except DockerException as exc:
+            where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock") if engine == "local" else engine
+            raise EngineUnreachable(
+                f"the Docker engine at {where} does not answer ({exc}). Start it (scripts/ensure-docker.sh "
+                "starts a local one) or point DOCKER_HOST at a running engine."
+            ) from exc
+        _CLIENTS[engine] = client
+        return client
+
+
+def forget_client(engine: str) -> None:
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.pop(engine, None)
+    if client is not None:
+        try:
+            client.close()
+        except Exception:  # noqa: BLE001 - closing a dead client must not mask the real error
+            pass
+
+
+class DockerProvider(Provider):
+    """Boxes as containers. `engine` is 'local' or an SSH destination (provider docker_ssh)."""
+
+    shares_host_filesystem = True
+
+    def __init__(self, engine: str | None = None, ssh_options: dict[str, Any] | None = None, **_ignored: Any):
+        self._engine = engine or "local"
+        self.name = "docker" if self._engine == "local" else "docker_ssh"
+        # Only the local engine sees the controller's files (the workspace .git bind mounts).
+        self.shares_host_filesystem = self._engine == "local"
+        self._ssh_options = ssh_options or {}
+
+    # -- plumbing -------------------------------------------------------------------------------
+    @property
+    def engine(self) -> str:
+        return self._engine
+
+    @property
+    def client(self) -> Any:
+        return _client_for(self._engine, self._ssh_options)
+
+    @property
+    def api(self) -> Any:
+        return self.client.api
+
+    def _container(self, name: str, operation: str) -> Any:
+        try:
+            return self.client.containers.get(container_name(name))
+        except NotFound:
+            raise BoxNotFound(f"no box called {name!r} on engine {self._engine}", box=name, operation=operation)
+        except APIError as exc:
+            raise ProviderError(str(exc.explanation or exc), box=name, operation=operation) from exc
+
+    def _facts(self, container: Any) -> BoxFacts:
+        attrs = container.attrs
+        labels = strip_labels(attrs.get("Config", {}).get("Labels"))
+        state = DOCKER_STATES.get(attrs.get("State", {}).get("Status", ""), "missing")
+        ports: dict[str, int] = {}
+        for key, bindings in (attrs.get("NetworkSettings", {}).get("Ports") or {}).items():
+            if bindings:
+                ports[key.split("/")[0]] = int(bindings[0]["HostPort"])
+        web = ports.get(str(WEB_PORT))
+        return BoxFacts(
+            name=labels.get("box", container.name.removeprefix("agentbox-")),
+            id=labels.get("id", ""),
+            provider=self.name,
+            engine=self._engine,
+            state=state,
+            container=container.name,
+            image=attrs.get("Config", {}).get("Image", ""),
+            project=labels.get("project", ""),
+            workspace=labels.get("workspace", ""),
+            branch=labels.get("branch", ""),
+            created=labels.get("created", ""),
+            ports=ports,
+            labels=labels,
+            checkpoint=labels.get("checkpoint") or None,
+            web_url=f"http://127.0.0.1:{web}/" if web and self._engine == "local" else None,
+        )
+
+    # -- discovery ------------------------------------------------------------------------------
+    def find(self, name: str) -> BoxFacts | None:
+        try:
+            container = self.client.containers.get(container_name(name))
+        except NotFound:
+            return None
+        if label("box") not in (container.attrs.get("Config", {}).get("Labels") or {}):
+            raise ProviderError(
+                f"container {container.name!r} exists but was not made by agentbox (no io.agentbox.box label); "
+                "pick another box name or remove that container",
+                box=name,
+            )
+        return self._facts(container)
+
+    def list_boxes(self, project: str | None = None) -> list[BoxFacts]:
+        filters = {"label": [label("kind") + "=box"]}
+        if project:
+            filters["label"].append(f"{label('project')}={project}")
+        try:
+            containers = self.client.containers.list(all=True, filters=filters)
+        except APIError as exc:
+            raise ProviderError(str(exc.explanation or exc), operation="list boxes") from exc
+        return sorted((self._facts(c) for c in containers), key=lambda f: f.name)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def create(self, spec: BoxSpec) -> BoxFacts:
+        cname = container_name(spec.name)
+        volume = docker_volume_name(spec.name)
+        volume_labels = {**spec.labels, label("kind"): "volume"}
+        resources = spec.resources or {}
+        created_volume = False
+        container = None
+        try:
+            self.client.volumes.create(name=volume, labels=volume_labels)
+            created_volume = True
+            volumes = {volume: {"bind": "/var/lib/docker", "mode": "rw"}}
+            for path in spec.bind_paths:
+                volumes[path] = {"bind": path, "mode": "rw"}
+            ports = {f"{port}/tcp": ("127.0.0.1", None) for port in sorted(set(spec.ports))}
+            env = {
+                "AGENTBOX": "1",
+                "AGENTBOX_BOX_NAME": spec.name,
+                "AGENTBOX_BOX_ID": spec.box_id,
+                "AGENTBOX_PROJECT": spec.project,
+                "AGENTBOX_HOST_WORKSPACE": spec.workspace,
+                **spec.env,
+            }
+            container = self.client.containers.create(
+                spec.image,
+                command=["sleep", "infinity"],
+                name=cname,
+                hostname=cname,
+                labels=spec.labels,
+                environment=env,
+                volumes=volumes,
+                ports=ports,
+                cap_add=BOX_CAPABILITIES,
+                devices=["/dev/fuse:/dev/fuse:rwm"],
+                security_opt=BOX_SECURITY_OPT,
+                cgroupns="private",
+                tmpfs={RUN_DIR: "mode=0755,uid=1000,gid=1000"},
+                extra_hosts={"host.docker.internal": "host-gateway"},
+                mem_limit=resources.get("memory"),
+                nano_cpus=int(float(resources["cpus"]) * 1e9) if resources.get("cpus") else None,
+                pids_limit=resources.get("pids_limit"),
+                detach=True,
+            )
+            container.start()
+            if spec.secrets:
+                self._write_secrets(spec.name, spec.secrets)
+            container.reload()
+            return self._facts(container)
+        except ImageNotFound as exc:
+            self._remove_half_made(container, volume if created_volume else None)
+            raise ProviderError(
+                f"image {spec.image!r} is not on engine {self._engine}: build it with the box_image role "
+                "(playbooks/create_box.yml does) or pass another 'image'",
+                box=spec.name,
+                operation="create",
+            ) from exc
+        except (APIError, DockerException) as exc:
+            self._remove_half_made(container, volume if created_volume else None)
+            message = getattr(exc, "explanation", None) or str(exc)
+            raise ProviderError(str(message), box=spec.name, operation="create") from exc
+        except BaseException:
+            self._remove_half_made(container, volume if created_volume else None)
+            raise
+
+    def _remove_half_made(self, container: Any, volume: str | None) -> None:
+        if container is not None:
+            try:
+                container.remove(force=True, v=True)
+            except DockerException:
+                pass
+        if volume:
+            try:
+                self.client.volumes.get(volume).remove(force=True)
+            except DockerException:
+                pass
+
+    def _write_secrets(self, name: str, secrets: dict[str, str]) -> None:
+        """Secrets go to a tmpfs file each: never in env, labels or the writable layer."""
+        from ._tarstream import tar_of_files
+
+        files = {key: (value.encode("utf-8"), 0o600) for key, value in secrets.items()}
+        self.exec(name, ["install", "-d", "-m", "0700", "-o", BOX_USER, "-g", BOX_USER, SECRETS_DIR], user="root").check(
+            "making the secrets directory", name
+        )
+        self.put_archive(name, SECRETS_DIR, tar_of_files(files))
+
+    def _transition(self, name: str, operation: str, method: str, wanted: str) -> BoxFacts:
+        container = self._container(name, operation)
+        try:
+            getattr(container, method)()
+        except APIError as exc:
+            raise ProviderError(str(exc.explanation or exc), box=name, operation=operation) from exc
+        container.reload()
+        facts = self._facts(container)
+        if facts.state != wanted:
+            raise ProviderError(f"box is {facts.state}, expected {wanted}", box=name, operation=operation)
+        return facts
+
+    def start(self, name: str) -> BoxFacts:
+        facts = self._facts(self._container(name, "start"))
+        if facts.state == "paused":
+            return self.resume(name)
+        if facts.state == "running":
+            return facts
+        return self._transition(name, "start", "start", "running")
+
+    def stop(self, name: str) -> BoxFacts:
+        facts = self._facts(self._container(name, "stop"))
+        if facts.state == "paused":
+            self._transition(name, "stop", "unpause", "running")
+        if facts.state == "stopped":
+            return facts
+        container = self._container(name, "stop")
+        try:
+            container.stop(timeout=10)
+        except APIError as exc:
+            raise ProviderError(str(exc.explanation or exc), box=name, operation="stop") from exc
+        container.reload()
+        return self._facts(container)
+
+    def pause(self, name: str) -> BoxFacts:
+        facts = self._facts(self._container(name, "pause"))
+        if facts.state == "paused":
+            return facts
+        if facts.state != "running":
+            raise ProviderError("only a running box can be paused; start it first", box=name, operation="pause")
+        return self._transition(name, "pause", "pause", "paused")
+
+    def resume(self, name: str) -> BoxFacts:
+        facts = self._facts(self._container(name, "resume"))
+        if facts.state == "running":
+            return facts
+        if facts.state == "stopped":
+            return self._transition(name, "start", "start", "running")
+        return self._transition(name, "resume", "unpause", "running")
+
+    def destroy(self, name: str) -> None:
+        try:
+            container = self.client.containers.get(container_name(name))
+            container.remove(force=True, v=True)
+        except NotFound:
+            pass
+        except APIError as exc:
+            raise ProviderError(str(exc.explanation or exc), box=name, operation="destroy") from exc
+        try:
+            self.client.volumes.get(docker_volume_name(name)).remove(force=True)
+        except NotFound:
+            pass
+        except APIError as exc:
+            raise ProviderError(str(exc.explanation or exc), box=name, operation="destroy") from exc
+
+    # -- inside the box -------------------------------------------------------------------------
+    def exec(
+        self,
+        name: str,
+        argv: list[str],
+        *,
+        user: str = BOX_USER,
+        workdir: str | None = None,
+        env: dict[str, str] | None = None,
+        stdin: bytes | IO[bytes] | None = None,
+        timeout: float | None = None,
+    ) -> ExecResult:
+        cname = container_name(name)
+        try:
+            exec_id = self.api.exec_create(
+                cname,
+                argv,
+                stdout=True,
+                stderr=True,
+                stdin=stdin is not None,
+                user=user,
+                workdir=workdir,
+                environment=env,
+            )["Id"]
+        except NotFound as exc:
+            raise BoxNotFound(f"no box called {name!r} on engine {self._engine}", box=name, operation="exec") from exc
+        except APIError as exc:
+            text = str(exc.explanation or exc)
+            if "is paused" in text:
+                raise ProviderError(
+                    "the box is paused: resume it (playbooks/box_state.yml -e state=started) and try again",
+                    box=name,
+                    operation="exec",
+                ) from exc
+            if "is not running" in text:
+                raise ProviderError(
+                    "the box is stopped: start it (playbooks/box_state.yml -e state=started) and try again",
+                    box=name,
+                    operation="exec",
+                ) from exc
+            raise ProviderError(text, box=name, operation="exec") from exc
+        if stdin is None:
+            out, err = self.api.exec_start(exec_id, demux=True)
+            stdout, stderr = out or b"", err or b""
+        else:
+            stdout, stderr = self._exec_with_stdin(exec_id, stdin)
+        rc = self.api.exec_inspect(exec_id).get("ExitCode")
+        return ExecResult(rc=rc if rc is not None else -1, stdout=stdout, stderr=stderr)
+
+    def _exec_with_stdin(self, exec_id: str, stdin: bytes | IO[bytes]) -> tuple[bytes, bytes]:
+        """Feed stdin from a thread while reading the multiplexed output (no deadlock on big I/O)."""
+        sock = self.api.exec_start(exec_id, socket=True)
+        raw = getattr(sock, "_sock", sock)
+
+        def feed() -> None:
+            try:
+                if isinstance(stdin, (bytes, bytearray)):
+                    raw.sendall(stdin)
+                else:
+                    while chunk := stdin.read(1 << 16):
+                        raw.sendall(chunk)
+            except OSError:
+                pass  # the command exited without reading everything; its exit code tells
+            finally:
+                try:
+                    raw.shutdown(socket.SHUT_WR)
+                except (OSError, AttributeError):
+                    if hasattr(raw, "shutdown_write"):
+                        raw.shutdown_write()
+
+        feeder = threading.Thread(target=feed, daemon=True)
+        feeder.start()
+        chunks: dict[int, list[bytes]] = {1: [], 2: []}
+        try:
+            for stream, data in frames_iter(sock, tty=False):
+                chunks.setdefault(stream, []).append(data)
+        finally:
+            feeder.join(timeout=5)
+            try:
+                sock.close()
+            except OSError:
+                pass
+        return b"".join(chunks[1]), b"".join(chunks[2])
+
+    def put_archive(self, name: str, path: str, tar_stream: Iterable[bytes] | IO[bytes]) -> None:
+        try:
+            ok = self.api.put_archive(container_name(name), path, tar_stream)
+        except APIError as exc:
+            raise ProviderError(str(exc.explanation or exc), box=name, operation=f"copy into {path}") from exc
+        if not ok:
+            raise ProviderError("the engine refused the archive", box=name, operation=f"copy into {path}")
+
+    def get_archive(self, name: str, path: str) -> Iterator[bytes]:
+        try:
+            stream, _stat = self.api.get_archive(container_name(name), path, chunk_size=1 << 16)
+        except NotFound as exc:
+            raise ProviderError(f"{path} does not exist in the box", box=name, operation="copy out") from exc
+        except APIError as exc:
+            raise ProviderError(str(exc.explanation or exc), box=name, operation="copy out") from exc
+        return stream
+
+    # -- images and checkpoints -----------------------------------------------------------------
+    def image_exists(self, image: str) -> bool:
+        try:
+            self.client.images.get(image)
+            return True
+        except ImageNotFound:
+            return False
+
+    def image_labels(self, image: str) -> dict[str, str]:
+        try:
+            return self.client.images.get(image).labels or {}
+        except ImageNotFound:
+            return {}
+
+    def commit(self, name: str, image: str, labels: dict[str, str]) -> dict[str, Any]:
+        container = self._container(name, "checkpoint")
+        repository, _, tag = image.rpartition(":")
+        try:
+            result = container.commit(repository=repository, tag=tag, conf={"Labels": labels}, pause=True)
+        except APIError as exc:
+            raise ProviderError(str(exc.explanation or exc), box=name, operation="checkpoint") from exc
+        return {"id": result.id, "size": result.attrs.get("Size", 0)}

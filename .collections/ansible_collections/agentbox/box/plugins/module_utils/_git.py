@@ -1,0 +1,263 @@
+# Copyright (c) agentbox.box contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Host-side git: read a workspace without ever changing its working tree, index or stash list.
+
+Every call runs with a private copy of the index (GIT_INDEX_FILE) where git would otherwise
+refresh the real one (`stash create` and `status` both do), and with GIT_OPTIONAL_LOCKS=0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from ._naming import box_branch
+
+
+class GitError(RuntimeError):
+    pass
+
+
+def git(
+    repo: str,
+    *args: str,
+    env: dict[str, str] | None = None,
+    check: bool = True,
+    input_bytes: bytes | None = None,
+) -> subprocess.CompletedProcess:
+    # safe.directory: the controller user may not own the repo (root driving a user's checkout).
+    argv = ["git", "-c", "safe.directory=*", "-C", repo, *args]
+    full_env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C", "GIT_TERMINAL_PROMPT": "0", **(env or {})}
+    identity = _owner_identity(repo)
+    if identity:
+        full_env["HOME"] = identity[2]
+    try:
+        result = subprocess.run(
+            argv,
+            env=full_env,
+            input=input_bytes,
+            capture_output=True,
+            check=False,
+            user=identity[0] if identity else None,
+            group=identity[1] if identity else None,
+        )
+    except FileNotFoundError as exc:
+        raise GitError("git is not installed on the controller: install it (apt-get install git)") from exc
+    if check and result.returncode != 0:
+        detail = result.stderr.decode("utf-8", "replace").strip()
+        raise GitError(f"git {' '.join(args[:3])} in {repo} failed: {detail}")
+    return result
+
+
+def _owner_identity(path: str) -> tuple[int, int, str] | None:
+    """(uid, gid, home) of the repo's owner when we are root and they are not, else None.
+
+    Root writing refs or objects into a user's repository would leave root-owned files there
+    that the user (and the box user, sharing the .git) can no longer write; so act as the owner.
+    """
+    if os.geteuid() != 0:
+        return None
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    if info.st_uid == 0:
+        return None
+    try:
+        import pwd
+
+        home = pwd.getpwuid(info.st_uid).pw_dir
+    except KeyError:
+        home = "/nonexistent"
+    return info.st_uid, info.st_gid, home
+
+
+def git_out(repo: str, *args: str, env: dict[str, str] | None = None) -> str:
+    return git(repo, *args, env=env).stdout.decode("utf-8", "replace").strip()
+
+
+@dataclasses.dataclass
+class Repo:
+    """A git repository found in a workspace."""
+
+    root: str  # its working tree on the host
+    common_dir: str  # the .git directory that holds objects and refs (shared by all worktrees)
+    head: str  # commit sha
+    head_branch: str | None  # None when detached
+    sub: str  # '' for the workspace itself, else the first-level directory name
+    owner_uid: int
+
+
+@contextmanager
+def private_index(repo: Repo) -> Iterator[dict[str, str]]:
+    """Env that points git at a throwaway copy of the index, so reads never rewrite the real one."""
+    index = git_out(repo.root, "rev-parse", "--git-path", "index")
+    index = index if os.path.isabs(index) else os.path.join(repo.root, index)
+    scratch = tempfile.mkdtemp(prefix="agentbox-index-")
+    try:
+        copy = os.path.join(scratch, "index")
+        if os.path.exists(index):
+            shutil.copyfile(index, copy)
+        identity = _owner_identity(repo.root)
+        if identity:
+            for path in (scratch, copy):
+                if os.path.exists(path):
+                    os.chown(path, identity[0], identity[1])
+        yield {"GIT_INDEX_FILE": copy}
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _repo_at(path: str, sub: str) -> Repo | None:
+    if not os.path.exists(os.path.join(path, ".git")):
+        return None
+    probe = git(path, "rev-parse", "--show-toplevel", "--git-common-dir", check=False)
+    if probe.returncode != 0:
+        # A .git that git cannot read is an error, not a reason to fall back to a plain copy.
+        detail = probe.stderr.decode("utf-8", "replace").strip()
+        raise GitError(f"{path} has a .git but git cannot read it ({detail}); fix its permissions or pass another workspace")
+    toplevel, common = probe.stdout.decode().strip().splitlines()[:2]
+    if os.path.realpath(toplevel) != os.path.realpath(path):
+        return None
+    common = os.path.realpath(common if os.path.isabs(common) else os.path.join(path, common))
+    head = git(path, "rev-parse", "--verify", "-q", "HEAD^{commit}", check=False)
+    if head.returncode != 0:
+        raise GitError(
+            f"the git repository at {path} has no commits yet: make a first commit "
+            "(git commit --allow-empty -m init) and try again"
+        )
+    branch = git(path, "symbolic-ref", "-q", "--short", "HEAD", check=False).stdout.decode().strip() or None
+    return Repo(
+        root=os.path.realpath(path),
+        common_dir=common,
+        head=head.stdout.decode().strip(),
+        head_branch=branch,
+        sub=sub,
+        owner_uid=os.stat(common).st_uid,
+    )
+
+
+def find_repos(workspace: str) -> list[Repo]:
+    """The workspace's own repo (first) and each first-level nested repo; [] when not a repo."""
+    root = _repo_at(workspace, "")
+    if root is None:
+        return []
+    repos = [root]
+    for entry in sorted(os.listdir(workspace)):
+        path = os.path.join(workspace, entry)
+        if entry.startswith(".") or not os.path.isdir(path) or os.path.islink(path):
+            continue
+        nested = _repo_at(path, entry)
+        if nested is not None:
+            repos.append(nested)
+    return repos
+
+
+@dataclasses.dataclass
+class CarryOver:
+    """The uncommitted state of one repo, captured without touching it."""
+
+    stash: str | None  # a stash commit (staged + unstaged tracked changes), or None when clean
+    untracked: list[str]  # untracked, not ignored paths relative to the repo root
+    modified: int = 0
+    deleted: int = 0
+    renamed: int = 0
+
+
+def capture_carry_over(repo: Repo, skip_dirs: list[str] | None = None) -> CarryOver:
+    skipped = tuple(d.rstrip("/") + "/" for d in (skip_dirs or []))
+    with private_index(repo) as env:
+        # The stash commit is an internal carrier: give it an identity so a user without one still works.
+        identity = {
+            "GIT_AUTHOR_NAME": "agentbox",
+            "GIT_AUTHOR_EMAIL": "agentbox@localhost",
+            "GIT_COMMITTER_NAME": "agentbox",
+            "GIT_COMMITTER_EMAIL": "agentbox@localhost",
+        }
+        created = git(repo.root, "stash", "create", "agentbox carry-over", env={**env, **identity}, check=False)
+        # A tree whose index stat data is stale (as in a fresh copy) but has nothing to save
+        # makes `stash create` exit 1 silently: that is "no stash", not a failure.
+        if created.returncode not in (0, 1) or (created.returncode == 1 and created.stderr.strip()):
+            detail = created.stderr.decode("utf-8", "replace").strip()
+            raise GitError(f"git stash create in {repo.root} failed: {detail}")
+        stash = created.stdout.decode().strip() or None
+        status = git(repo.root, "status", "--porcelain=v1", "-z", "--untracked-files=no", env=env).stdout
+        untracked_raw = git(repo.root, "ls-files", "--others", "--exclude-standard", "-z", env=env).stdout
+    carry = CarryOver(stash=stash, untracked=[])
+    entries = status.split(b"\0")
+    position = 0
+    while position < len(entries):
+        entry = entries[position]
+        position += 1
+        if len(entry) < 4:
+            continue
+        code = entry[:2].decode()
+        if "R" in code:
+            carry.renamed += 1
+            position += 1  # the rename's source path follows
+        elif "D" in code:
+            carry.deleted += 1
+        else:
+            carry.modified += 1
+    for raw in untracked_raw.split(b"\0"):
+        if not raw:
+            continue
+        path = os.fsdecode(raw)
+        if path.endswith("/") or path.startswith(skipped):
+            continue  # nested repositories are seeded on their own
+        carry.untracked.append(path)
+    return carry
+
+
+def reserve_branch(repos: list[Repo], box: str, limit: int = 100) -> str:
+    """Create agentbox/<box> (or -2, -3...) at each repo's HEAD, free in every repo.
+
+    `update-ref` with an empty old value creates the ref only if absent, so two boxes racing
+    for one name cannot both get it.
+    """
+    for suffix in range(1, limit + 1):
+        name = box_branch(box, suffix)
+        made: list[Repo] = []
+        for repo in repos:
+            result = git(repo.root, "update-ref", f"refs/heads/{name}", repo.head, "", check=False)
+            if result.returncode != 0:
+                break
+            made.append(repo)
+        else:
+            return name
+        for repo in made:
+            git(repo.root, "update-ref", "-d", f"refs/heads/{name}", repo.head, check=False)
+    raise GitError(f"no free branch name for box {box!r} after {limit} tries: delete old agentbox/{box}* branches")
+
+
+def delete_branch(repo_root: str, name: str) -> None:
+    git(repo_root, "update-ref", "-d", f"refs/heads/{name}", check=False)
+
+
+def branch_exists(repo_root: str, name: str) -> bool:
+    return git(repo_root, "show-ref", "--verify", "-q", f"refs/heads/{name}", check=False).returncode == 0
+
+
+def remove_worktree_registration(common_dir: str, worktree_path: str) -> bool:
+    """Forget a box's worktree in the host repo (the path exists only in the box)."""
+    result = git(common_dir, f"--git-dir={common_dir}", "worktree", "remove", "-f", "-f", worktree_path, check=False)
+    if result.returncode == 0:
+        return True
+    # Fall back to the admin directory itself when git refuses (e.g. a half-written entry).
+    admin_root = os.path.join(common_dir, "worktrees")
+    for entry in os.listdir(admin_root) if os.path.isdir(admin_root) else []:
+        gitdir_file = os.path.join(admin_root, entry, "gitdir")
+        try:
+            with open(gitdir_file, encoding="utf-8") as handle:
+                registered = handle.read().strip()
+        except OSError:
+            continue
+        if os.path.dirname(registered) == worktree_path.rstrip("/"):
+            shutil.rmtree(os.path.join(admin_root, entry), ignore_errors=True)
+            return True
+    return False

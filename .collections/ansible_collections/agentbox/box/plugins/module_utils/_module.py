@@ -1,0 +1,37 @@
+# Copyright (c) agentbox.box contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What the modules share: the provider options' argument spec and turning them into a Provider."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._provider import Provider, get_provider
+
+PROVIDER_ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
+    "provider": {"type": "str", "choices": ["docker", "docker_ssh", "daytona"], "default": "docker"},
+    "engine": {"type": "str"},
+    "ssh_strict_host_key_checking": {"type": "bool", "default": True},
+    "ssh_private_key_file": {"type": "path"},
+    "daytona_api_key": {"type": "str", "no_log": True},
+    "daytona_api_url": {"type": "str"},
+    "daytona_target": {"type": "str"},
+}
+
+
+def provider_from_params(params: dict[str, Any]) -> Provider:
+    name = params["provider"]
+    options: dict[str, Any] = {}
+    if name == "docker_ssh":
+        options["engine"] = params.get("engine")
+        options["ssh_options"] = {
+            "strict_host_key_checking": params.get("ssh_strict_host_key_checking", True),
+            "private_key_file": params.get("ssh_private_key_file"),
+        }
+    elif name == "daytona":
+        options.update(
+            api_key=params.get("daytona_api_key"),
+            api_url=params.get("daytona_api_url"),
+            target=params.get("daytona_target"),
+        )
+    return get_provider(name, **options)

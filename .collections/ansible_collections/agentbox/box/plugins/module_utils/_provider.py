@@ -1,0 +1,205 @@
+# Copyright (c) agentbox.box contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The one provider interface every box operation goes through.
+
+Modules, the inventory plugin and the connection plugin talk only to `Provider`. A provider
+is one place per backend (local Docker, Docker over SSH, Daytona) that knows how to create,
+find, change and run commands in a box. Workspace seeding (`_seed`) and checkpoints
+(`_checkpoint`) are written once against this interface.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Iterable, Iterator
+from typing import IO, Any
+
+BOX_STATES = ("running", "paused", "stopped", "missing")
+PROVIDERS = ("docker", "docker_ssh", "daytona")
+
+
+class ProviderError(Exception):
+    """An engine or API failed. `message` says which box, which operation, and what to do."""
+
+    def __init__(self, message: str, *, box: str | None = None, operation: str | None = None):
+        self.box = box
+        self.operation = operation
+        prefix = ""
+        if operation and box:
+            prefix = f"{operation} of box {box!r} failed: "
+        elif operation:
+            prefix = f"{operation} failed: "
+        super().__init__(prefix + message)
+
+
+class EngineUnreachable(ProviderError):
+    """The engine or API cannot be reached at all (daemon down, SSH refused, DNS)."""
+
+
+class BoxNotFound(ProviderError):
+    pass
+
+
+@dataclasses.dataclass
+class ExecResult:
+    rc: int
+    stdout: bytes
+    stderr: bytes
+
+    @property
+    def text(self) -> str:
+        return self.stdout.decode("utf-8", "replace")
+
+    def check(self, what: str, box: str | None = None) -> ExecResult:
+        if self.rc != 0:
+            detail = (self.stderr or self.stdout).decode("utf-8", "replace").strip()[-2000:]
+            raise ProviderError(f"{what} exited {self.rc}: {detail}", box=box)
+        return self
+
+
+@dataclasses.dataclass
+class BoxSpec:
+    """Everything a provider needs to create a box. Built by the module from user options."""
+
+    name: str
+    box_id: str
+    project: str
+    workspace: str
+    image: str
+    labels: dict[str, str]
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Container ports to publish; each gets an ephemeral port on the engine's 127.0.0.1.
+    ports: list[int] = dataclasses.field(default_factory=list)
+    # memory (bytes or '2g'), cpus (float), pids_limit (int)
+    resources: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # Host directories bind-mounted at the same path (local engine only: the workspace .git dirs).
+    bind_paths: list[str] = dataclasses.field(default_factory=list)
+    # Per-box secrets: written to a tmpfs in the box (/run/agentbox/secrets), never in env/labels.
+    secrets: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class BoxFacts:
+    """What is known of one box; returned by every module under the key `box`."""
+
+    name: str
+    id: str
+    provider: str
+    engine: str
+    state: str
+    container: str
+    image: str
+    project: str
+    workspace: str
+    branch: str
+    created: str
+    ports: dict[str, int] = dataclasses.field(default_factory=dict)
+    labels: dict[str, str] = dataclasses.field(default_factory=dict)
+    checkpoint: str | None = None
+    web_url: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class Provider(abc.ABC):
+    """One backend. Methods take box names (validated by `_naming`) and raise ProviderError."""
+
+    #: 'docker', 'docker_ssh' or 'daytona'
+    name: str = ""
+    #: True when host paths can be bind-mounted into boxes (the local engine): seeding then
+    #: uses a git worktree on the host's .git; otherwise it ships a clone.
+    shares_host_filesystem: bool = False
+
+    @property
+    @abc.abstractmethod
+    def engine(self) -> str:
+        """Where boxes live: 'local', an SSH destination, or an API URL."""
+
+    # -- discovery --------------------------------------------------------------------------
+    @abc.abstractmethod
+    def find(self, name: str) -> BoxFacts | None:
+        """The box called `name`, or None."""
+
+    @abc.abstractmethod
+    def list_boxes(self, project: str | None = None) -> list[BoxFacts]:
+        """Every box on this engine (of one project when given), found by its labels."""
+
+    # -- lifecycle --------------------------------------------------------------------------
+    @abc.abstractmethod
+    def create(self, spec: BoxSpec) -> BoxFacts:
+        """Create and start the box; nothing is seeded yet. Removes what it made on failure."""
+
+    @abc.abstractmethod
+    def start(self, name: str) -> BoxFacts: ...
+
+    @abc.abstractmethod
+    def stop(self, name: str) -> BoxFacts: ...
+
+    @abc.abstractmethod
+    def pause(self, name: str) -> BoxFacts: ...
+
+    @abc.abstractmethod
+    def resume(self, name: str) -> BoxFacts: ...
+
+    @abc.abstractmethod
+    def destroy(self, name: str) -> None:
+        """Remove the box and its per-box volumes. A missing box is not an error."""
+
+    # -- inside the box ---------------------------------------------------------------------
+    @abc.abstractmethod
+    def exec(
+        self,
+        name: str,
+        argv: list[str],
+        *,
+        user: str = "vscode",
+        workdir: str | None = None,
+        env: dict[str, str] | None = None,
+        stdin: bytes | IO[bytes] | None = None,
+        timeout: float | None = None,
+    ) -> ExecResult:
+        """Run argv in the box and wait; stdout and stderr kept apart, exit code exact."""
+
+    @abc.abstractmethod
+    def put_archive(self, name: str, path: str, tar_stream: Iterable[bytes] | IO[bytes]) -> None:
+        """Extract a tar stream at `path` in the box (streamed, never buffered whole)."""
+
+    @abc.abstractmethod
+    def get_archive(self, name: str, path: str) -> Iterator[bytes]:
+        """A tar stream of `path` in the box."""
+
+    # -- images and checkpoints -------------------------------------------------------------
+    @abc.abstractmethod
+    def image_exists(self, image: str) -> bool: ...
+
+    def image_labels(self, image: str) -> dict[str, str]:
+        """Labels of an image (or snapshot) on this engine; {} when absent or unsupported."""
+        return {}
+
+    @abc.abstractmethod
+    def commit(self, name: str, image: str, labels: dict[str, str]) -> dict[str, Any]:
+        """Capture the box's filesystem as `image` (layered). Returns {'id', 'size'}."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook: most providers hold nothing to release
+        """Release connections. Safe to call twice."""
+
+
+def get_provider(provider: str, **options: Any) -> Provider:
+    """The provider called `provider`, configured from options (engine, daytona settings...)."""
+    if provider == "docker":
+        from ._docker import DockerProvider
+
+        return DockerProvider(**options)
+    if provider == "docker_ssh":
+        from ._docker import DockerProvider
+
+        if not options.get("engine"):
+            raise ProviderError("provider 'docker_ssh' needs 'engine': an SSH destination such as user@host:port")
+        return DockerProvider(**options)
+    if provider == "daytona":
+        from ._daytona import DaytonaProvider
+
+        return DaytonaProvider(**options)
+    raise ProviderError(f"unknown provider {provider!r}: use one of {', '.join(PROVIDERS)}")

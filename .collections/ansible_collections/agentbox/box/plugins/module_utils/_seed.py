@@ -1,0 +1,173 @@
+# Copyright (c) agentbox.box contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Seeding a box's /workspace from the host workspace: the one place that does it.
+
+Local engine (`provider.shares_host_filesystem`): each repo's .git is bind-mounted at its host
+path, so the box registers its own `git worktree` on the branch reserved for it; commits land
+straight in the host repo. The host's uncommitted state is then carried over byte for byte:
+tracked changes as a `git stash create` commit (already in the shared object store), untracked
+files as a tar stream. A workspace that is not a git repo is copied as it is.
+
+Layout in the box: the worktree lives at /home/vscode/.agentbox-worktrees/<box> (a path unique
+to the box, so boxes of one repo never collide in the host's worktree list) and /workspace is a
+symlink to it. A symlink, unlike a bind mount, survives `docker stop`/`start` and `docker commit`.
+Nested repos get their worktree inside it, at <root worktree>/<sub>.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+from typing import Any
+
+from ._git import CarryOver, Repo, capture_carry_over
+from ._provider import Provider, ProviderError
+from ._tarstream import tar_of_files, tar_of_paths, tar_of_tree
+
+WORKSPACE = "/workspace"
+WORKTREES_HOME = "/home/vscode/.agentbox-worktrees"
+SEED_RECORD = "/etc/agentbox/seed.json"
+BOX_UID = 1000
+
+
+def worktree_path(box: str, sub: str = "") -> str:
+    root = f"{WORKTREES_HOME}/{box}"
+    return f"{root}/{sub}" if sub else root
+
+
+@dataclasses.dataclass
+class WorktreePlan:
+    """One repo's worktree in a box: decided on the host before the box exists."""
+
+    sub: str
+    common_dir: str
+    path: str
+    branch: str
+    base: str
+    host_root: str
+    owner_uid: int
+
+    @classmethod
+    def for_repo(cls, repo: Repo, box: str, branch: str) -> WorktreePlan:
+        return cls(
+            sub=repo.sub,
+            common_dir=repo.common_dir,
+            path=worktree_path(box, repo.sub),
+            branch=branch,
+            base=repo.head,
+            host_root=repo.root,
+            owner_uid=repo.owner_uid,
+        )
+
+
+@dataclasses.dataclass
+class SeedResult:
+    mode: str  # 'worktree' or 'copy'
+    branch: str | None
+    base_commit: str | None
+    modified: int = 0
+    deleted: int = 0
+    renamed: int = 0
+    untracked: int = 0
+    worktrees: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    warnings: list[str] = dataclasses.field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_WORKTREE_SCRIPT = r"""
+set -eu
+common_dir=$1 path=$2 branch=$3 stash=$4 box=$5
+mkdir -p "$(dirname "$path")"
+git --git-dir="$common_dir" worktree add -q --lock --reason "agentbox box $box" "$path" "$branch"
+cd "$path"
+if [ -n "$stash" ]; then
+  if ! git stash apply -q --index "$stash" 2>/tmp/.agentbox-stash.err; then
+    # The index part did not apply: take the changes without it rather than nothing.
+    git reset -q --hard HEAD
+    git stash apply -q "$stash"
+    echo "staged state could not be restored; changes carried as unstaged" >&2
+  fi
+  rm -f /tmp/.agentbox-stash.err
+fi
+"""
+
+
+def _worktree_user(plan: WorktreePlan) -> str:
+    # git writes the worktree's admin files into the host .git: only its owner may do that.
+    return "vscode" if plan.owner_uid == BOX_UID else "root"
+
+
+def seed_worktrees(
+    provider: Provider,
+    box: str,
+    plans: list[WorktreePlan],
+    carry: dict[str, CarryOver],
+) -> SeedResult:
+    """Register each worktree in the box, apply the carried stash, stream untracked files."""
+    root = plans[0]
+    result = SeedResult(mode="worktree", branch=root.branch, base_commit=root.base)
+    for plan in plans:
+        user = _worktree_user(plan)
+        if user == "root":
+            result.warnings.append(
+                f"{plan.host_root}: its .git is owned by uid {plan.owner_uid}, not the box user (uid {BOX_UID}); "
+                "the worktree was made as root, and commits made in the box as vscode cannot write to it "
+                f"until the repository is owned by uid {BOX_UID}"
+            )
+        state = carry[plan.sub]
+        run = provider.exec(
+            box,
+            ["bash", "-c", _WORKTREE_SCRIPT, "seed", plan.common_dir, plan.path, plan.branch, state.stash or "", box],
+            user=user,
+        )
+        run.check(f"git worktree add for {plan.host_root}", box)
+        if run.stderr.strip():
+            result.warnings.append(f"{plan.host_root}: {run.stderr.decode('utf-8', 'replace').strip()}")
+        if state.untracked:
+            provider.put_archive(box, plan.path, tar_of_paths(plan.host_root, state.untracked))
+        if user == "root":
+            provider.exec(box, ["chown", "-R", f"{BOX_UID}:{BOX_UID}", plan.path], user="root").check("chown", box)
+        result.modified += state.modified
+        result.deleted += state.deleted
+        result.renamed += state.renamed
+        result.untracked += len(state.untracked)
+        result.worktrees.append(dataclasses.asdict(plan))
+    _finish(provider, box, root.path, result)
+    return result
+
+
+def seed_copy(provider: Provider, box: str, workspace: str) -> SeedResult:
+    """A workspace that is not a git repository: copy it as it is."""
+    result = SeedResult(mode="copy", branch=None, base_commit=None)
+    provider.put_archive(box, WORKSPACE, tar_of_tree(workspace))
+    _finish(provider, box, None, result)
+    return result
+
+
+def _finish(provider: Provider, box: str, target: str | None, result: SeedResult) -> None:
+    """Point /workspace at the root worktree and leave a record (in the box's own layer)."""
+    record = json.dumps(result.to_dict(), indent=2, sort_keys=True).encode()
+    link = ""
+    if target:
+        link = f"rmdir {WORKSPACE} 2>/dev/null || rm -f {WORKSPACE}; ln -sfn {shlex.quote(target)} {WORKSPACE}; "
+    script = f"{link}install -d -o vscode -g vscode /etc/agentbox"
+    provider.exec(box, ["sh", "-c", script], user="root").check("linking /workspace", box)
+    provider.put_archive(box, "/etc/agentbox", tar_of_files({"seed.json": (record, 0o644)}))
+
+
+def read_seed_record(provider: Provider, box: str) -> dict[str, Any] | None:
+    run = provider.exec(box, ["cat", SEED_RECORD], user="root")
+    if run.rc != 0:
+        return None
+    try:
+        return json.loads(run.stdout)
+    except ValueError as exc:
+        raise ProviderError(f"{SEED_RECORD} in the box is not JSON: {exc}", box=box) from exc
+
+
+def capture_all(repos: list[Repo]) -> dict[str, CarryOver]:
+    nested = [repo.sub for repo in repos if repo.sub]
+    return {repo.sub: capture_carry_over(repo, skip_dirs=nested if not repo.sub else None) for repo in repos}

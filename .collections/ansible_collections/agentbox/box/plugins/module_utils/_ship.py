@@ -1,0 +1,389 @@
+# Copyright (c) agentbox.box contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Seeding a box whose engine cannot see the host's files (remote Docker, Daytona): ship the repo.
+
+Written against the Provider interface only (exec, put_archive, get_archive), so every provider
+that does not share the host filesystem uses it.
+
+Per repo (the workspace's own, then each first-level nested one):
+  host: `git init` a staging repo and fetch into it, over file:// from the host repo, the HEAD
+        commit as agentbox/<box> and the carry-over stash commit as refs/agentbox/carry-over,
+        both with --depth (default 200 commits, 100 when that packs over 20 MiB; 0 = full
+        history). The host repo is only read: no ref, index or working tree of it changes.
+  box:  the staging .git is streamed as a tar into /workspace[/<sub>]/.git, then
+        `git checkout -f -B agentbox/<box> <HEAD>`, `git stash apply --index` of the carried
+        commit (plain apply when the index part does not apply), and the untracked files as a
+        tar stream. Tracked and untracked files end up byte-identical to the host's.
+
+Bringing work back (fetch_box_branch): the box's branch tip is fetched into the host repo as
+agentbox/<box>. New commits travel as a git bundle made in the box against the base commit the
+box started from (which the host has), so a shallow box history still resolves on the host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tarfile
+import tempfile
+from collections.abc import Iterable
+from typing import Any
+
+from . import _git, _seed
+from ._provider import BoxFacts, Provider, ProviderError
+from ._tarstream import tar_of_paths, tar_of_tree
+
+WORKSPACE = _seed.WORKSPACE
+CARRY_REF = "refs/agentbox/carry-over"
+DEFAULT_DEPTH = 200
+ADAPTIVE_DEPTH = 100
+ADAPTIVE_LIMIT_BYTES = 20 * 1024 * 1024
+DEPTH_ENV = "AGENTBOX_SHIP_DEPTH"
+BUNDLE_PATH = "/tmp/agentbox-fetch.bundle"
+
+_CHECKOUT_SCRIPT = r"""
+set -eu
+dir=$1 branch=$2 head=$3 carry=$4 origin=$5
+cd "$dir"
+git checkout -q -f -B "$branch" "$head"
+if [ -n "$carry" ]; then
+  if ! git stash apply -q --index "$carry" 2>/dev/null; then
+    # The staged part does not apply on its own: carry the changes unstaged rather than lose them.
+    git reset -q --hard HEAD
+    git stash apply -q "$carry"
+    echo "staged state could not be restored; changes carried as unstaged" >&2
+  fi
+fi
+if [ -n "$origin" ]; then
+  git remote add origin "$origin" 2>/dev/null || git remote set-url origin "$origin"
+fi
+"""
+
+
+@dataclasses.dataclass
+class StagedRepo:
+    """A repo's shallow copy on the controller, ready to stream into a box."""
+
+    sub: str
+    path: str  # staging directory; its .git is what gets shipped
+    head: str
+    depth: int  # 0 = full history
+    shallow: bool
+    pack_bytes: int
+
+
+def ship_depth(depth: int | None = None) -> tuple[int, bool]:
+    """(depth, adaptive): an explicit depth is kept as given; the default may shrink."""
+    if depth is not None:
+        return _checked_depth(depth), False
+    raw = os.environ.get(DEPTH_ENV)
+    if raw:
+        try:
+            return _checked_depth(int(raw)), False
+        except ValueError as exc:
+            raise ProviderError(f"{DEPTH_ENV}={raw!r} is not a number of commits (0 = full history)") from exc
+    return DEFAULT_DEPTH, True
+
+
+def _checked_depth(depth: int) -> int:
+    if depth < 0:
+        raise ProviderError(f"history depth {depth} is negative: give a number of commits, or 0 for full history")
+    return depth
+
+
+def stage_repo(repo: _git.Repo, branch: str, stash: str | None, depth: int, workdir: str) -> StagedRepo:
+    """Fetch HEAD (as `branch`) and the stash commit from the host repo into a new staging repo."""
+    path = os.path.join(workdir, repo.sub or "_root")
+    if os.path.exists(path):
+        shutil.rmtree(path)
+    os.makedirs(path)
+    _git.git(path, "init", "-q", "--template=")
+    refspecs = [f"{repo.head}:refs/heads/{branch}"]
+    if stash:
+        refspecs.append(f"{stash}:{CARRY_REF}")
+    depth_args = [f"--depth={depth}"] if depth > 0 else []
+    # The stash commit is reachable from no ref of the host: let upload-pack serve it by id.
+    _git.git(
+        path,
+        "-c",
+        "uploadpack.allowAnySHA1InWant=true",
+        "fetch",
+        "-q",
+        "--no-tags",
+        "--no-write-fetch-head",
+        *depth_args,
+        "file://" + repo.common_dir,
+        *refspecs,
+    )
+    _git.git(path, "symbolic-ref", "HEAD", f"refs/heads/{branch}")
+    return StagedRepo(
+        sub=repo.sub,
+        path=path,
+        head=repo.head,
+        depth=depth,
+        shallow=os.path.exists(os.path.join(path, ".git", "shallow")),
+        pack_bytes=_tree_bytes(os.path.join(path, ".git")),
+    )
+
+
+def _tree_bytes(root: str) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except OSError:
+                continue
+    return total
+
+
+def box_path(sub: str) -> str:
+    return f"{WORKSPACE}/{sub}" if sub else WORKSPACE
+
+
+def _origin_url(repo: _git.Repo) -> str:
+    result = _git.git(repo.root, "config", "--get", "remote.origin.url", check=False)
+    return result.stdout.decode("utf-8", "replace").strip() if result.returncode == 0 else ""
+
+
+def seed_shipped(
+    provider: Provider,
+    box: str,
+    repos: list[_git.Repo],
+    branch: str,
+    carry: dict[str, _git.CarryOver],
+    depth: int | None = None,
+) -> _seed.SeedResult:
+    """Ship each repo into the box at /workspace[/<sub>] on `branch`, with its carry-over."""
+    wanted_depth, adaptive = ship_depth(depth)
+    result = _seed.SeedResult(mode="shipped", branch=branch, base_commit=repos[0].head)
+    workdir = tempfile.mkdtemp(prefix="agentbox-ship-")
+    try:
+        for repo in repos:
+            state = carry[repo.sub]
+            staged = stage_repo(repo, branch, state.stash, wanted_depth, workdir)
+            if adaptive and staged.shallow and staged.pack_bytes > ADAPTIVE_LIMIT_BYTES:
+                staged = stage_repo(repo, branch, state.stash, ADAPTIVE_DEPTH, workdir)
+                result.warnings.append(
+                    f"{repo.root}: {wanted_depth} commits of history pack over {ADAPTIVE_LIMIT_BYTES >> 20} MiB; "
+                    f"shipped the last {ADAPTIVE_DEPTH} (set {DEPTH_ENV} to choose, 0 for all)"
+                )
+            _ship_one(provider, box, repo, staged, branch, state, result)
+            shutil.rmtree(staged.path, ignore_errors=True)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    _seed._finish(provider, box, None, result)
+    return result
+
+
+def _ship_one(
+    provider: Provider,
+    box: str,
+    repo: _git.Repo,
+    staged: StagedRepo,
+    branch: str,
+    state: _git.CarryOver,
+    result: _seed.SeedResult,
+) -> None:
+    target = box_path(repo.sub)
+    provider.exec(box, ["mkdir", "-p", target], user="vscode").check(f"making {target}", box)
+    _upload(provider, box, target, tar_of_tree(staged.path), f"the repository {repo.root} ({_mb(staged.pack_bytes)})")
+    run = provider.exec(
+        box,
+        ["bash", "-c", _CHECKOUT_SCRIPT, "ship", target, branch, staged.head, CARRY_REF if state.stash else "",
+         _origin_url(repo)],
+        user="vscode",
+    )  # fmt: skip
+    run.check(f"checking out {branch} in {target}", box)
+    if run.stderr.strip():
+        result.warnings.append(f"{repo.root}: {run.stderr.decode('utf-8', 'replace').strip()}")
+    if state.untracked:
+        _upload(provider, box, target, tar_of_paths(repo.root, state.untracked), f"untracked files of {repo.root}")
+    result.modified += state.modified
+    result.deleted += state.deleted
+    result.renamed += state.renamed
+    result.untracked += len(state.untracked)
+    result.worktrees.append(
+        {
+            "sub": repo.sub,
+            "path": target,
+            "host_root": repo.root,
+            "branch": branch,
+            "base": staged.head,
+            "depth": staged.depth,
+            "shallow": staged.shallow,
+            "pack_bytes": staged.pack_bytes,
+        }
+    )
+
+
+def _mb(size: int) -> str:
+    return f"{size / 1e6:.1f} MB"
+
+
+def _upload(provider: Provider, box: str, target: str, stream: Iterable[bytes], what: str) -> None:
+    try:
+        provider.put_archive(box, target, stream)
+    except ProviderError as exc:
+        text = str(exc)
+        hint = ""
+        if "no space" in text.lower():
+            hint = (
+                f" The engine {provider.engine} is out of disk space: free some there (docker system prune, "
+                "or remove old boxes and checkpoints) and try again."
+            )
+        raise ProviderError(f"uploading {what} to {target} failed: {text}.{hint}", box=box) from exc
+
+
+# --------------------------------------------------------------------------------------------
+# Bringing the box's branch back
+
+
+class _IterReader:
+    """A read()-able file over an iterator of chunks (for tarfile's stream mode)."""
+
+    def __init__(self, chunks: Iterable[bytes]):
+        self._chunks = iter(chunks)
+        self._buffer = b""
+
+    def read(self, size: int = -1) -> bytes:
+        while size < 0 or len(self._buffer) < size:
+            try:
+                self._buffer += next(self._chunks)
+            except StopIteration:
+                break
+        if size < 0:
+            data, self._buffer = self._buffer, b""
+        else:
+            data, self._buffer = self._buffer[:size], self._buffer[size:]
+        return data
+
+
+def _box_git(provider: Provider, box: str, path: str, *args: str) -> Any:
+    return provider.exec(box, ["git", "-C", path, *args], user="vscode")
+
+
+def _host_has_commit(root: str, commit: str) -> bool:
+    return _git.git(root, "cat-file", "-e", f"{commit}^{{commit}}", check=False).returncode == 0
+
+
+def _copy_out(provider: Provider, box: str, path: str, destination: str) -> None:
+    with tarfile.open(fileobj=_IterReader(provider.get_archive(box, path)), mode="r|") as tar:
+        for member in tar:
+            if member.isfile():
+                source = tar.extractfile(member)
+                if source is None:
+                    continue
+                with open(destination, "wb") as handle:
+                    shutil.copyfileobj(source, handle, 1 << 20)
+                return
+    raise ProviderError(f"{path} came out of the box empty", box=box)
+
+
+def fetch_box_branch(
+    provider: Provider, facts: BoxFacts, workspace: str | None = None, *, force: bool = False
+) -> dict[str, Any]:
+    """Fetch the box's branch into each host repo as the same branch (agentbox/<box>).
+
+    Fast-forward only unless force; a branch checked out on the host is never moved.
+    Returns {'repos': [{'sub', 'host_root', 'branch', 'commit', 'previous', 'new_commits', 'changed'}]}.
+    """
+    box = facts.name
+    record = _seed.read_seed_record(provider, box)
+    if not record or record.get("mode") != "shipped":
+        raise ProviderError(
+            "this box was not seeded by shipping the repository (its commits are already in the host repo, or "
+            "it has no git workspace): nothing to fetch",
+            box=box,
+            operation="fetch",
+        )
+    host_root = _git.find_repos(workspace or facts.workspace)
+    by_sub = {repo.sub: repo for repo in host_root}
+    results = []
+    for entry in record.get("worktrees", []):
+        repo = by_sub.get(entry["sub"])
+        if repo is None:
+            raise ProviderError(
+                f"the host has no repository at {os.path.join(workspace or facts.workspace, entry['sub'])} to fetch "
+                f"{entry['branch']} into: pass the workspace the box was created from",
+                box=box,
+                operation="fetch",
+            )
+        results.append(_fetch_one(provider, box, repo, entry, force))
+    return {"repos": results, "changed": any(item["changed"] for item in results)}
+
+
+def _fetch_one(provider: Provider, box: str, repo: _git.Repo, entry: dict[str, Any], force: bool) -> dict[str, Any]:
+    branch, path, base = entry["branch"], entry["path"], entry["base"]
+    ref = f"refs/heads/{branch}"
+    tip_run = _box_git(provider, box, path, "rev-parse", "--verify", "-q", f"{ref}^{{commit}}")
+    if tip_run.rc != 0:
+        raise ProviderError(f"the box's repo at {path} has no branch {branch} any more", box=box, operation="fetch")
+    tip = tip_run.text.strip()
+    if not _host_has_commit(repo.root, tip):
+        _fetch_bundle(provider, box, repo, path, ref, base)
+    previous = _git.git(repo.root, "rev-parse", "--verify", "-q", ref, check=False).stdout.decode().strip()
+    if previous == tip:
+        return _report(repo, entry, tip, previous, 0, changed=False)
+    current = _git.git(repo.root, "symbolic-ref", "-q", "HEAD", check=False).stdout.decode().strip()
+    if current == ref:
+        raise ProviderError(
+            f"{branch} is checked out in {repo.root}: moving it would leave that working tree out of step; check out "
+            "another branch there and fetch again",
+            box=box,
+            operation="fetch",
+        )
+    if previous and not force:
+        ancestor = _git.git(repo.root, "merge-base", "--is-ancestor", previous, tip, check=False)
+        if ancestor.returncode != 0:
+            raise ProviderError(
+                f"{branch} in {repo.root} has commits the box's branch does not ({previous[:12]} is not an ancestor of "
+                f"{tip[:12]}): merge them into the box first, or fetch with force to overwrite",
+                box=box,
+                operation="fetch",
+            )
+    _git.git(
+        repo.root, "update-ref", "-m", f"agentbox: fetched from box {box}", ref, tip, *([previous] if previous else [])
+    )
+    counted = _git.git(repo.root, "rev-list", "--count", tip, f"^{previous or base}", check=False)
+    new_commits = int(counted.stdout.decode().strip() or 0) if counted.returncode == 0 else 0
+    return _report(repo, entry, tip, previous, new_commits, changed=True)
+
+
+def _report(repo: _git.Repo, entry: dict[str, Any], tip: str, previous: str, new: int, changed: bool) -> dict[str, Any]:
+    return {
+        "sub": repo.sub,
+        "host_root": repo.root,
+        "branch": entry["branch"],
+        "commit": tip,
+        "previous": previous or None,
+        "new_commits": new,
+        "changed": changed,
+    }
+
+
+def _fetch_bundle(provider: Provider, box: str, repo: _git.Repo, path: str, ref: str, base: str) -> None:
+    """New commits: a bundle made in the box against the base the host has, fetched on the host."""
+    made = _box_git(provider, box, path, "bundle", "create", "-q", BUNDLE_PATH, ref, f"^{base}")
+    made.check(f"git bundle of {ref} in {path}", box)
+    scratch = tempfile.mkdtemp(prefix="agentbox-fetch-")
+    bundle = os.path.join(scratch, "box.bundle")
+    try:
+        _copy_out(provider, box, BUNDLE_PATH, bundle)
+        # git may run as the repo's owner (see _git): let it read the bundle.
+        os.chmod(scratch, 0o755)
+        os.chmod(bundle, 0o644)
+        verify = _git.git(repo.root, "bundle", "verify", "-q", bundle, check=False)
+        if verify.returncode != 0:
+            raise ProviderError(
+                f"the box's commits do not apply to {repo.root}: "
+                f"{verify.stderr.decode('utf-8', 'replace').strip()[-500:]} (the base commit {base[:12]} the box "
+                "started from is missing there)",
+                box=box,
+                operation="fetch",
+            )
+        _git.git(repo.root, "fetch", "-q", "--no-tags", "--no-write-fetch-head", bundle, ref)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        provider.exec(box, ["rm", "-f", BUNDLE_PATH], user="vscode")

@@ -1,0 +1,360 @@
+#!/usr/bin/python
+# Copyright (c) agentbox.box contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: agentbox_box
+short_description: Create, start, stop, pause and destroy an agent's box
+version_added: 0.1.0
+description:
+  - Gives an AI coding agent its own disposable Linux box against a host git workspace.
+  - On creation the box gets its own branch C(agentbox/<name>) and C(/workspace) with the host's uncommitted
+    work carried over byte for byte (staged, unstaged, deleted, renamed and untracked files), Docker inside
+    the box, and the in-box supervisor started.
+  - On the local engine the workspace's C(.git) is bind-mounted at its host path, so commits made in the box
+    land directly in the host repository on the box's branch. The host's working tree, index and stash list
+    are never modified.
+  - Anything that fails half-way is undone; no container, volume, branch or worktree entry is left behind.
+author:
+  - agentbox.box developers (@agentbox)
+extends_documentation_fragment:
+  - agentbox.box.provider
+  - agentbox.box.attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+options:
+  name:
+    description:
+      - The box name, C([a-z0-9][a-z0-9_.-]{0,62}). The container is C(agentbox-<name>).
+      - Required unless O(state=present) or O(state=started), where it defaults to
+        C(<workspace basename>-<short id>) (a new box each run).
+    type: str
+  state:
+    description:
+      - V(present) makes sure the box exists (created and started when missing), whatever its run state.
+      - V(started) makes sure it exists and runs (a paused box is resumed; a stopped one is started and its
+        in-box services relaunched).
+      - V(stopped) and V(paused) change an existing box; V(absent) destroys it.
+    type: str
+    choices: [present, started, stopped, paused, absent]
+    default: started
+  workspace:
+    description:
+      - The host directory the box works on. Default the current directory.
+      - Used when creating, and to check that an existing box of that name belongs to this workspace.
+    type: path
+  image:
+    description:
+      - The box image. Default the image the C(agentbox.box.box_image) role built last (C(agentbox/box:latest)).
+    type: str
+    default: agentbox/box:latest
+  checkpoint:
+    description:
+      - Start the new box from this checkpoint of the project (see M(agentbox.box.agentbox_checkpoint)).
+    type: str
+  resources:
+    description: Resource limits for the box.
+    type: dict
+    suboptions:
+      memory:
+        description: Memory limit, for example V(2g).
+        type: str
+      cpus:
+        description: CPUs, for example V(1.5).
+        type: float
+      pids_limit:
+        description: Maximum number of processes.
+        type: int
+  env:
+    description:
+      - Extra environment variables of the box's processes. Not for secrets (they would be captured by
+        checkpoints); use O(secrets).
+    type: dict
+    default: {}
+  secrets:
+    description:
+      - Per-box secrets, written to files under C(/run/agentbox/secrets/) on a tmpfs (never in the container's
+        environment, labels or layers, so no checkpoint captures them).
+    type: dict
+    default: {}
+  ports:
+    description:
+      - Container ports to publish, each on an ephemeral port of the engine's 127.0.0.1. Port 80 (the box's web
+        port) is always published.
+    type: list
+    elements: int
+    default: []
+  seed:
+    description: Seed C(/workspace) from the workspace when creating. V(false) makes an empty box.
+    type: bool
+    default: true
+  ship_depth:
+    description:
+      - Commits of history shipped into boxes on engines that cannot see the host repository
+        (O(provider=docker_ssh), O(provider=daytona)). Default 200, or 100 when that packs over 20 MiB.
+      - V(0) ships the whole history.
+    type: int
+  delete_branch:
+    description: With O(state=absent), also delete the box's branch in the host repository (kept by default).
+    type: bool
+    default: false
+"""
+
+EXAMPLES = r"""
+- name: A box for the current repository
+  agentbox.box.agentbox_box:
+    name: fix-login
+    workspace: "{{ playbook_dir }}/.."
+  register: created
+
+- name: Pause it while the agent waits
+  agentbox.box.agentbox_box:
+    name: fix-login
+    state: paused
+
+- name: Destroy it and its branch
+  agentbox.box.agentbox_box:
+    name: fix-login
+    state: absent
+    delete_branch: true
+"""
+
+RETURN = r"""
+box:
+  description: "The box's facts after the task (before it, in check mode). Empty when the box is absent."
+  returned: always
+  type: dict
+  contains:
+    name:
+      description: "Box name."
+      type: str
+      sample: fix-login
+    id:
+      description: "Box id."
+      type: str
+      sample: 5b0a6d52
+    provider:
+      description: "Provider."
+      type: str
+      sample: docker
+    engine:
+      description: "Engine (V(local), an SSH destination or an API URL)."
+      type: str
+      sample: local
+    state:
+      description: "V(running), V(paused), V(stopped) or V(missing)."
+      type: str
+      sample: running
+    container:
+      description: "Container (or sandbox) name."
+      type: str
+      sample: agentbox-fix-login
+    image:
+      description: "Image the box runs."
+      type: str
+      sample: agentbox/box:latest
+    project:
+      description: "First 16 hex of sha1 of the workspace path."
+      type: str
+      sample: 5292fc5e2d99be21
+    workspace:
+      description: "Host workspace path."
+      type: str
+      sample: /home/me/src/app
+    branch:
+      description: "The box's branch in the host repository."
+      type: str
+      sample: agentbox/fix-login
+    created:
+      description: "Creation time (UTC, ISO 8601)."
+      type: str
+      sample: "2026-11-29T09:03:33Z"
+    ports:
+      description: "Container port to published 127.0.0.1 port."
+      type: dict
+      sample: {"80": 32769}
+    labels:
+      description: "The io.agentbox.* labels without their prefix."
+      type: dict
+    checkpoint:
+      description: "Checkpoint the box was restored from."
+      type: str
+    web_url:
+      description: "URL of the box's web port on the controller."
+      type: str
+      sample: "http://127.0.0.1:32769/"
+seed:
+  description: "What seeding carried over, when the box was created."
+  returned: when created
+  type: dict
+  contains:
+    mode:
+      description: "V(worktree) or V(copy)."
+      type: str
+    branch:
+      description: "Branch of /workspace."
+      type: str
+    base_commit:
+      description: "Host HEAD the branch starts at."
+      type: str
+    modified:
+      description: "Modified or added tracked files carried."
+      type: int
+    deleted:
+      description: "Deleted tracked files carried."
+      type: int
+    renamed:
+      description: "Renamed files carried."
+      type: int
+    untracked:
+      description: "Untracked, not ignored files carried."
+      type: int
+    warnings:
+      description: "What could not be carried exactly."
+      type: list
+      elements: str
+boot:
+  description: "What the in-box start sequence reported (dockerd storage driver, supervisor), when it ran."
+  returned: when the box was created or started
+  type: dict
+destroyed:
+  description: "Worktree registrations removed and branches deleted, with O(state=absent)."
+  returned: when destroyed
+  type: dict
+"""
+
+import traceback
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.agentbox.box.plugins.module_utils import _box, _naming
+from ansible_collections.agentbox.box.plugins.module_utils._module import (
+    PROVIDER_ARGUMENT_SPEC,
+    provider_from_params,
+)
+from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
+
+
+def _planned(name: str, workspace: str, image: str, provider: str, engine: str) -> dict:
+    """The facts a box would have: what check mode reports for a box it would create."""
+    return {
+        "name": name,
+        "state": "running",
+        "provider": provider,
+        "engine": engine,
+        "container": _naming.container_name(name),
+        "image": image,
+        "project": _naming.project_id(workspace),
+        "workspace": workspace,
+        "branch": _naming.box_branch(name),
+    }
+
+
+def _run(module: AnsibleModule) -> dict:
+    params = module.params
+    state = params["state"]
+    name = params["name"]
+    if name:
+        _naming.validate_box_name(name)
+    elif state not in ("present", "started"):
+        module.fail_json(msg=f"'name' is required with state={state}")
+    provider = provider_from_params(params)
+    existing = provider.find(name) if name else None
+    # The workspace defaults to the current directory only for a box about to be made; an
+    # existing box is checked against a workspace only when one was given.
+    workspace = None
+    if params["workspace"] or (existing is None and state in ("present", "started")):
+        workspace = _naming.workspace_path(params["workspace"])
+    if existing and params["workspace"]:
+        _box.check_owner(existing, _naming.project_id(workspace))
+    before = existing.to_dict() if existing else {}
+    result: dict = {"changed": False, "box": before}
+
+    if state == "absent":
+        if existing:
+            result["changed"] = True
+            result["box"] = {}
+            if not module.check_mode:
+                result["destroyed"] = _box.destroy_box(provider, existing, delete_branch=params["delete_branch"])
+    elif existing is None:
+        if state in ("stopped", "paused"):
+            module.fail_json(msg=f"no box called {name!r} on engine {provider.engine}: create it first (state=started)")
+        result["changed"] = True
+        if module.check_mode:
+            planned_name = name or _naming.default_box_name(workspace, "0" * 8)
+            result["box"] = _planned(planned_name, workspace, params["image"], provider.name, provider.engine)
+        else:
+            created = _box.create_box(
+                provider,
+                _box.CreateRequest(
+                    name=name,
+                    workspace=workspace,
+                    image=params["image"],
+                    env={k: str(v) for k, v in params["env"].items()},
+                    ports=params["ports"],
+                    resources={k: v for k, v in (params["resources"] or {}).items() if v is not None},
+                    secrets={k: str(v) for k, v in params["secrets"].items()},
+                    checkpoint=params["checkpoint"],
+                    seed=params["seed"],
+                    ship_depth=params["ship_depth"],
+                ),
+            )
+            if created.image_transfer:
+                result["image_transfer"] = created.image_transfer
+            result["box"] = created.facts.to_dict()
+            result["seed"] = created.seed.to_dict() if created.seed else None
+            result["boot"] = created.boot
+            for warning in created.seed.warnings if created.seed else []:
+                module.warn(warning)
+    else:
+        wanted = {"present": existing.state, "started": "running", "stopped": "stopped", "paused": "paused"}[state]
+        if existing.state != wanted:
+            result["changed"] = True
+            if module.check_mode:
+                result["box"] = {**before, "state": wanted}
+            else:
+                target = {"running": "started", "stopped": "stopped", "paused": "paused"}[wanted]
+                result["box"] = _box.set_state(provider, existing, target).to_dict()
+    result["diff"] = {"before": before, "after": result["box"]}
+    return result
+
+
+def main() -> None:
+    argument_spec = {
+        "name": {"type": "str"},
+        "state": {"type": "str", "default": "started", "choices": ["present", "started", "stopped", "paused", "absent"]},
+        "workspace": {"type": "path"},
+        "image": {"type": "str", "default": _box.DEFAULT_IMAGE},
+        "checkpoint": {"type": "str"},
+        "resources": {
+            "type": "dict",
+            "options": {
+                "memory": {"type": "str"},
+                "cpus": {"type": "float"},
+                "pids_limit": {"type": "int"},
+            },
+        },
+        "env": {"type": "dict", "default": {}},
+        "secrets": {"type": "dict", "default": {}, "no_log": True},
+        "ports": {"type": "list", "elements": "int", "default": []},
+        "seed": {"type": "bool", "default": True},
+        "ship_depth": {"type": "int"},
+        "delete_branch": {"type": "bool", "default": False},
+        **PROVIDER_ARGUMENT_SPEC,
+    }
+    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    try:
+        module.exit_json(**_run(module))
+    except (ProviderError, ValueError, RuntimeError) as exc:
+        module.fail_json(msg=str(exc))
+    except Exception as exc:  # noqa: BLE001 - a module must always answer with JSON
+        module.fail_json(msg=f"unexpected error: {exc}", exception=traceback.format_exc())
+
+
+if __name__ == "__main__":
+    main()

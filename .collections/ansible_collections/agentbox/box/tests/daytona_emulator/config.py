@@ -1,0 +1,81 @@
+"""Settings of one emulator instance (CLI flags, the fixture's keyword arguments, POST /_emulator/config)."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+DEFAULT_IMAGE = "agentbox/box:latest"
+EMULATOR_LABEL = "io.agentbox.emulator"
+SANDBOX_LABEL = "io.agentbox.emulator.sandbox"
+SNAPSHOT_LABEL = "io.agentbox.emulator.snapshot"
+
+# Settings a running emulator accepts through POST /_emulator/config.
+RUNTIME_SETTINGS = (
+    "transition_seconds",
+    "list_lag_seconds",
+    "proxy_timeout_seconds",
+    "proxy_cut_mode",
+    "minute_seconds",
+)
+
+
+@dataclass
+class EmulatorConfig:
+    host: str = "127.0.0.1"
+    port: int = 0
+    api_key: str = ""
+    image: str = DEFAULT_IMAGE
+    # Name of the always-present general snapshot backed by `image`; empty means the image name itself.
+    default_snapshot: str = ""
+    # User that toolbox calls run as when a create does not name one; empty means the image's USER, else root.
+    default_user: str = ""
+    instance_id: str = field(default_factory=lambda: secrets.token_hex(6))
+    organization_id: str = "00000000-0000-4000-8000-00000000e0e0"
+    target: str = "us"
+    # >0: lifecycle calls answer at once with the transitional state, which lasts at least this long
+    # (the SDK then polls every second). 0: the call does the work and answers with the final state.
+    transition_seconds: float = 0.0
+    # A sandbox shows up in list() this long after create, and lingers there this long after delete.
+    list_lag_seconds: float = 0.0
+    # Toolbox calls running longer than this are cut by the "proxy", like Daytona's ~5 minute cut.
+    proxy_timeout_seconds: float = 300.0
+    # "504": answer 504 from the proxy; "drop": close the connection.
+    proxy_cut_mode: str = "504"
+    # Real seconds in one emulated minute, for the auto-stop/auto-archive/auto-delete timers.
+    minute_seconds: float = 60.0
+    # Apply cpu/memory to the container (off by default: CI hosts are small).
+    enforce_resources: bool = False
+    # Box capabilities from the project rules (SYS_ADMIN, NET_ADMIN, /dev/fuse, unconfined profiles).
+    box_capabilities: bool = True
+    # Push sandbox state changes over Socket.IO (the SDK's waits then end at once instead of polling).
+    events: bool = True
+    # Leave containers and snapshot images in place when the emulator stops.
+    keep_on_exit: bool = False
+    request_log_size: int = 2000
+    faults: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def snapshot_name(self) -> str:
+        return self.default_snapshot or self.image
+
+    def public(self) -> dict[str, Any]:
+        """The settings without the API key."""
+        data = asdict(self)
+        data.pop("api_key")
+        return data
+
+
+def validate_runtime_setting(name: str, value: Any) -> Any:
+    if name not in RUNTIME_SETTINGS:
+        raise ValueError(f"unknown setting {name!r}; settable at run time: {', '.join(RUNTIME_SETTINGS)}")
+    if name == "proxy_cut_mode":
+        if value not in ("504", "drop"):
+            raise ValueError("proxy_cut_mode must be '504' or 'drop'")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ValueError(f"{name} must be a non-negative number, got {value!r}")
+    if name in ("proxy_timeout_seconds", "minute_seconds") and value == 0:
+        raise ValueError(f"{name} must be greater than 0")
+    return float(value)

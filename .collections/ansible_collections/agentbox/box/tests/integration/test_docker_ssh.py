@@ -1,0 +1,470 @@
+"""Boxes on remote Docker engines over SSH: two engine hosts (sshd + dockerd in containers,
+reached only through 127.0.0.1 ports), one host repo with uncommitted work, boxes on both.
+
+Checks: the image reaches each engine (streamed, then present), the carry-over is
+byte-identical file by file (content, mode, symlinks; staged vs unstaged), commands run in both
+boxes, a commit made in a remote box comes back to the host repo as agentbox/<box> (resolving
+against the host's full history although the box is shallow), a box port is reachable through a
+local forward, the module works end to end, a disk filling up during the upload leaves nothing
+on the engine, and destroy leaves nothing on either engine.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import secrets
+import signal
+import stat
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+# engines.py (next to this file) and the collection from the checkout (.collections/...).
+for entry in (str(HERE), str(HERE.parents[1] / ".collections")):
+    if entry not in sys.path:
+        sys.path.insert(0, entry)
+
+from engines import REPO, EngineFleet  # noqa: E402
+
+from ansible_collections.agentbox.box.plugins.module_utils import _box, _image_transfer, _ship, _ssh  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils._docker import DockerProvider  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError  # noqa: E402
+
+pytestmark = pytest.mark.integration
+IMAGE = "agentbox/box:latest"
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "Host User",
+    "GIT_AUTHOR_EMAIL": "host@example.invalid",
+    "GIT_COMMITTER_NAME": "Host User",
+    "GIT_COMMITTER_EMAIL": "host@example.invalid",
+}
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    with EngineFleet(count=2, tmpfs_size="2g") as engines:
+        reports = {}
+
+        def ship(engine):
+            provider = DockerProvider(engine=engine.alias, ssh_options={})
+            # Uncompressed: on loopback the link is not the bottleneck, the 2 CPUs are.
+            reports[engine.alias] = _image_transfer.ensure_image(provider, IMAGE, compress=False)
+
+        threads = [threading.Thread(target=ship, args=(engine,)) for engine in engines.engines]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        engines.image_reports = reports
+        yield engines
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env={**os.environ, **GIT_ENV}
+    ).stdout
+
+
+def make_host_repo(root: Path, commits: int = 6) -> Path:
+    """A repo with history, a nested repo, and every kind of uncommitted change."""
+    old_umask = os.umask(0o022)
+    try:
+        repo = root / "workspace"
+        repo.mkdir()
+        git(repo, "init", "-q", "-b", "main")
+        (repo / ".gitignore").write_text("*.log\nnested/\n")
+        (repo / "run.sh").write_text("#!/bin/sh\necho run\n")
+        (repo / "run.sh").chmod(0o755)
+        (repo / "data.bin").write_bytes(bytes(range(256)) * 64)
+        (repo / "gone.txt").write_text("to be deleted\n")
+        (repo / "old name.txt").write_text("renamed content\n")
+        (repo / "staged.txt").write_text("v1\n")
+        os.symlink("run.sh", repo / "link-to-run")
+        for number in range(commits):
+            (repo / "history.txt").write_text(f"commit {number}\n")
+            git(repo, "add", "-A")
+            git(repo, "commit", "-q", "-m", f"commit {number}")
+        # Uncommitted: modified (unstaged), staged, staged-then-modified, deleted, renamed, mode change.
+        (repo / "history.txt").write_text("changed, not staged\n")
+        (repo / "staged.txt").write_text("v2 staged\n")
+        git(repo, "add", "staged.txt")
+        (repo / "data.bin").write_bytes(bytes(reversed(range(256))) * 64)
+        git(repo, "add", "data.bin")
+        (repo / "data.bin").write_bytes(bytes(range(256)) * 65)
+        git(repo, "rm", "-q", "gone.txt")
+        git(repo, "mv", "old name.txt", "new name.txt")
+        (repo / "run.sh").chmod(0o644)
+        # Untracked: text, executable, binary, in a new directory, odd name; ignored stays home.
+        (repo / "notes.md").write_text("untracked notes\n")
+        (repo / "tool.py").write_text("print('x')\n")
+        (repo / "tool.py").chmod(0o755)
+        (repo / "new dir").mkdir()
+        (repo / "new dir" / "blob.bin").write_bytes(os.urandom(5000))
+        (repo / "ünïcode name.txt").write_text("ü\n")
+        (repo / "debug.log").write_text("ignored\n")
+        nested = repo / "nested"
+        nested.mkdir()
+        git(nested, "init", "-q", "-b", "main")
+        (nested / "lib.txt").write_text("lib v1\n")
+        git(nested, "add", "-A")
+        git(nested, "commit", "-q", "-m", "nested init")
+        (nested / "lib.txt").write_text("lib v2 uncommitted\n")
+        (nested / "extra.txt").write_text("nested untracked\n")
+        return repo
+    finally:
+        os.umask(old_umask)
+
+
+def host_state(repo: Path) -> dict[str, str]:
+    """Everything seeding must not change in a host repo."""
+    git_dir = repo / ".git"
+    return {
+        "status": git(repo, "status", "--porcelain=v1", "-uall"),
+        "refs": git(repo, "for-each-ref", "--format=%(refname) %(objectname)"),
+        "stash": git(repo, "stash", "list"),
+        "index": (git_dir / "index").read_bytes().hex(),
+    }
+
+
+def expected_files(repo: Path) -> dict[str, tuple[str, bytes, int]]:
+    """Host files a box must hold: tracked (as in the working tree) and untracked, not ignored."""
+    listing = git(repo, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
+    files = {}
+    for rel in filter(None, listing.split("\0")):
+        path = repo / rel
+        if not os.path.lexists(path):
+            continue  # deleted in the working tree
+        info = path.lstat()
+        if stat.S_ISLNK(info.st_mode):
+            files[rel] = ("link", os.readlink(path).encode(), 0)
+        else:
+            files[rel] = ("file", path.read_bytes(), stat.S_IMODE(info.st_mode))
+    return files
+
+
+def box_files(provider: DockerProvider, box: str, path: str) -> dict[str, tuple[str, bytes, int]]:
+    data = b"".join(provider.get_archive(box, path))
+    files = {}
+    prefix = os.path.basename(path) + "/"
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        for member in tar:
+            name = member.name.removeprefix(prefix)
+            if ".git" in name.split("/") or member.isdir():
+                continue
+            if member.issym():
+                files[name] = ("link", member.linkname.encode(), 0)
+            elif member.isfile():
+                files[name] = ("file", tar.extractfile(member).read(), stat.S_IMODE(member.mode))
+    return files
+
+
+def run(provider: DockerProvider, box: str, *argv: str, user: str = "vscode") -> str:
+    result = provider.exec(box, list(argv), user=user)
+    assert result.rc == 0, result.stderr.decode()
+    return result.text
+
+
+def test_image_streamed_then_present(fleet):
+    for engine in fleet.engines:
+        report = fleet.image_reports[engine.alias]
+        assert report.path == "streamed"
+        assert report.image_bytes > 100_000_000 and report.bytes_sent == report.image_bytes
+        local_id = subprocess.run(
+            ["docker", "image", "inspect", "-f", "{{.Id}}", IMAGE], check=True, capture_output=True, text=True
+        ).stdout.strip()
+        assert report.image_id == local_id
+        again = _image_transfer.ensure_image(DockerProvider(engine=engine.alias, ssh_options={}), IMAGE)
+        assert again.path == "present" and again.seconds < 5
+
+
+def test_two_engines_carry_over_commands_fetch_back_destroy(fleet, tmp_path, monkeypatch):
+    monkeypatch.setenv(_ship.DEPTH_ENV, "3")  # the box gets 3 of 6 commits: fetch must still resolve
+    repo = make_host_repo(tmp_path)
+    before = host_state(repo)
+    nested_before = host_state(repo / "nested")
+    expected_root = {k: v for k, v in expected_files(repo).items() if not k.startswith("nested/")}
+    expected_nested = expected_files(repo / "nested")
+    # One engine by alias (~/.ssh/config style), the other by user@host:port.
+    targets = [fleet.engines[0].alias, fleet.engines[1].destination]
+    boxes = []
+    try:
+        for index, engine in enumerate(targets):
+            provider = DockerProvider(engine=engine, ssh_options={"strict_host_key_checking": True})
+            name = f"abx-ssh-{index}-{secrets.token_hex(2)}"
+            created = _box.create_box(provider, _box.CreateRequest(name=name, workspace=str(repo)))
+            boxes.append((provider, created.facts))
+            assert created.facts.provider == "docker_ssh" and created.facts.engine == engine
+            assert created.seed.mode == "shipped" and created.seed.branch == f"agentbox/{name}"
+            assert created.seed.modified >= 4 and (created.seed.deleted, created.seed.renamed) == (1, 1)
+            assert created.seed.warnings == []
+            # Byte-identical carry-over, file by file (content, mode, symlink target).
+            assert box_files(provider, name, "/workspace") == {k: v for k, v in expected_root.items()} | {
+                f"nested/{k}": v for k, v in expected_nested.items()
+            }
+            # Staged and unstaged states survive (git status in the box reads like the host's).
+            assert run(provider, name, "git", "-C", "/workspace", "status", "--porcelain=v1", "-uall") == before[
+                "status"
+            ].replace("?? nested/extra.txt\n", "").replace("?? nested/lib.txt\n", "")
+            assert (
+                run(provider, name, "git", "-C", "/workspace/nested", "status", "--porcelain=v1")
+                == (nested_before["status"])
+            )
+            assert run(provider, name, "git", "-C", "/workspace", "rev-parse", "--abbrev-ref", "HEAD").strip() == (
+                f"agentbox/{name}"
+            )
+            assert run(provider, name, "git", "-C", "/workspace", "rev-parse", "--is-shallow-repository").strip() == (
+                "true"
+            )
+            assert run(provider, name, "hostname").strip() == f"agentbox-{name}"
+        # The host repo was only read.
+        assert host_state(repo) == before and host_state(repo / "nested") == nested_before
+        assert "agentbox/" not in before["refs"] and "agentbox/" not in host_state(repo)["refs"]
+
+        # A commit in the remote box on the second engine comes back to the host.
+        provider, facts = boxes[1]
+        run(provider, facts.name, "sh", "-c",
+            "cd /workspace && git add -A . && git -c user.name=Agent -c user.email=agent@example.invalid "
+            "commit -q -m 'work from the box' && echo more >> notes.md && git -c user.name=Agent "
+            "-c user.email=agent@example.invalid commit -qam 'second box commit'")  # fmt: skip
+        box_tip = run(provider, facts.name, "git", "-C", "/workspace", "rev-parse", "HEAD").strip()
+        fetched = _ship.fetch_box_branch(provider, facts, str(repo))
+        root_result = fetched["repos"][0]
+        assert root_result["changed"] and root_result["commit"] == box_tip and root_result["new_commits"] == 2
+        branch = f"agentbox/{facts.name}"
+        assert git(repo, "rev-parse", branch).strip() == box_tip
+        assert git(repo, "log", "-1", "--format=%s", branch).strip() == "second box commit"
+        # Shallow in the box, whole on the host: 6 host commits + 2 from the box.
+        assert int(git(repo, "rev-list", "--count", branch)) == 8
+        assert git(repo, "show", f"{branch}:notes.md") == "untracked notes\nmore\n"
+        assert git(repo, "show", f"{branch}~1:new name.txt") == "renamed content\n"
+        # The host's working tree and index are still untouched; a second fetch changes nothing.
+        assert host_state(repo)["status"] == before["status"] and host_state(repo)["index"] == before["index"]
+        assert _ship.fetch_box_branch(provider, facts, str(repo))["changed"] is False
+    finally:
+        for provider, facts in boxes:
+            _box.destroy_box(provider, facts)
+    for engine in fleet.engines:
+        assert engine.agentbox_objects() == []
+
+
+def test_port_forward_to_a_box_port(fleet, tmp_path):
+    provider = DockerProvider(engine=fleet.engines[0].alias, ssh_options={})
+    name = f"abx-port-{secrets.token_hex(2)}"
+    token = secrets.token_hex(8)
+    created = _box.create_box(
+        provider, _box.CreateRequest(name=name, workspace=str(tmp_path), ports=[8123], seed=False)
+    )
+    try:
+        engine_port = created.facts.ports["8123"]
+        run(provider, name, "sh", "-c",
+            f"mkdir -p /tmp/www && echo {token} > /tmp/www/token && cd /tmp/www && "
+            "nohup python3 -m http.server 8123 >/dev/null 2>&1 &")  # fmt: skip
+        with _ssh.open_local_forward(fleet.engines[0].alias, engine_port) as forward:
+            deadline = time.monotonic() + 15
+            while True:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{forward.local_port}/token", timeout=5) as answer:
+                        assert answer.read().decode().strip() == token
+                        break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.3)
+        # A forward that outlives its caller (what a module run would leave for the user).
+        pid, local_port = _ssh.start_forward_daemon(fleet.engines[0].alias, engine_port)
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{local_port}/token", timeout=10) as answer:
+                assert answer.read().decode().strip() == token
+        finally:
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while _pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _pid_alive(pid)
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{local_port}/token", timeout=3)
+    finally:
+        _box.destroy_box(provider, created.facts)
+    assert fleet.engines[0].agentbox_objects() == []
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (not reaped: it is not our child) counts as gone.
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+            return handle.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_disk_full_during_upload_leaves_nothing(fleet, tmp_path):
+    engine = fleet.engines[0]
+    repo = tmp_path / "big"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "random.bin").write_bytes(os.urandom(40 * 1024 * 1024))
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "big")
+    provider = DockerProvider(engine=engine.alias, ssh_options={})
+    # Leave about 16 MB free on the engine's Docker storage: the box starts, its upload cannot fit.
+    engine.shell(
+        "avail=$(df --output=avail -k /var/lib/docker | tail -1); "
+        "fallocate -l $(( (avail - 16384) * 1024 )) /var/lib/docker/filler"
+    )
+    name = f"abx-full-{secrets.token_hex(2)}"
+    try:
+        with pytest.raises(ProviderError) as failure:
+            _box.create_box(provider, _box.CreateRequest(name=name, workspace=str(repo)))
+    finally:
+        engine.shell("rm -f /var/lib/docker/filler")
+    message = str(failure.value)
+    assert "uploading the repository" in message and "out of disk space" in message, message
+    assert engine.agentbox_objects() == []
+    assert provider.find(name) is None
+
+
+def test_module_end_to_end_with_user_at_host_port(fleet, tmp_path):
+    engine = fleet.engines[1]
+    repo = make_host_repo(tmp_path, commits=2)
+    name = f"abx-mod-{secrets.token_hex(2)}"
+    env = {
+        **os.environ,
+        **fleet.env,
+        "ANSIBLE_CALLBACK_RESULT_FORMAT": "json",
+        "ANSIBLE_DEPRECATION_WARNINGS": "0",
+    }
+
+    def module(args: str) -> dict:
+        done = subprocess.run(
+            [str(REPO / ".venv/bin/ansible"), "-i", "localhost,", "-c", "local", "localhost",
+             "-e", f"ansible_python_interpreter={sys.executable}", "-m", "agentbox.box.agentbox_box", "-a", args],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )  # fmt: skip
+        # "localhost | CHANGED => {...}"
+        assert " => " in done.stdout, done.stdout + done.stderr
+        result = json.loads(done.stdout.split(" => ", 1)[1])
+        assert done.returncode == 0, result.get("msg")
+        return result
+
+    common = f"name={name} provider=docker_ssh engine={engine.destination}"
+    try:
+        created = module(f"{common} workspace={repo}")
+        assert created["changed"] and created["box"]["engine"] == engine.destination
+        assert created["box"]["provider"] == "docker_ssh" and created["seed"]["mode"] == "shipped"
+        assert created["box"]["state"] == "running" and "80" in created["box"]["ports"]
+        again = module(f"{common} workspace={repo}")
+        assert again["changed"] is False
+    finally:
+        gone = module(f"{common} state=absent")
+        assert gone["box"] == {}
+    assert engine.agentbox_objects() == []
+
+
+def test_checkpoint_image_copied_between_engines(fleet, tmp_path):
+    source = DockerProvider(engine=fleet.engines[0].alias, ssh_options={})
+    destination = DockerProvider(engine=fleet.engines[1].destination, ssh_options={})
+    name = f"abx-ckpt-{secrets.token_hex(2)}"
+    image = f"agentbox-ckpt-test{secrets.token_hex(4)}:first"
+    created = _box.create_box(source, _box.CreateRequest(name=name, workspace=str(tmp_path), seed=False, boot=False))
+    try:
+        run(source, name, "sh", "-c", "echo warm state > /home/vscode/warm.txt")
+        committed = source.commit(name, image, {"io.agentbox.kind": "checkpoint", "io.agentbox.box": name})
+        report = _image_transfer.copy_image(source, destination, image, compress=False)
+        assert report.path == "copied" and report.source == fleet.engines[0].alias
+        assert report.image_id == committed["id"] and report.image_bytes >= committed["size"] > 0
+        assert report.seconds > 0 and report.bytes_sent == report.image_bytes
+        assert destination.image_labels(image)["io.agentbox.kind"] == "checkpoint"
+        again = _image_transfer.copy_image(source, destination, image)
+        assert again.path == "present"
+    finally:
+        _box.destroy_box(source, created.facts)
+        for provider in (source, destination):
+            if provider.image_exists(image):
+                provider.client.images.remove(image, force=True)
+    assert not destination.image_exists(image) and fleet.engines[0].agentbox_objects() == []
+
+
+def test_fleet_playbook_spreads_boxes_over_engines(fleet, tmp_path):
+    repo = make_host_repo(tmp_path, commits=2)
+    prefix = f"abx-fleet-{secrets.token_hex(2)}"
+    inventory = tmp_path / "engines.yml"
+    inventory.write_text(
+        "engines:\n  hosts:\n"
+        f"    {fleet.engines[0].alias}: {{}}\n"
+        f"    second: {{agentbox_engine: '{fleet.engines[1].destination}'}}\n"
+    )
+    env = {**os.environ, **fleet.env, "ANSIBLE_DEPRECATION_WARNINGS": "0"}
+
+    def playbook(*extra: str) -> subprocess.CompletedProcess:
+        done = subprocess.run(
+            [str(REPO / ".venv/bin/ansible-playbook"), "-i", str(inventory), "playbooks/fleet_create.yml",
+             "-f", "4", "-e", f"workspace={repo}", "-e", f"prefix={prefix}", "-e", "count=4", *extra],
+            cwd=REPO, env=env, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+        return done
+
+    try:
+        playbook()
+        on_first = {b.name for b in DockerProvider(engine=fleet.engines[0].alias, ssh_options={}).list_boxes()}
+        on_second = {b.name for b in DockerProvider(engine=fleet.engines[1].destination, ssh_options={}).list_boxes()}
+        assert on_first == {f"{prefix}-01", f"{prefix}-03"}
+        assert on_second == {f"{prefix}-02", f"{prefix}-04"}
+    finally:
+        playbook("-e", "state=absent")
+    for engine in fleet.engines:
+        assert engine.agentbox_objects() == []
+
+
+def _import_tiny_image(tag: str, content: bytes) -> None:
+    """A one-file image made with `docker import` (no registry, no network)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        info = tarfile.TarInfo("hello.txt")
+        info.size = len(content)
+        tar.addfile(info, io.BytesIO(content))
+    subprocess.run(["docker", "import", "-", tag], input=buffer.getvalue(), check=True, capture_output=True)
+
+
+def test_pull_failure_falls_back_to_streaming_and_stale_copy_is_replaced(fleet):
+    engine = fleet.engines[1]
+    provider = DockerProvider(engine=engine.destination, ssh_options={})
+    tag = f"agentbox-test-tiny-{secrets.token_hex(3)}:v1"
+    try:
+        _import_tiny_image(tag, b"first\n")
+        # The engine's own loopback port 1: the pull is refused at once, the stream takes over.
+        first = _image_transfer.ensure_image(provider, tag, registry="127.0.0.1:1/agentbox/none:v1")
+        assert first.path == "streamed" and first.bytes_sent > 0
+        assert any("pull of 127.0.0.1:1/agentbox/none:v1" in note for note in first.notes), first.notes
+        _import_tiny_image(tag, b"second, so another image id\n")
+        second = _image_transfer.ensure_image(provider, tag)
+        assert second.path == "streamed" and second.image_id != first.image_id
+        assert any("differs from the local one" in note for note in second.notes)
+        assert engine.shell(f"docker image inspect -f '{{{{.Id}}}}' {tag}").stdout.strip() == second.image_id
+    finally:
+        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, check=False)
+        engine.shell(f"docker rmi -f {tag} >/dev/null 2>&1; docker image prune -f >/dev/null", check=False)
+
+
+def test_image_missing_everywhere_is_a_clear_error(fleet):
+    provider = DockerProvider(engine=fleet.engines[0].alias, ssh_options={})
+    with pytest.raises(ProviderError) as failure:
+        _image_transfer.ensure_image(provider, f"agentbox-test-absent-{secrets.token_hex(3)}:none")
+    assert "not on the local engine" in str(failure.value) and "box_image" in str(failure.value)

@@ -1,0 +1,297 @@
+"""The boxes inventory plugin over a fake provider listing: groups, host vars, compose,
+keyed_groups, filters, unsafe values, one unreachable engine, and the cache of the raw listing.
+
+The plugin runs for real (ansible-core's plugin loader, config reading, constructed helpers,
+the jsonfile cache plugin); only the provider behind `provider_for` is a stand-in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO / ".collections") not in sys.path:
+    sys.path.insert(0, str(REPO / ".collections"))
+os.environ.setdefault("ANSIBLE_CONFIG", str(REPO / "ansible.cfg"))
+
+from ansible.inventory.data import InventoryData
+from ansible.parsing.dataloader import DataLoader
+from ansible.plugins.loader import init_plugin_loader, inventory_loader
+from ansible.template import Templar, trust_as_template
+
+init_plugin_loader([str(REPO / ".collections")])
+
+from ansible_collections.agentbox.box.plugins.module_utils._naming import project_id
+from ansible_collections.agentbox.box.plugins.module_utils._provider import (
+    BoxFacts,
+    EngineUnreachable,
+)
+
+WORKSPACE_A = "/home/dev/src/app"
+WORKSPACE_B = "/home/dev/src/other"
+EVIL = "{{ lookup('pipe', 'touch /tmp/agentbox-inventory-pwned') }}"
+
+
+def box(
+    name: str, state: str = "running", workspace: str = WORKSPACE_A, engine: str = "local", **labels: str
+) -> BoxFacts:
+    provider = "docker" if engine == "local" else "docker_ssh"
+    all_labels = {"box": name, "kind": "box", "base_branch": "main", "project": project_id(workspace), **labels}
+    return BoxFacts(
+        name=name,
+        id=f"id{len(name):06d}",
+        provider=provider,
+        engine=engine,
+        state=state,
+        container=f"agentbox-{name}",
+        image="agentbox/box:latest",
+        project=project_id(workspace),
+        workspace=workspace,
+        branch=f"agentbox/{name}",
+        created="2026-11-29T09:00:00Z",
+        ports={"80": 32768 + len(name)},
+        labels=all_labels,
+    )
+
+
+class FakeProvider:
+    """Answers list_boxes from a fixed listing and counts the calls; can be unreachable."""
+
+    def __init__(self, engine: str, boxes: list[BoxFacts] | None, calls: list[str]):
+        self.engine = engine
+        self._boxes = boxes
+        self._calls = calls
+
+    def list_boxes(self, project: str | None = None) -> list[BoxFacts]:
+        self._calls.append(self.engine)
+        if self._boxes is None:
+            raise EngineUnreachable(f"the Docker engine at {self.engine} does not answer")
+        return list(self._boxes)
+
+
+@pytest.fixture
+def fleet(monkeypatch, tmp_path):
+    """Load the plugin with a fake provider per engine; returns a function that builds an inventory."""
+    plugin_module = sys.modules[type(inventory_loader.get("agentbox.box.boxes")).__module__]
+    engines: dict[str, list[BoxFacts] | None] = {
+        "local": [
+            box("fix-login"),
+            box("fix-logout", state="paused"),
+            box("spike", state="stopped", workspace=WORKSPACE_B, base_branch="develop"),
+            box("evil", branch_note=EVIL),
+        ],
+        "root@127.0.0.1:2201": [box("remote-one", engine="root@127.0.0.1:2201")],
+    }
+    calls: list[str] = []
+
+    def fake_provider_for(provider: str, engine: str | None = None, options=None):
+        return FakeProvider(engine or "local", engines.get(engine or "local"), calls)
+
+    monkeypatch.setattr(plugin_module, "provider_for", fake_provider_for)
+
+    def build(config: dict, cache: bool = True, name: str = "dev.agentbox.yml") -> InventoryData:
+        path = tmp_path / name
+        path.write_text(json.dumps(config))  # JSON is YAML
+        plugin = inventory_loader.get("agentbox.box.boxes")
+        inventory = InventoryData()
+        assert plugin.verify_file(str(path))
+        plugin.parse(inventory, DataLoader(), str(path), cache=cache)
+        # What ansible-core's InventoryManager does after a Cacheable plugin parsed.
+        if getattr(plugin, "_cache", None) is not None:
+            plugin.update_cache_if_changed()
+        return inventory
+
+    build.engines = engines
+    build.calls = calls
+    build.tmp_path = tmp_path
+    return build
+
+
+def members(inventory: InventoryData, group: str) -> list[str]:
+    return sorted(h.name for h in inventory.groups[group].get_hosts())
+
+
+def test_verify_file_accepts_only_agentbox_names(tmp_path):
+    plugin = inventory_loader.get("agentbox.box.boxes")
+    for name, expected in [("dev.agentbox.yml", True), ("agentbox.yaml", True), ("dev.yml", False), ("hosts", False)]:
+        path = tmp_path / name
+        path.write_text("plugin: agentbox.box.boxes\n")
+        assert plugin.verify_file(str(path)) is expected, name
+
+
+def test_groups_always_present_and_filled(fleet):
+    inventory = fleet({"plugin": "agentbox.box.boxes", "engines": ["root@127.0.0.1:2201"]})
+    for group in ("docker", "docker_ssh", "daytona", "running", "paused", "stopped"):
+        assert group in inventory.groups, group
+    assert members(inventory, "docker") == ["evil", "fix-login", "fix-logout", "spike"]
+    assert members(inventory, "docker_ssh") == ["remote-one"]
+    assert members(inventory, "daytona") == []
+    assert members(inventory, "running") == ["evil", "fix-login", "remote-one"]
+    assert members(inventory, "paused") == ["fix-logout"]
+    assert members(inventory, "stopped") == ["spike"]
+    assert members(inventory, "engine_local") == ["evil", "fix-login", "fix-logout", "spike"]
+    assert members(inventory, "engine_root_127_0_0_1_2201") == ["remote-one"]
+    assert members(inventory, f"project_{project_id(WORKSPACE_B)}") == ["spike"]
+    assert len(members(inventory, f"project_{project_id(WORKSPACE_A)}")) == 4
+
+
+def test_minimal_host_vars_and_connection_hand_off(fleet):
+    inventory = fleet({"plugin": "agentbox.box.boxes", "engines": ["root@127.0.0.1:2201"]})
+    local = inventory.get_host("fix-login").vars
+    assert local["agentbox_box"] == "fix-login"
+    assert local["agentbox_state"] == "running"
+    assert local["agentbox_branch"] == "agentbox/fix-login"
+    assert local["agentbox_workspace"] == WORKSPACE_A
+    assert local["agentbox_provider"] == "docker"
+    assert local["agentbox_engine"] == "local"
+    assert local["agentbox_ports"] == {"80": 32768 + len("fix-login")}
+    assert local["ansible_connection"] == "agentbox.box.box"
+    # Minimal by default: no labels, ids or images as host vars.
+    assert "agentbox_labels" not in local and "agentbox_id" not in local
+    remote = inventory.get_host("remote-one").vars
+    assert (remote["agentbox_provider"], remote["agentbox_engine"]) == ("docker_ssh", "root@127.0.0.1:2201")
+
+
+def test_verbose_output_sets_every_fact(fleet):
+    inventory = fleet({"plugin": "agentbox.box.boxes", "verbose_output": True})
+    host_vars = inventory.get_host("spike").vars
+    assert host_vars["agentbox_project"] == project_id(WORKSPACE_B)
+    assert host_vars["agentbox_labels"]["base_branch"] == "develop"
+    assert host_vars["agentbox_base_branch"] == "develop"
+    assert host_vars["agentbox_container"] == "agentbox-spike"
+
+
+def test_compose_groups_keyed_groups_see_full_facts(fleet):
+    inventory = fleet(
+        {
+            "plugin": "agentbox.box.boxes",
+            "compose": {"box_upper": "agentbox_box | upper", "ansible_connection": "'ansible.builtin.local'"},
+            "groups": {"logins": "agentbox_box is match('fix-log')"},
+            "keyed_groups": [{"key": "agentbox_labels.base_branch", "prefix": "base"}],
+        }
+    )
+    assert inventory.get_host("fix-login").vars["box_upper"] == "FIX-LOGIN"
+    # The user's compose wins over the plugin's ansible_connection.
+    assert inventory.get_host("fix-login").vars["ansible_connection"] == "ansible.builtin.local"
+    assert members(inventory, "logins") == ["fix-login", "fix-logout"]
+    assert members(inventory, "base_develop") == ["spike"]
+    assert members(inventory, "base_main") == ["evil", "fix-login", "fix-logout"]
+
+
+def test_configure_connection_false_leaves_ansible_connection_alone(fleet):
+    inventory = fleet({"plugin": "agentbox.box.boxes", "configure_connection": False})
+    assert "ansible_connection" not in inventory.get_host("fix-login").vars
+
+
+def test_strict_compose_error_fails(fleet):
+    from ansible.errors import AnsibleError
+
+    with pytest.raises(AnsibleError, match="no_such_var"):
+        fleet({"plugin": "agentbox.box.boxes", "strict": True, "compose": {"x": "no_such_var.attr"}})
+    # Not strict: the entry is skipped, the inventory loads.
+    inventory = fleet({"plugin": "agentbox.box.boxes", "compose": {"x": "no_such_var.attr"}})
+    assert "x" not in inventory.get_host("fix-login").vars
+
+
+@pytest.mark.parametrize(
+    ("filters", "expected"),
+    [
+        ({"states": ["paused", "stopped"]}, ["fix-logout", "spike"]),
+        ({"projects": [project_id(WORKSPACE_B)]}, ["spike"]),
+        ({"projects": [WORKSPACE_B + "/"]}, ["spike"]),
+        ({"include": ["fix-*"]}, ["fix-login", "fix-logout"]),
+        ({"include": ["fix-*"], "exclude": ["*-logout"]}, ["fix-login"]),
+        ({"exclude": ["*"]}, []),
+    ],
+)
+def test_filters(fleet, filters, expected):
+    inventory = fleet({"plugin": "agentbox.box.boxes", **filters})
+    assert sorted(inventory.hosts) == expected
+
+
+def test_engine_values_are_never_templated(fleet, tmp_path):
+    marker = Path("/tmp/agentbox-inventory-pwned")
+    marker.unlink(missing_ok=True)
+    inventory = fleet({"plugin": "agentbox.box.boxes", "verbose_output": True})
+    host_vars = inventory.get_host("evil").vars
+    templar = Templar(loader=DataLoader(), variables=host_vars)
+    rendered = templar.template(trust_as_template("{{ agentbox_labels.branch_note }}"))
+    assert rendered == EVIL
+    assert not marker.exists()
+    from ansible._internal._datatag._tags import TrustedAsTemplate
+
+    assert not TrustedAsTemplate.is_tagged_on(host_vars["agentbox_labels"]["branch_note"])
+    assert not TrustedAsTemplate.is_tagged_on(host_vars["agentbox_box"])
+
+
+def test_unreachable_engine_warns_and_the_rest_loads(fleet, capsys):
+    fleet.engines["root@127.0.0.1:2201"] = None
+    inventory = fleet({"plugin": "agentbox.box.boxes", "engines": ["root@127.0.0.1:2201"]})
+    assert "fix-login" in inventory.hosts and "remote-one" not in inventory.hosts
+    assert "engine_root_127_0_0_1_2201" in inventory.groups
+    captured = capsys.readouterr()
+    assert "root@127.0.0.1:2201" in captured.err and "could not be listed" in captured.err
+
+
+def test_same_name_on_two_engines_gets_a_second_host(fleet):
+    fleet.engines["root@127.0.0.1:2201"] = [box("fix-login", engine="root@127.0.0.1:2201")]
+    inventory = fleet({"plugin": "agentbox.box.boxes", "engines": ["root@127.0.0.1:2201"]})
+    assert inventory.get_host("fix-login").vars["agentbox_engine"] == "local"
+    other = inventory.get_host("fix-login@root@127.0.0.1:2201").vars
+    assert (other["agentbox_box"], other["agentbox_engine"]) == ("fix-login", "root@127.0.0.1:2201")
+
+
+def cache_config(tmp_path: Path, **extra) -> dict:
+    return {
+        "plugin": "agentbox.box.boxes",
+        "cache": True,
+        "cache_plugin": "ansible.builtin.jsonfile",
+        "cache_connection": str(tmp_path / "cache"),
+        "cache_timeout": 600,
+        **extra,
+    }
+
+
+def test_cache_keeps_the_raw_listing_not_the_built_inventory(fleet, tmp_path):
+    first = fleet(cache_config(tmp_path))
+    assert fleet.calls == ["local"]
+    cached_files = list((tmp_path / "cache").iterdir())
+    assert len(cached_files) == 1
+    stored = json.loads(cached_files[0].read_text())
+    if "__payload__" in stored:  # ansible-core 2.19's jsonfile envelope
+        stored = json.loads(stored["__payload__"])
+    assert [b["name"] for b in stored["sources"][0]["boxes"]] == ["fix-login", "fix-logout", "spike", "evil"]
+    # Warm: no provider call; compose and groups (changed since) are evaluated again.
+    fleet.engines["local"] = [box("brand-new")]
+    second = fleet(
+        cache_config(tmp_path, compose={"tag": "'warm-' + agentbox_box"}, groups={"held": "agentbox_state == 'paused'"})
+    )
+    assert fleet.calls == ["local"]
+    assert sorted(second.hosts) == sorted(first.hosts)
+    assert second.get_host("spike").vars["tag"] == "warm-spike"
+    assert members(second, "held") == ["fix-logout"]
+    # --flush-cache (cache=False) asks the engine again and stores the fresh listing.
+    third = fleet(cache_config(tmp_path), cache=False)
+    assert fleet.calls == ["local", "local"]
+    assert sorted(third.hosts) == ["brand-new"]
+    fourth = fleet(cache_config(tmp_path))
+    assert sorted(fourth.hosts) == ["brand-new"] and fleet.calls == ["local", "local"]
+
+
+def test_cache_never_stores_a_listing_with_a_failed_engine(fleet, tmp_path):
+    fleet.engines["root@127.0.0.1:2201"] = None
+    fleet(cache_config(tmp_path, engines=["root@127.0.0.1:2201"]))
+    fleet(cache_config(tmp_path, engines=["root@127.0.0.1:2201"]))
+    assert fleet.calls == ["local", "root@127.0.0.1:2201"] * 2
+
+
+def test_bad_engines_entry_is_a_clear_error(fleet):
+    from ansible.errors import AnsibleParserError
+
+    with pytest.raises(AnsibleParserError, match="SSH destination"):
+        fleet({"plugin": "agentbox.box.boxes", "engines": [""]})

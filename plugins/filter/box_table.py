@@ -1,0 +1,78 @@
+# Copyright (c) agentbox.box contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+name: box_table
+short_description: Format box facts as an aligned text table
+version_added: 0.1.0
+description:
+  - Turns a list of box facts (as returned by M(agentbox.box.agentbox_box_info)) into the table that
+    C(playbooks/list_boxes.yml) prints - box, state, branch, workspace, ports, age.
+positional: _input
+options:
+  _input:
+    description: A list of box facts.
+    type: list
+    elements: dict
+    required: true
+"""
+
+EXAMPLES = r"""
+- name: Print every box
+  ansible.builtin.debug:
+    msg: "{{ found.boxes | agentbox.box.box_table }}"
+"""
+
+RETURN = r"""
+_value:
+  description: The table, one line per box under a header line.
+  type: str
+"""
+
+import calendar
+import time
+
+COLUMNS = ("BOX", "STATE", "PROVIDER", "BRANCH", "WORKSPACE", "PORTS", "AGE")
+
+
+def _age(created: str, now: float) -> str:
+    try:
+        seconds = max(0, int(now - calendar.timegm(time.strptime(created, "%Y-%m-%dT%H:%M:%SZ"))))
+    except (TypeError, ValueError):
+        return "?"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def _ports(ports: dict) -> str:
+    return ",".join(f"{host}->{container}" for container, host in sorted((ports or {}).items())) or "-"
+
+
+def box_table(boxes: list[dict], now: float | None = None) -> str:
+    now = time.time() if now is None else now
+    rows = [COLUMNS] + [
+        (
+            box.get("name", ""),
+            box.get("state", ""),
+            box.get("provider", "") + ("" if box.get("engine") in (None, "", "local") else f"@{box['engine']}"),
+            box.get("branch") or "-",
+            box.get("workspace") or "-",
+            _ports(box.get("ports")),
+            _age(box.get("created", ""), now),
+        )
+        for box in boxes
+    ]
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(COLUMNS))]
+    lines = ["  ".join(str(cell).ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
+    if not boxes:
+        lines.append("(no boxes)")
+    return "\n".join(lines)
+
+
+class FilterModule:
+    def filters(self) -> dict:
+        return {"box_table": box_table}

@@ -1,0 +1,100 @@
+#!/usr/bin/python
+# Copyright (c) agentbox.box contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: agentbox_box_info
+short_description: Facts about one box, or every box of an engine or project
+version_added: 0.1.0
+description:
+  - Reads boxes from their C(io.agentbox.*) labels on the engine; nothing is read from local state files, so every
+    machine that reaches the engine sees the same boxes.
+author:
+  - agentbox.box developers (@agentbox)
+extends_documentation_fragment:
+  - agentbox.box.provider
+  - agentbox.box.attributes
+  - agentbox.box.attributes.info_module
+options:
+  name:
+    description: One box. Without it, every box (of O(project) or O(workspace) when given).
+    type: str
+  project:
+    description: Only boxes of this project (16 hex digits, see O(workspace)).
+    type: str
+  workspace:
+    description: Only boxes of the project of this workspace directory.
+    type: path
+"""
+
+EXAMPLES = r"""
+- name: Every box of this repository
+  agentbox.box.agentbox_box_info:
+    workspace: "{{ playbook_dir }}/.."
+  register: found
+
+- name: One box
+  agentbox.box.agentbox_box_info:
+    name: fix-login
+"""
+
+RETURN = r"""
+box:
+  description: "The box's facts with O(name); empty when there is no such box."
+  returned: always
+  type: dict
+boxes:
+  description: "Facts of every matching box, sorted by name (see M(agentbox.box.agentbox_box) for the keys)."
+  returned: always
+  type: list
+  elements: dict
+"""
+
+import traceback
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.agentbox.box.plugins.module_utils import _naming
+from ansible_collections.agentbox.box.plugins.module_utils._module import (
+    PROVIDER_ARGUMENT_SPEC,
+    provider_from_params,
+)
+from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
+
+
+def _run(params: dict) -> dict:
+    provider = provider_from_params(params)
+    if params["name"]:
+        facts = provider.find(_naming.validate_box_name(params["name"]))
+        found = [facts] if facts else []
+    else:
+        project = params["project"]
+        if params["workspace"]:
+            project = _naming.project_id(_naming.workspace_path(params["workspace"]))
+        found = provider.list_boxes(project=project)
+    boxes = [facts.to_dict() for facts in found]
+    return {"changed": False, "box": boxes[0] if params["name"] and boxes else {}, "boxes": boxes}
+
+
+def main() -> None:
+    argument_spec = {
+        "name": {"type": "str"},
+        "project": {"type": "str"},
+        "workspace": {"type": "path"},
+        **PROVIDER_ARGUMENT_SPEC,
+    }
+    module = AnsibleModule(
+        argument_spec=argument_spec, supports_check_mode=True, mutually_exclusive=[["project", "workspace"]]
+    )
+    try:
+        module.exit_json(**_run(module.params))
+    except (ProviderError, ValueError, RuntimeError) as exc:
+        module.fail_json(msg=str(exc))
+    except Exception as exc:  # noqa: BLE001 - a module must always answer with JSON
+        module.fail_json(msg=f"unexpected error: {exc}", exception=traceback.format_exc())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: set-up, quality gates, then every test against the real
+# engine. Usage: scripts/test.sh [pytest args...]   (AGENTBOX_SKIP_GATES=1 runs only pytest)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PATH=$PWD/.venv/bin:$PATH ANSIBLE_CONFIG=$PWD/ansible.cfg ANSIBLE_NOCOLOR=1 PY_COLORS=0
+
+failed=()
+step() {  # step NAME COMMAND...: run, time, remember failures, go on with the next step
+  local name=$1 started=$SECONDS
+  shift
+  echo "=== $name"
+  if "$@"; then
+    echo "=== $name: ok ($((SECONDS - started)) s)"
+  else
+    echo "=== $name: FAILED ($((SECONDS - started)) s)"
+    failed+=("$name")
+  fi
+}
+
+# Set-up: without these nothing else can run, so a failure stops here.
+bash scripts/setup-venv.sh || exit 1
+bash scripts/ensure-docker.sh || exit 1
+echo "=== box image"
+ansible-playbook playbooks/build_image.yml || exit 1
+
+if [ "${AGENTBOX_SKIP_GATES:-0}" != 1 ]; then
+  step "ruff" ruff check plugins tests scripts benchmarks
+  step "ansible-lint" ansible-lint --offline playbooks roles
+  step "ansible-test sanity" bash scripts/sanity.sh
+  for scenario in roles/*/molecule/default; do
+    role_dir=${scenario%/molecule/default}
+    step "molecule ${role_dir#roles/}" bash -c "cd '$role_dir' && molecule test"
+  done
+fi
+
+# pytest last: its closing line is the suite's verdict (exit 5, no tests, counts as a failure).
+step "pytest" pytest -p no:cacheprovider "$@"
+
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "FAILED steps: ${failed[*]}"
+  exit 1
+fi
+echo "all steps passed"
