@@ -24,7 +24,8 @@ PY
 build_dir=$(mktemp -d)
 trap 'rm -rf "$build_dir"' EXIT
 ansible-galaxy collection build --force --output-path "$build_dir" . >/dev/null
-ansible-galaxy collection install --force "$build_dir/agentbox-box-$version.tar.gz" >/dev/null
+# -p: the first collections_path entry is the checkout's own link farm (.collections), not for installs.
+ansible-galaxy collection install --force -p ~/.ansible/collections "$build_dir/agentbox-box-$version.tar.gz" >/dev/null
 echo "up: collection agentbox.box $version installed"
 
 bash scripts/ensure-docker.sh
