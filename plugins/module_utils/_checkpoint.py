@@ -191,6 +191,14 @@ def _record_number(project: str, box: str, name: str) -> None:
 
 
 # -- the engine side (Docker API) -------------------------------------------------------------------
+
+def _snapshot_store(provider: Provider) -> Any:
+    """The engine side for providers whose checkpoints are engine snapshots, not Docker images
+    (Daytona: `DaytonaProvider.checkpoint_store`); None for the Docker providers."""
+    make = getattr(provider, "checkpoint_store", None)
+    return make() if callable(make) else None
+
+
 def _docker(provider: Provider) -> Any:
     client = getattr(provider, "client", None)
     if client is None:
@@ -331,6 +339,8 @@ class Checkpoint:
 
 
 def find_checkpoint(provider: Provider, project: str, name: str) -> Checkpoint | None:
+    if (store := _snapshot_store(provider)) is not None:
+        return store.find(project, name)
     client = _docker(provider)
     image_ref = _naming.checkpoint_image(project, name)
     manifest = read_manifest(project, name)
@@ -352,6 +362,8 @@ def find_checkpoint(provider: Provider, project: str, name: str) -> Checkpoint |
 
 def list_checkpoints(provider: Provider, project: str) -> list[Checkpoint]:
     """Every checkpoint of the project: manifests (broken ones too) and labelled images."""
+    if (store := _snapshot_store(provider)) is not None:
+        return store.list(project)
     client = _docker(provider)
     found: dict[str, Checkpoint] = {}
     root = checkpoints_dir(project)
@@ -391,6 +403,8 @@ def list_checkpoints(provider: Provider, project: str) -> list[Checkpoint]:
 
 def current_fingerprint(provider: Provider, base_image: str) -> str | None:
     """What the base image is now: its fingerprint label, else its id; None when it is gone."""
+    if (store := _snapshot_store(provider)) is not None:
+        return store.fingerprint(base_image)
     if not base_image:
         return None
     image = _image_or_none(_docker(provider), base_image)
@@ -440,6 +454,8 @@ def plan_capture(
     """Decide name, type and parents; validates everything before any side effect."""
     if max_layers < 1:
         raise CheckpointError(f"max_layers must be 1 or more, not {max_layers}")
+    if (store := _snapshot_store(provider)) is not None:
+        return store.plan_capture(facts, name, replace)
     if not facts.project:
         raise CheckpointError(f"box {facts.name!r} has no io.agentbox.project label: it was not made by agentbox")
     project = facts.project
@@ -767,6 +783,8 @@ def _flatten(provider: Provider, facts: BoxFacts, target: str, labels: dict[str,
 
 def capture(provider: Provider, plan: CapturePlan, cleanup: bool = True) -> dict[str, Any]:
     """Take the checkpoint planned by plan_capture. Nothing half-made is left on failure."""
+    if (store := _snapshot_store(provider)) is not None:
+        return store.capture(plan, cleanup)
     facts = plan.facts
     client = _docker(provider)
     container = client.containers.get(facts.container)
@@ -890,6 +908,8 @@ def _ref(project: str, name: str) -> str:
 # -- removal and prune ------------------------------------------------------------------------------
 def remove(provider: Provider, checkpoint: Checkpoint) -> dict[str, Any]:
     """Delete the checkpoint's image tag, its manifest and its commit refs."""
+    if (store := _snapshot_store(provider)) is not None:
+        return store.remove(checkpoint)
     client = _docker(provider)
     removed: dict[str, Any] = {"image": None, "manifest": None, "refs": []}
     if checkpoint.image_exists:
@@ -934,6 +954,8 @@ def prune(provider: Provider, check_mode: bool = False, project: str | None = No
 
     With `project`, only that project's images are considered.
     """
+    if (store := _snapshot_store(provider)) is not None:
+        return store.prune(check_mode, project)
     client = _docker(provider)
     containers = client.containers.list(all=True)
     # A box refers to its checkpoint by tag (its Config.Image); an untagged image only by id.
@@ -984,6 +1006,8 @@ class RestoreResult(_seed.SeedResult):
 
 def plan_restore(provider: Provider, project: str, checkpoint_name: str) -> RestorePlan:
     """Validate a checkpoint for a new box of `project`; unknown, foreign or broken ones fail here."""
+    if (store := _snapshot_store(provider)) is not None:
+        return store.plan_restore(project, checkpoint_name)
     name = parse_reference(checkpoint_name, project)
     found = find_checkpoint(provider, project, name)
     if found is None:
