@@ -191,7 +191,6 @@ def _record_number(project: str, box: str, name: str) -> None:
 
 
 # -- the engine side (Docker API) -------------------------------------------------------------------
-
 def _snapshot_store(provider: Provider) -> Any:
     """The engine side for providers whose checkpoints are engine snapshots, not Docker images
     (Daytona: `DaytonaProvider.checkpoint_store`); None for the Docker providers."""
