@@ -171,20 +171,15 @@ def main() -> int:
         out_dir.mkdir(parents=True, exist_ok=True)
         out = out_dir / f"checkpoint-{time.strftime('%Y%m%d-%H%M%S')}.json"
         out.write_text(json.dumps(results, indent=2))
-        print(f"| measurement ({args.megabytes} MB added, median of {args.runs}) | seconds |")
-        print("|---|---|")
-        for key in (
-            "cleanup",
-            "layered",
-            "raw_commit",
-            "flattened",
-            "raw_export_import",
-            "restore_to_ready",
-            "fresh_create",
-        ):
-            print(f"| {key} | {results[key]['median']} |")
+        print(f"| measurement ({args.megabytes} MB added, {args.runs} runs) | median s | min s |")
+        print("|---|---|---|")
+        for key in ("cleanup", "layered", "raw_commit", "flattened", "raw_export_import"):
+            print(f"| {key} | {results[key]['median']} | {results[key]['min']} |")
+        for key in ("restore_to_ready", "fresh_create"):
+            print(f"| {key} | {results[key]['median']} | {results[key]['min']} |")
         for key, value in results["ratios"].items():
-            print(f"| ratio {key} | {value}x |")
+            print(f"| ratio {key} (median of paired runs) | {value}x | |")
+        print(f"load average before/after: {results['load_before']} / {results['load_after']}")
         print(f"written to {out}")
         return 0
     finally:
