@@ -1,0 +1,1550 @@
+# Copyright (c) agentbox.box contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Daytona provider: boxes as Daytona sandboxes, driven by the official SDK (daytona==0.226.1).
+
+Boxes are found by name with `get` (lists are eventually consistent) and recognised by their
+io.agentbox.* labels (the SDK adds its own `code-toolbox-language` label; it is ignored).
+
+Resilience, on top of what the SDK already does by itself (urllib3 retries idempotent GETs on a
+dropped connection or a 429/503 carrying Retry-After; toolbox calls are re-sent on
+RemoteDisconnected even when they are POSTs):
+  * idempotent calls are retried a bounded number of times with backoff on 429, 502, 503, 504 and
+    connection errors; 500 and every 4xx fail at once;
+  * lifecycle calls (start, stop, archive, delete) never re-POST blindly: after a failure the state
+    is read again and the call is only made again when the sandbox is still where it was;
+  * a create is never re-sent after an ambiguous failure (dropped answer, 5xx, timeout): the sandbox
+    is looked up by name and adopted when it carries this box's id;
+  * every call has a timeout; every failure is a ProviderError naming the box and the operation.
+
+Commands (`exec`) run as session commands so the ~5 minute proxy cut does not kill them: a
+launcher, started in a per-box session, runs the command in the background with stdout, stderr and
+the exit status written to files under /dev/shm/agentbox-exec/<nonce>; a waiter (a short, read-only
+`process.exec`) returns them base64-framed once they exist, or says "still running" after a slice
+of seconds shorter than the proxy cut. A re-sent launcher finds the nonce directory already made
+and starts nothing, so the command runs once even when the SDK re-sends the request. stdin is
+uploaded as a file first (never put in the command text, which the daemon keeps in the session
+history).
+
+Pause is stop then archive (archive only from stopped); resume is start, and runs the in-box start
+sequence again (a stopped sandbox lost its processes). Checkpoints are sandbox snapshots: stop,
+capture, start, boot; the snapshot name carries a nonce because Daytona never lets a name be used
+twice, and the host manifest maps the checkpoint name to it (`DaytonaCheckpoints`).
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import os
+import re
+import secrets
+import shlex
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import IO, Any
+
+from ._naming import CHECKPOINT_IMAGE_PREFIX, label, strip_labels
+from ._provider import (
+    BoxFacts,
+    BoxNotFound,
+    BoxSpec,
+    EngineUnreachable,
+    ExecResult,
+    Provider,
+    ProviderError,
+)
+
+try:
+    from daytona import (
+        CreateSandboxFromImageParams,
+        CreateSandboxFromSnapshotParams,
+        Daytona,
+        DaytonaAuthenticationError,
+        DaytonaConfig,
+        DaytonaConflictError,
+        DaytonaConnectionError,
+        DaytonaError,
+        DaytonaNotFoundError,
+        DaytonaSessionEndedError,
+        ListSandboxesQuery,
+        Resources,
+        SessionExecuteRequest,
+    )
+
+    HAS_DAYTONA = True
+    DAYTONA_IMPORT_ERROR: Exception | None = None
+except ImportError as exc:  # pragma: no cover - reported when the provider is used
+    HAS_DAYTONA = False
+    DAYTONA_IMPORT_ERROR = exc
+    DaytonaError = Exception  # type: ignore[assignment,misc]
+
+try:
+    import httpx
+
+    HTTPX_ERRORS: tuple[type[BaseException], ...] = (httpx.TransportError,)
+except ImportError:  # pragma: no cover - httpx comes with the SDK
+    httpx = None  # type: ignore[assignment]
+    HTTPX_ERRORS = ()
+
+DEFAULT_API_URL = "https://app.daytona.io/api"
+BOX_USER = "vscode"
+WEB_PORT = 80
+SDK_LABEL = "code-toolbox-language"
+SECRETS_DIR = "/run/agentbox/secrets"
+# Control files of running commands: a tmpfs that the checkpoint cleanup (which empties /tmp) and a
+# snapshot never see.
+EXEC_DIR = "/dev/shm/agentbox-exec"
+# Archives in transit live on disk: they can be large.
+TRANSFER_DIR = "/var/tmp"
+EXEC_SESSION = "agentbox-exec"
+IDLE_LABEL = "idle_timeout"
+
+RETRY_STATUSES = frozenset({429, 502, 503, 504})
+DEFAULT_RETRIES = 3  # retries after the first attempt
+BACKOFF_SECONDS = (0.5, 1.0, 2.0, 4.0)
+MAX_RETRY_AFTER = 10.0
+API_TIMEOUT = 30.0
+CREATE_TIMEOUT = 600.0
+START_TIMEOUT = 300.0
+STOP_TIMEOUT = 120.0
+SNAPSHOT_TIMEOUT = 600.0
+TRANSFER_TIMEOUT = 1800
+# A waiter returns after this many seconds even when the command still runs (below the proxy cut).
+DEFAULT_EXEC_SLICE = 50
+PREVIEW_TTL_SECONDS = 3600
+DEFAULT_IDLE_MINUTES = 30
+ADOPT_WAIT_SECONDS = 15.0
+POLL_SECONDS = 1.0
+
+STATE_MAP = {
+    "started": "running",
+    "starting": "running",
+    "creating": "running",
+    "restoring": "running",
+    "pending_build": "running",
+    "building_snapshot": "running",
+    "pulling_snapshot": "running",
+    "resuming": "running",
+    "snapshotting": "running",
+    "resizing": "running",
+    "forking": "running",
+    "stopped": "stopped",
+    "stopping": "stopped",
+    "error": "stopped",
+    "build_failed": "stopped",
+    "archived": "paused",
+    "archiving": "paused",
+    "paused": "paused",
+    "pausing": "paused",
+    "destroying": "missing",
+    "destroyed": "missing",
+}
+TRANSITIONAL = frozenset(
+    {
+        "creating",
+        "restoring",
+        "starting",
+        "stopping",
+        "pending_build",
+        "building_snapshot",
+        "pulling_snapshot",
+        "snapshotting",
+        "resizing",
+        "forking",
+        "pausing",
+        "resuming",
+        "destroying",
+    }
+)
+FAILED_STATES = frozenset({"error", "build_failed"})
+
+# sh -c LAUNCH agentbox-exec DIR CMDLINE STDIN_PATH
+# Runs in the box's session shell; returns at once. A second delivery finds DIR and starts nothing.
+LAUNCH_SCRIPT = r"""
+d=$1 cmd=$2 in=$3
+base=${d%/*}
+mkdir -p "$base" 2>/dev/null
+find "$base" -mindepth 1 -maxdepth 1 -name '*.done' -mmin +10 -exec rm -rf {} + 2>/dev/null
+mkdir "$d" 2>/dev/null || exit 0
+[ -n "$in" ] || in=/dev/null
+(
+  exec < "$in"
+  [ "$in" = /dev/null ] || rm -f "$in"
+  sh -c "$cmd" > "$d/out" 2> "$d/err"
+  echo $? > "$d/rc.tmp"
+  mv "$d/rc.tmp" "$d/rc"
+) < /dev/null > /dev/null 2>&1 &
+echo $! > "$d/pid"
+"""
+
+# sh -c WAIT agentbox-wait DIR SLICE: read-only until the result is printed, so it may be re-sent.
+WAIT_SCRIPT = r"""
+d=$1 slice=$2
+[ -d "$d" ] || { [ -d "$d.done" ] && d=$d.done; }
+i=0 n=$((slice * 20))
+while [ ! -e "$d/rc" ]; do
+  if [ ! -d "$d" ]; then
+    [ -d "$d.done" ] && { d=$d.done; continue; }
+    [ $i -ge 200 ] && { echo "AGENTBOX-EXEC NOTSTARTED"; exit 0; }
+  elif [ -e "$d/pid" ] && ! kill -0 "$(cat "$d/pid")" 2>/dev/null && [ ! -e "$d/rc" ]; then
+    echo "AGENTBOX-EXEC LOST"; exit 0
+  fi
+  [ $i -ge $n ] && { echo "AGENTBOX-EXEC PENDING"; exit 0; }
+  i=$((i + 1))
+  sleep 0.05
+done
+printf 'AGENTBOX-EXEC DONE %s\n' "$(cat "$d/rc")"
+base64 < "$d/out"
+echo --
+base64 < "$d/err"
+case $d in *.done) ;; *) mv "$d" "$d.done" 2>/dev/null ;; esac
+"""
+
+# Idle signal, printed as key=value lines (see docs/providers/daytona.md#idle-timeout).
+IDLE_PROBE_SCRIPT = r"""
+window=$1
+now=$(date +%s)
+echo "now=$now"
+hb="$HOME/.agentbox/last-activity"
+[ -e "$hb" ] && echo "heartbeat=$(stat -c %Y "$hb" 2>/dev/null)"
+if command -v tmux >/dev/null 2>&1; then
+  t=$(tmux list-windows -a -F '#{window_activity}' 2>/dev/null | sort -n | tail -n 1)
+  [ -n "$t" ] && echo "tmux=$t"
+fi
+if [ -d /workspace ]; then
+  ref=$(mktemp)
+  touch -d "@$((now - window))" "$ref" 2>/dev/null && \
+    echo "recent=$(find /workspace -xdev -newer "$ref" -print -quit 2>/dev/null)"
+  rm -f "$ref"
+fi
+exit 0
+"""
+
+
+class DaytonaCallError(ProviderError):
+    """A Daytona call failed; `status` is the HTTP status when there was one."""
+
+    def __init__(self, message: str, *, box: str | None, operation: str, status: int | None = None):
+        super().__init__(message, box=box, operation=operation)
+        self.status = status
+
+
+# -- pure helpers (unit-tested) ---------------------------------------------------------------------
+def status_of(exc: BaseException) -> int | None:
+    """The HTTP status behind an SDK or httpx error, when there is one."""
+    status = getattr(exc, "status_code", None)
+    if isinstance(status, int):
+        return status
+    response = getattr(exc, "response", None)
+    code = getattr(response, "status_code", None)
+    return code if isinstance(code, int) else None
+
+
+def is_transport_error(exc: BaseException) -> bool:
+    """No answer at all: refused, reset, dropped, or a read timeout."""
+    if HAS_DAYTONA and isinstance(exc, DaytonaConnectionError):
+        return True
+    if HTTPX_ERRORS and isinstance(exc, HTTPX_ERRORS):
+        return True
+    return isinstance(exc, (ConnectionError, TimeoutError))
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """429, 502, 503, 504 or no answer: worth another try when the call is idempotent."""
+    return status_of(exc) in RETRY_STATUSES or is_transport_error(exc)
+
+
+def retry_after(exc: BaseException) -> float | None:
+    headers = getattr(exc, "headers", None)
+    if headers is None:
+        headers = getattr(getattr(exc, "response", None), "headers", None)
+    if not headers:
+        return None
+    try:
+        value = headers.get("Retry-After") or headers.get("retry-after")
+        return min(float(value), MAX_RETRY_AFTER) if value is not None else None
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
+def backoff_delay(attempt: int, exc: BaseException | None = None) -> float:
+    """Seconds before retry number `attempt` (0-based): Retry-After when given, else 0.5, 1, 2, 4."""
+    hinted = retry_after(exc) if exc is not None else None
+    if hinted is not None:
+        return hinted
+    return BACKOFF_SECONDS[min(attempt, len(BACKOFF_SECONDS) - 1)]
+
+
+def box_state(daytona_state: str | None) -> str:
+    return STATE_MAP.get((daytona_state or "").lower(), "stopped")
+
+
+def state_name(state: Any) -> str:
+    value = getattr(state, "value", state)
+    return str(value or "").lower()
+
+
+def command_line(
+    argv: list[str],
+    *,
+    user: str | None,
+    sandbox_user: str,
+    workdir: str | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float | None = None,
+) -> str:
+    """One shell line running argv as `user` (sudo when it is not the sandbox's own user)."""
+    if not argv:
+        raise ProviderError("exec needs a command (argv is empty)")
+    inner = " ".join(shlex.quote(str(arg)) for arg in argv)
+    if env:
+        pairs = " ".join(shlex.quote(f"{key}={value}") for key, value in env.items())
+        inner = f"exec env {pairs} {inner}"
+    else:
+        inner = f"exec {inner}"
+    if workdir:
+        inner = f"cd {shlex.quote(workdir)} && {inner}"
+    words = ["sh", "-c", inner]
+    if timeout:
+        words = ["timeout", "-s", "KILL", str(max(1, math.ceil(timeout))), *words]
+    if user and user != sandbox_user:
+        words = ["sudo", "-n", "-E", "-H", *([] if user == "root" else ["-u", user]), "--", *words]
+    return " ".join(shlex.quote(word) for word in words)
+
+
+def parse_wait_output(text: str) -> tuple[str, int | None, bytes, bytes]:
+    """(status, rc, stdout, stderr) from the waiter's output; status DONE, PENDING, LOST or NOTSTARTED."""
+    head, _sep, rest = text.partition("\n")
+    fields = head.strip().split()
+    if len(fields) < 2 or fields[0] != "AGENTBOX-EXEC":
+        raise ValueError(f"unexpected waiter output: {text[:200]!r}")
+    status = fields[1]
+    if status != "DONE":
+        return status, None, b"", b""
+    rc = int(fields[2])
+    out_text, sep, err_text = rest.partition("\n--\n")
+    if not sep:
+        # An empty stdout gives "--" on the first line.
+        if rest.startswith("--\n") or rest == "--":
+            out_text, err_text = "", rest[3:]
+        else:
+            raise ValueError("waiter output has no stderr section")
+    return status, rc, base64.b64decode(out_text), base64.b64decode(err_text)
+
+
+def gib(value: Any) -> int:
+    """Memory as whole GiB (Daytona's unit) from bytes or '2g' / '512m' / '2GiB'."""
+    if isinstance(value, (int, float)):
+        return max(1, math.ceil(value / (1 << 30)))
+    text = str(value).strip().lower().removesuffix("ib").removesuffix("b")
+    match = re.fullmatch(r"([0-9.]+)\s*([kmgt]?)", text)
+    if not match:
+        raise ProviderError(f"memory {value!r} is not a size: use bytes or a number with k, m, g or t (e.g. 4g)")
+    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[match.group(2)]
+    return max(1, math.ceil(float(match.group(1)) * scale / (1 << 30)))
+
+
+def snapshot_name(project: str, checkpoint: str, nonce: str | None = None) -> str:
+    """Daytona-side name of a checkpoint: never reused, so it carries a nonce."""
+    return f"{CHECKPOINT_IMAGE_PREFIX}{project}-{checkpoint}-{nonce or secrets.token_hex(4)}"
+
+
+SNAPSHOT_NAME_PATTERN = re.compile(rf"^{re.escape(CHECKPOINT_IMAGE_PREFIX)}([0-9a-f]{{16}})-(.+)-([0-9a-f]{{8}})$")
+
+
+def parse_snapshot_name(name: str) -> tuple[str, str] | None:
+    """(project, checkpoint) of a checkpoint snapshot name, or None."""
+    match = SNAPSHOT_NAME_PATTERN.match(name or "")
+    return (match.group(1), match.group(2)) if match else None
+
+
+def is_registry_reference(image: str) -> bool:
+    """True for an image a registry can serve by name (its first part names a host: ghcr.io/x, host:5000/x)."""
+    first, sep, _rest = image.partition("/")
+    return bool(sep) and ("." in first or ":" in first or first == "localhost")
+
+
+def idle_decision(probe: dict[str, str], timeout_minutes: float) -> tuple[str, str, float | None]:
+    """(action, reason, idle seconds) from the idle probe: 'keep' or 'pause'.
+
+    A box has an idle signal when its agent left one: the heartbeat file or a tmux window. Without
+    one it is never paused. With one, the newest of heartbeat and tmux activity is the last activity,
+    and any file under /workspace changed within the window counts as activity too.
+    """
+    now = _int_or_none(probe.get("now"))
+    marks = [value for value in (_int_or_none(probe.get("heartbeat")), _int_or_none(probe.get("tmux"))) if value]
+    if now is None:
+        return "keep", "the idle probe gave no time", None
+    if not marks:
+        return "keep", "no idle signal (no agent heartbeat file, no tmux window)", None
+    idle = float(max(0, now - max(marks)))
+    if probe.get("recent"):
+        return "keep", f"busy: {probe['recent']} changed within the last {timeout_minutes:g} min", idle
+    if idle <= timeout_minutes * 60:
+        return "keep", f"busy: last agent activity {idle:.0f} s ago (timeout {timeout_minutes:g} min)", idle
+    return "pause", f"idle for {idle:.0f} s, longer than its timeout of {timeout_minutes:g} min", idle
+
+
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return int(str(value).strip())
+    except (TypeError, ValueError):
+        return None
+
+
+def _env_minutes(name: str, default: int | None) -> int | None:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise ProviderError(f"{name}={raw!r} is not a whole number of minutes") from exc
+    if value < 0:
+        raise ProviderError(f"{name}={raw!r} is negative: give minutes, 0 to turn it off")
+    return value
+
+
+# -- clients ----------------------------------------------------------------------------------------
+# One SDK client per (url, key, target) per process: each starts an event thread.
+_CLIENTS: dict[tuple[str, str, str], Any] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def _client_for(api_url: str, api_key: str | None, target: str | None) -> Any:
+    if not HAS_DAYTONA:
+        raise ProviderError(
+            f"the Python package 'daytona' (pinned daytona==0.226.1 in requirements.txt) is required on the "
+            f"controller for provider daytona: {DAYTONA_IMPORT_ERROR}"
+        )
+    key = (api_url, api_key or "", target or "")
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.get(key)
+        if client is None:
+            try:
+                client = Daytona(DaytonaConfig(api_key=api_key or None, api_url=api_url, target=target or None))
+            except DaytonaAuthenticationError as exc:
+                raise ProviderError(
+                    "no Daytona API key: set DAYTONA_API_KEY (or the module option daytona_api_key)"
+                ) from exc
+            _CLIENTS[key] = client
+        return client
+
+
+class DaytonaProvider(Provider):
+    """Boxes as Daytona sandboxes. `engine` is the API URL."""
+
+    name = "daytona"
+    shares_host_filesystem = False
+
+    def __init__(
+        self,
+        api_key: str | None = None,
+        api_url: str | None = None,
+        target: str | None = None,
+        *,
+        retries: int | None = None,
+        exec_slice: int | None = None,
+        idle_timeout: int | None = None,
+        auto_stop: int | None = None,
+        auto_archive: int | None = None,
+        **_ignored: Any,
+    ):
+        self._api_key = api_key or os.environ.get("DAYTONA_API_KEY") or None
+        self._api_url = (api_url or os.environ.get("DAYTONA_API_URL") or DEFAULT_API_URL).rstrip("/")
+        self._target = target or os.environ.get("DAYTONA_TARGET") or None
+        self._retries = DEFAULT_RETRIES if retries is None else max(0, int(retries))
+        slice_env = _env_minutes("AGENTBOX_DAYTONA_EXEC_SLICE", None)
+        self._exec_slice = int(exec_slice or slice_env or DEFAULT_EXEC_SLICE)
+        self._idle_timeout = (
+            idle_timeout if idle_timeout is not None else _env_minutes("AGENTBOX_IDLE_TIMEOUT", DEFAULT_IDLE_MINUTES)
+        )
+        # Daytona's own auto-stop: the backstop when no reaper runs (any API traffic resets it).
+        default_stop = max(15, 2 * (self._idle_timeout or DEFAULT_IDLE_MINUTES))
+        self._auto_stop = (
+            auto_stop if auto_stop is not None else _env_minutes("AGENTBOX_DAYTONA_AUTO_STOP", default_stop)
+        )
+        self._auto_archive = (
+            auto_archive if auto_archive is not None else _env_minutes("AGENTBOX_DAYTONA_AUTO_ARCHIVE", None)
+        )
+        self._sandboxes: dict[str, Any] = {}
+        self._sessions: set[str] = set()
+        self._lock = threading.Lock()
+
+    # -- plumbing -------------------------------------------------------------------------------
+    @property
+    def engine(self) -> str:
+        return self._api_url
+
+    @property
+    def sdk(self) -> Any:
+        return _client_for(self._api_url, self._api_key, self._target)
+
+    def checkpoint_store(self) -> DaytonaCheckpoints:
+        """The engine side of checkpoints for _checkpoint: sandbox snapshots, not Docker images."""
+        return DaytonaCheckpoints(self)
+
+    def _fail(self, exc: BaseException, box: str | None, operation: str, attempts: int = 1) -> ProviderError:
+        """A ProviderError that says what failed, for which box, and what to do."""
+        status = status_of(exc)
+        detail = str(exc).strip() or type(exc).__name__
+        tries = f" after {attempts} attempts" if attempts > 1 else ""
+        if (HAS_DAYTONA and isinstance(exc, DaytonaAuthenticationError)) or status == 401:
+            return DaytonaCallError(
+                f"the Daytona API at {self._api_url} refused the API key (401): check DAYTONA_API_KEY "
+                "or daytona_api_key",
+                box=box,
+                operation=operation,
+                status=401,
+            )
+        if (HAS_DAYTONA and isinstance(exc, DaytonaNotFoundError)) or status == 404:
+            return BoxNotFound(f"not found on Daytona ({self._api_url}): {detail}", box=box, operation=operation)
+        if status is None and is_transport_error(exc):
+            error = EngineUnreachable(
+                f"the Daytona API at {self._api_url} did not answer{tries}: {detail}. Check the network and "
+                "DAYTONA_API_URL, then try again",
+                box=box,
+                operation=operation,
+            )
+            return error
+        if status in RETRY_STATUSES:
+            return DaytonaCallError(
+                f"Daytona answered {status}{tries}: {detail}. The service is overloaded or unreachable behind its "
+                "proxy; try again later",
+                box=box,
+                operation=operation,
+                status=status,
+            )
+        return DaytonaCallError(
+            f"Daytona answered {status or 'an error'}: {detail}", box=box, operation=operation, status=status
+        )
+
+    def _call(
+        self,
+        fn: Callable[[], Any],
+        *,
+        box: str | None,
+        operation: str,
+        idempotent: bool = True,
+        retry_on: Callable[[BaseException], bool] | None = None,
+    ) -> Any:
+        """fn() with bounded retries (idempotent calls only) and errors turned into ProviderError."""
+        attempt = 0
+        while True:
+            try:
+                return fn()
+            except ProviderError:
+                raise
+            except Exception as exc:
+                if not _is_api_error(exc):
+                    raise
+                retry = (retry_on or is_retryable)(exc) and idempotent
+                if retry and attempt < self._retries:
+                    time.sleep(backoff_delay(attempt, exc))
+                    attempt += 1
+                    continue
+                raise self._fail(exc, box, operation, attempt + 1) from exc
+
+    # -- sandboxes ------------------------------------------------------------------------------
+    def _get(self, name: str, operation: str) -> Any | None:
+        """The sandbox called `name` (fresh), or None. get() is consistent; list() is not."""
+        try:
+            sandbox = self._call(lambda: self.sdk.get(name, request_timeout=API_TIMEOUT), box=name, operation=operation)
+        except BoxNotFound:
+            self._sandboxes.pop(name, None)
+            return None
+        if state_name(sandbox.state) == "destroyed":
+            self._sandboxes.pop(name, None)
+            return None
+        self._sandboxes[name] = sandbox
+        return sandbox
+
+    def _sandbox(self, name: str, operation: str, fresh: bool = False) -> Any:
+        """The sandbox object for toolbox calls (cached: it carries the id and the toolbox URL)."""
+        sandbox = None if fresh else self._sandboxes.get(name)
+        if sandbox is None:
+            sandbox = self._get(name, operation)
+        if sandbox is None:
+            raise BoxNotFound(f"no box called {name!r} on Daytona ({self._api_url})", box=name, operation=operation)
+        return sandbox
+
+    def _facts(self, sandbox: Any, web_url: str | None = None) -> BoxFacts:
+        labels = strip_labels(dict(sandbox.labels or {}))
+        return BoxFacts(
+            name=labels.get("box", sandbox.name),
+            id=labels.get("id", ""),
+            provider=self.name,
+            engine=self._api_url,
+            state=box_state(state_name(sandbox.state)),
+            container=sandbox.id,
+            image=labels.get("image") or getattr(sandbox, "snapshot", None) or "",
+            project=labels.get("project", ""),
+            workspace=labels.get("workspace", ""),
+            branch=labels.get("branch", ""),
+            created=labels.get("created", ""),
+            ports={},
+            labels=labels,
+            checkpoint=labels.get("checkpoint") or None,
+            web_url=web_url,
+        )
+
+    def _owned(self, sandbox: Any, name: str) -> Any:
+        if label("box") not in (sandbox.labels or {}):
+            raise ProviderError(
+                f"a Daytona sandbox called {name!r} exists but was not made by agentbox (no io.agentbox.box label); "
+                "pick another box name or delete that sandbox",
+                box=name,
+            )
+        return sandbox
+
+    def web_url(self, name: str, expires_in: int = PREVIEW_TTL_SECONDS) -> str | None:
+        """A signed preview URL of the box's web port (works without headers, until it expires)."""
+        sandbox = self._sandbox(name, "preview URL")
+        preview = self._call(
+            lambda: sandbox.create_signed_preview_url(
+                WEB_PORT, expires_in_seconds=expires_in, request_timeout=API_TIMEOUT
+            ),
+            box=name,
+            operation="preview URL",
+        )
+        return getattr(preview, "url", None)
+
+    def _facts_with_url(self, sandbox: Any, name: str) -> BoxFacts:
+        url = None
+        if state_name(sandbox.state) == "started":
+            try:
+                url = self.web_url(name)
+            except ProviderError:
+                url = None  # a missing preview link never hides the box itself
+        return self._facts(sandbox, url)
+
+    # -- discovery ------------------------------------------------------------------------------
+    def find(self, name: str) -> BoxFacts | None:
+        sandbox = self._get(name, "find")
+        if sandbox is None:
+            return None
+        return self._facts_with_url(self._owned(sandbox, name), name)
+
+    def list_boxes(self, project: str | None = None) -> list[BoxFacts]:
+        wanted = {label("kind"): "box"}
+        if project:
+            wanted[label("project")] = project
+        found = self._call(
+            lambda: list(self.sdk.list(ListSandboxesQuery(labels=wanted), request_timeout=API_TIMEOUT)),
+            box=None,
+            operation="list boxes",
+        )
+        boxes = [self._facts(s) for s in found if state_name(s.state) not in ("destroyed", "destroying")]
+        return sorted(boxes, key=lambda facts: facts.name)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def _create_params(self, spec: BoxSpec) -> Any:
+        labels = {**spec.labels, label("image"): spec.image}
+        if self._idle_timeout:
+            labels[label(IDLE_LABEL)] = str(self._idle_timeout)
+        env = {
+            "AGENTBOX": "1",
+            "AGENTBOX_BOX_NAME": spec.name,
+            "AGENTBOX_BOX_ID": spec.box_id,
+            "AGENTBOX_PROJECT": spec.project,
+            "AGENTBOX_HOST_WORKSPACE": spec.workspace,
+            **spec.env,
+        }
+        common: dict[str, Any] = {
+            "name": spec.name,
+            "os_user": BOX_USER,
+            "env_vars": env,
+            "labels": labels,
+            "public": False,
+            "auto_stop_interval": self._auto_stop,
+        }
+        if self._auto_archive is not None:
+            common["auto_archive_interval"] = self._auto_archive
+        resources = dict(spec.resources or {})
+        unsupported = sorted(set(resources) - {"memory", "cpus"})
+        if unsupported:
+            raise ProviderError(
+                f"resources {', '.join(unsupported)} cannot be set on Daytona (memory and cpus can, for a box made "
+                "from an image)",
+                box=spec.name,
+                operation="create",
+            )
+        if self._snapshot_exists(spec.image):
+            if resources:
+                raise ProviderError(
+                    f"resources cannot be set for a box started from the Daytona snapshot {spec.image!r} (its size "
+                    "comes from the snapshot): drop 'resources', or use a registry image",
+                    box=spec.name,
+                    operation="create",
+                )
+            return CreateSandboxFromSnapshotParams(snapshot=spec.image, **common)
+        sizes = None
+        if resources:
+            sizes = Resources(
+                cpu=max(1, math.ceil(float(resources["cpus"]))) if resources.get("cpus") else None,
+                memory=gib(resources["memory"]) if resources.get("memory") else None,
+            )
+        return CreateSandboxFromImageParams(image=spec.image, resources=sizes, **common)
+
+    def create(self, spec: BoxSpec) -> BoxFacts:
+        params = self._create_params(spec)
+        sandbox = self._create_once(spec, params)
+        try:
+            if spec.secrets:
+                self._write_secrets(spec.name, spec.secrets)
+            return self._facts_with_url(sandbox, spec.name)
+        except BaseException:
+            self._destroy_quietly(spec.name)
+            raise
+
+    def _create_once(self, spec: BoxSpec, params: Any) -> Any:
+        """POST the create once; after an ambiguous failure adopt the sandbox by name, never re-POST."""
+        attempt = 0
+        while True:
+            try:
+                sandbox = self.sdk.create(params, timeout=CREATE_TIMEOUT)
+                self._sandboxes[spec.name] = sandbox
+                return sandbox
+            except Exception as exc:
+                if not _is_api_error(exc):
+                    raise
+                status = status_of(exc)
+                if (HAS_DAYTONA and isinstance(exc, DaytonaConflictError)) or status == 409:
+                    adopted = self._adopt(spec, wait=0)
+                    if adopted is not None:
+                        return adopted
+                    raise ProviderError(
+                        f"a Daytona sandbox called {spec.name!r} already exists and is not this box: pick another "
+                        "name, or destroy that box first",
+                        box=spec.name,
+                        operation="create",
+                    ) from exc
+                if status == 429 and attempt < self._retries:
+                    # Refused before any work: nothing was created, so asking again is safe.
+                    if self._adopt(spec, wait=0) is None:
+                        time.sleep(backoff_delay(attempt, exc))
+                        attempt += 1
+                        continue
+                ambiguous = is_retryable(exc) or status is None or status >= 500
+                if ambiguous:
+                    adopted = self._adopt(spec, wait=ADOPT_WAIT_SECONDS)
+                    if adopted is not None:
+                        return adopted
+                    raise self._fail(exc, spec.name, "create") from exc
+                # A definite refusal (4xx) or a sandbox that reached an error state: nothing usable stays.
+                self._destroy_quietly(spec.name)
+                raise self._fail(exc, spec.name, "create") from exc
+
+    def _adopt(self, spec: BoxSpec, wait: float) -> Any | None:
+        """The sandbox a lost create answer made, when it is this box's (same io.agentbox.id)."""
+        deadline = time.monotonic() + wait
+        while True:
+            sandbox = self._get(spec.name, "create")
+            if sandbox is not None:
+                if (sandbox.labels or {}).get(label("id")) != spec.box_id:
+                    return None
+                return self._converge(spec.name, "create", {"started"}, {}, START_TIMEOUT)
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(POLL_SECONDS)
+
+    def _write_secrets(self, name: str, values: dict[str, str]) -> None:
+        """Each secret a file on a tmpfs: never in env, labels, session history or snapshots."""
+        script = (
+            f'd={SECRETS_DIR}; mkdir -p "$d"; '
+            'if ! mountpoint -q "$d" 2>/dev/null && ! mount -t tmpfs -o mode=0700,uid=$1,gid=$1,size=1m '
+            'agentbox-secrets "$d" 2>/dev/null; then '
+            # No tmpfs mount allowed: keep the files on /dev/shm (a tmpfs too) behind a link.
+            'rmdir "$d" 2>/dev/null; mkdir -p -m 0700 /dev/shm/agentbox-secrets; '
+            'chown "$1:$1" /dev/shm/agentbox-secrets; ln -sfn /dev/shm/agentbox-secrets "$d"; fi; '
+            'chown "$1:$1" "$d"; chmod 0700 "$d"'
+        )
+        self.exec(name, ["sh", "-c", script, "secrets", "1000"], user="root").check("making the secrets tmpfs", name)
+        sandbox = self._sandbox(name, "secrets")
+        for key, value in values.items():
+            if "/" in key or key in ("", ".", ".."):
+                raise ProviderError(f"secret name {key!r} is not a file name", box=name, operation="secrets")
+            path = f"{SECRETS_DIR}/{key}"
+            data = value.encode("utf-8")
+            try:
+                self._call(
+                    lambda path=path, data=data: sandbox.fs.upload_file_stream(data, path, timeout=API_TIMEOUT),
+                    box=name,
+                    operation="writing secrets",
+                )
+                check = self.exec(name, ["sh", "-c", 'test "$(wc -c < "$1")" -eq "$2"', "check", path, str(len(data))])
+                if check.rc == 0:
+                    continue
+            except ProviderError:
+                pass
+            # The upload could not reach the tmpfs (the local emulator writes through the Docker archive API,
+            # which does not see tmpfs mounts): the value passes as stdin, through a file deleted at once.
+            self.exec(name, ["sh", "-c", 'umask 077; cat > "$1"', "secret", path], stdin=data).check(
+                f"writing secret {key}", name
+            )
+        self.exec(name, ["sh", "-c", f"chmod 0600 {SECRETS_DIR}/*"], user="root")
+
+    def _converge(
+        self,
+        name: str,
+        operation: str,
+        wanted: set[str],
+        actions: dict[str, Callable[[Any], Any]],
+        timeout: float,
+    ) -> Any:
+        """Drive the sandbox to one of `wanted` states: read, act once, read again (never blind re-POSTs)."""
+        deadline = time.monotonic() + timeout
+        failures = 0
+        while True:
+            sandbox = self._get(name, operation)
+            if sandbox is None:
+                raise BoxNotFound(f"no box called {name!r} on Daytona ({self._api_url})", box=name, operation=operation)
+            state = state_name(sandbox.state)
+            if state in wanted:
+                return sandbox
+            if time.monotonic() > deadline:
+                raise ProviderError(
+                    f"the sandbox is still {state} after {timeout:.0f} s (wanted {' or '.join(sorted(wanted))}); "
+                    "check it in the Daytona dashboard and try again",
+                    box=name,
+                    operation=operation,
+                )
+            if state in FAILED_STATES:
+                reason = getattr(sandbox, "error_reason", None) or "no reason given"
+                raise ProviderError(
+                    f"the sandbox is in state {state} ({reason}): destroy it and create it again",
+                    box=name,
+                    operation=operation,
+                )
+            action = actions.get(state)
+            if action is None:
+                if state in TRANSITIONAL:
+                    time.sleep(POLL_SECONDS)
+                    continue
+                raise ProviderError(f"cannot {operation} a sandbox in state {state}", box=name, operation=operation)
+            try:
+                action(sandbox)
+            except Exception as exc:
+                if not _is_api_error(exc):
+                    raise
+                if (HAS_DAYTONA and isinstance(exc, DaytonaConflictError)) or status_of(exc) == 409:
+                    time.sleep(POLL_SECONDS)  # a transition is in progress: wait for it
+                    continue
+                if is_retryable(exc) and failures < self._retries:
+                    time.sleep(backoff_delay(failures, exc))
+                    failures += 1
+                    continue
+                if status_of(exc) is None and not is_transport_error(exc) and failures < self._retries:
+                    # The SDK's own wait ran out or saw a transient state: read the state again.
+                    failures += 1
+                    continue
+                raise self._fail(exc, name, operation, failures + 1) from exc
+
+    def start(self, name: str) -> BoxFacts:
+        sandbox = self._converge(
+            name,
+            "start",
+            {"started"},
+            {s: _start_action for s in ("stopped", "archived", "archiving", "paused")},
+            START_TIMEOUT,
+        )
+        self._sessions.discard(sandbox.id)
+        return self._facts_with_url(sandbox, name)
+
+    def stop(self, name: str) -> BoxFacts:
+        sandbox = self._converge(
+            name, "stop", {"stopped", "archived", "archiving"}, {"started": _stop_action}, STOP_TIMEOUT
+        )
+        self._sessions.discard(sandbox.id)
+        return self._facts(sandbox)
+
+    def pause(self, name: str) -> BoxFacts:
+        """Stop, then archive (Daytona archives only a stopped sandbox)."""
+        sandbox = self._converge(
+            name,
+            "pause",
+            {"archived", "archiving"},
+            {"started": _stop_action, "stopped": lambda sb: sb.archive(request_timeout=API_TIMEOUT)},
+            STOP_TIMEOUT + START_TIMEOUT,
+        )
+        self._sessions.discard(sandbox.id)
+        return self._facts(sandbox)
+
+    def resume(self, name: str) -> BoxFacts:
+        """Start again and re-run the in-box start sequence (the stop ended every process)."""
+        before = self._get(name, "resume")
+        was_running = before is not None and state_name(before.state) == "started"
+        facts = self.start(name)
+        if not was_running:
+            from ._box import boot_box
+
+            boot_box(self, name)
+            facts = self.find(name) or facts
+        return facts
+
+    def destroy(self, name: str) -> None:
+        """Delete the sandbox and wait until get() no longer finds it. A missing box is not an error."""
+        deadline = time.monotonic() + STOP_TIMEOUT
+        asked = False
+        while time.monotonic() < deadline:
+            sandbox = self._get(name, "destroy")
+            if sandbox is None:
+                return
+            self._sessions.discard(sandbox.id)
+            if not asked and state_name(sandbox.state) != "destroying":
+                try:
+                    self._call(lambda sb=sandbox: sb.delete(timeout=API_TIMEOUT), box=name, operation="destroy")
+                    asked = True
+                except BoxNotFound:
+                    return
+                except DaytonaCallError as exc:
+                    if exc.status != 409:  # 409: a transition is in progress; delete once it settles
+                        raise
+            time.sleep(POLL_SECONDS / 2)
+        raise ProviderError(
+            f"the sandbox was still there {STOP_TIMEOUT:.0f} s after its delete", box=name, operation="destroy"
+        )
+
+    def _destroy_quietly(self, name: str) -> None:
+        try:
+            self.destroy(name)
+        except ProviderError:
+            pass
+
+    # -- inside the box -------------------------------------------------------------------------
+    def exec(
+        self,
+        name: str,
+        argv: list[str],
+        *,
+        user: str = BOX_USER,
+        workdir: str | None = None,
+        env: dict[str, str] | None = None,
+        stdin: bytes | IO[bytes] | None = None,
+        timeout: float | None = None,
+    ) -> ExecResult:
+        sandbox = self._sandbox(name, "exec")
+        line = command_line(
+            argv, user=user, sandbox_user=sandbox.user or BOX_USER, workdir=workdir, env=env, timeout=timeout
+        )
+        nonce = secrets.token_hex(8)
+        directory = f"{EXEC_DIR}/{nonce}"
+        in_path = ""
+        if stdin is not None:
+            # On disk, not on the /dev/shm tmpfs: the emulator's uploads cannot reach a tmpfs mount. The
+            # launcher deletes it as soon as the command has it open.
+            in_path = f"{TRANSFER_DIR}/agentbox-in-{nonce}"
+            self._upload(name, sandbox, stdin, in_path, "exec stdin")
+        started = time.monotonic()
+        launch = f"sh -c {shlex.quote(LAUNCH_SCRIPT)} agentbox-exec {shlex.quote(directory)} {shlex.quote(line)}"
+        launch += f" {shlex.quote(in_path)}" if in_path else " ''"
+        self._launch(name, sandbox, launch)
+        return self._wait(name, sandbox, directory, started, timeout)
+
+    def _launch(self, name: str, sandbox: Any, launch: str) -> None:
+        request = SessionExecuteRequest(command=launch, run_async=True)
+
+        def send() -> Any:
+            return sandbox.process.execute_session_command(EXEC_SESSION, request, timeout=int(API_TIMEOUT))
+
+        for round_ in range(2):
+            try:
+                self._call(send, box=name, operation="exec")
+                return
+            except ProviderError as exc:
+                cause = exc.__cause__
+                session_missing = cause is not None and (
+                    status_of(cause) in (404, 410) or (HAS_DAYTONA and isinstance(cause, DaytonaSessionEndedError))
+                )
+                if not session_missing or round_:
+                    raise self._toolbox_hint(exc, name) from exc
+                self._ensure_session(name, sandbox)
+
+    def _ensure_session(self, name: str, sandbox: Any) -> None:
+        def make() -> None:
+            try:
+                sandbox.process.create_session(EXEC_SESSION, request_timeout=API_TIMEOUT)
+            except Exception as exc:
+                if (HAS_DAYTONA and isinstance(exc, DaytonaConflictError)) or status_of(exc) == 409:
+                    return  # made by another process, or by a re-sent request
+                if status_of(exc) == 410 or (HAS_DAYTONA and isinstance(exc, DaytonaSessionEndedError)):
+                    # A session that ended (an `exit` in it) keeps its name: free the name and make it again.
+                    sandbox.process.delete_session(EXEC_SESSION, request_timeout=API_TIMEOUT)
+                    sandbox.process.create_session(EXEC_SESSION, request_timeout=API_TIMEOUT)
+                    return
+                raise
+
+        try:
+            self._call(make, box=name, operation="exec (session)")
+        except BoxNotFound:
+            # The cached sandbox may be gone (re-created under the same name): look it up again.
+            fresh = self._sandbox(name, "exec", fresh=True)
+            if fresh.id == sandbox.id:
+                raise
+            self._call(lambda: fresh.process.create_session(EXEC_SESSION, request_timeout=API_TIMEOUT), box=name,
+                       operation="exec (session)")  # fmt: skip
+        self._sessions.add(sandbox.id)
+
+    def _toolbox_hint(self, exc: ProviderError, name: str) -> ProviderError:
+        text = str(exc)
+        if "not started" in text.lower() or "is the sandbox started" in text.lower():
+            return ProviderError(
+                "the box is not running: start it (playbooks/box_state.yml -e state=started) and try again",
+                box=name,
+                operation="exec",
+            )
+        return exc
+
+    def _wait(self, name: str, sandbox: Any, directory: str, started: float, timeout: float | None) -> ExecResult:
+        waiter = f"sh -c {shlex.quote(WAIT_SCRIPT)} agentbox-wait {shlex.quote(directory)} {self._exec_slice}"
+        cut_in_a_row = 0
+        while True:
+            try:
+                answer = self._call(
+                    lambda: sandbox.process.exec(waiter, timeout=self._exec_slice + 15),
+                    box=name,
+                    operation="exec",
+                )
+                cut_in_a_row = 0
+            except DaytonaCallError as exc:
+                # A proxy cut of the waiter only means the command still runs: ask again.
+                if exc.status in (502, 504) and cut_in_a_row < self._retries:
+                    cut_in_a_row += 1
+                    continue
+                raise self._toolbox_hint(exc, name) from exc
+            try:
+                status, rc, out, err = parse_wait_output(answer.result or "")
+            except ValueError as exc:
+                raise ProviderError(
+                    f"the box answered the exec waiter with exit {answer.exit_code}: {(answer.result or '')[-500:]}. "
+                    "The box needs sh, base64 and sleep",
+                    box=name,
+                    operation="exec",
+                ) from exc
+            if status == "DONE":
+                if timeout and rc in (124, 137) and time.monotonic() - started >= timeout:
+                    raise ProviderError(
+                        f"the command did not finish within {timeout:g} s and was killed", box=name, operation="exec"
+                    )
+                return ExecResult(rc=rc if rc is not None else -1, stdout=out, stderr=err)
+            if status == "LOST":
+                raise ProviderError(
+                    "the command was killed before it finished (the box was stopped, or its session deleted)",
+                    box=name,
+                    operation="exec",
+                )
+            if status == "NOTSTARTED":
+                raise ProviderError(
+                    "the command never started in the box (its session did not run the launcher); try again",
+                    box=name,
+                    operation="exec",
+                )
+            if timeout and time.monotonic() - started > timeout + 30:
+                raise ProviderError(f"the command did not finish within {timeout:g} s", box=name, operation="exec")
+
+    def _upload(self, name: str, sandbox: Any, source: bytes | IO[bytes] | str, path: str, what: str) -> None:
+        """Upload bytes, an open file or a local path to `path` in the box, retried when it can start over."""
+        position = None
+        if not isinstance(source, (bytes, bytearray, str)):
+            try:
+                position = source.tell()
+            except (AttributeError, OSError):
+                position = None
+
+        def send() -> None:
+            if position is not None:
+                source.seek(position)  # type: ignore[union-attr]
+            sandbox.fs.upload_file_stream(source, path, timeout=TRANSFER_TIMEOUT)
+
+        restartable = isinstance(source, (bytes, bytearray, str)) or position is not None
+        try:
+            self._call(send, box=name, operation=what, idempotent=restartable)
+        except ProviderError as exc:
+            raise self._toolbox_hint(exc, name) from exc
+
+    def put_archive(self, name: str, path: str, tar_stream: Iterable[bytes] | IO[bytes]) -> None:
+        """Spooled to a host temp file (flat memory, and an upload that can be retried), then untarred as root."""
+        sandbox = self._sandbox(name, f"copy into {path}")
+        remote = f"{TRANSFER_DIR}/agentbox-put-{secrets.token_hex(8)}.tar"
+        with tempfile.NamedTemporaryFile(prefix="agentbox-put-", suffix=".tar") as spool:
+            if hasattr(tar_stream, "read"):
+                shutil.copyfileobj(tar_stream, spool, 1 << 20)  # type: ignore[arg-type]
+            else:
+                for chunk in tar_stream:  # type: ignore[union-attr]
+                    spool.write(chunk)
+            spool.flush()
+            self._upload(name, sandbox, spool.name, remote, f"copy into {path}")
+        script = (
+            '[ -d "$1" ] || { echo "$1 is not a directory in the box" >&2; rm -f "$2"; exit 2; }; '
+            'tar -C "$1" -xpf "$2"; rc=$?; rm -f "$2"; exit $rc'
+        )
+        run = self.exec(name, ["sh", "-c", script, "put", path, remote], user="root")
+        if run.rc != 0:
+            detail = (run.stderr or run.stdout).decode("utf-8", "replace").strip()[-1000:]
+            raise ProviderError(detail or f"tar exited {run.rc}", box=name, operation=f"copy into {path}")
+
+    def get_archive(self, name: str, path: str) -> Iterator[bytes]:
+        """A tar of `path` made in the box, streamed down chunk by chunk (never held whole)."""
+        sandbox = self._sandbox(name, "copy out")
+        remote = f"{TRANSFER_DIR}/agentbox-get-{secrets.token_hex(8)}.tar"
+        script = (
+            'p=${1%/}; [ -n "$p" ] || p=/; [ -e "$p" ] || [ -L "$p" ] || '
+            '{ echo "$1 does not exist in the box" >&2; exit 2; }; '
+            'parent=$(dirname "$p"); base=$(basename "$p"); '
+            'tar -C "$parent" -cf "$2" "$base" && chmod 0644 "$2"'
+        )
+        run = self.exec(name, ["sh", "-c", script, "get", path, remote], user="root")
+        if run.rc != 0:
+            self.exec(name, ["rm", "-f", remote], user="root")
+            detail = (run.stderr or run.stdout).decode("utf-8", "replace").strip()[-1000:]
+            raise ProviderError(detail or f"tar exited {run.rc}", box=name, operation="copy out")
+        return self._stream_down(name, sandbox, remote)
+
+    def _stream_down(self, name: str, sandbox: Any, remote: str) -> Iterator[bytes]:
+        attempt = 0
+        try:
+            while True:
+                received = False
+                try:
+                    for chunk in sandbox.fs.download_file_stream(remote, timeout=TRANSFER_TIMEOUT):
+                        received = True
+                        yield chunk
+                    return
+                except Exception as exc:
+                    if not _is_api_error(exc):
+                        raise
+                    # Only a download that has not yielded anything can start over.
+                    if not received and is_retryable(exc) and attempt < self._retries:
+                        time.sleep(backoff_delay(attempt, exc))
+                        attempt += 1
+                        continue
+                    raise self._fail(exc, name, "copy out", attempt + 1) from exc
+        finally:
+            try:
+                self.exec(name, ["rm", "-f", remote], user="root")
+            except ProviderError:
+                pass
+
+    # -- images, snapshots and checkpoints ------------------------------------------------------
+    def _snapshot(self, image: str) -> Any | None:
+        try:
+            return self._call(
+                lambda: _bounded(lambda: self.sdk.snapshot.get(image), API_TIMEOUT, "snapshot lookup"),
+                box=None,
+                operation=f"snapshot lookup of {image!r}",
+            )
+        except BoxNotFound:
+            return None
+
+    def _snapshot_exists(self, image: str) -> bool:
+        snapshot = self._snapshot(image)
+        return snapshot is not None and state_name(snapshot.state) == "active"
+
+    def image_exists(self, image: str) -> bool:
+        """A Daytona snapshot of that name, or a registry image Daytona can build from (host/path:tag)."""
+        return self._snapshot_exists(image) or is_registry_reference(image)
+
+    def image_labels(self, image: str) -> dict[str, str]:
+        """Snapshots carry no labels: a checkpoint snapshot's name tells its project and checkpoint."""
+        parsed = parse_snapshot_name(image)
+        if parsed is None:
+            return {}
+        return {label("kind"): "checkpoint", label("project"): parsed[0], label("checkpoint"): parsed[1]}
+
+    def delete_snapshot(self, image: str) -> bool:
+        snapshot = self._snapshot(image)
+        if snapshot is None:
+            return False
+        self._call(
+            lambda: _bounded(lambda: self.sdk.snapshot.delete(snapshot), API_TIMEOUT, "snapshot delete"),
+            box=None,
+            operation=f"delete of snapshot {image!r}",
+        )
+        return True
+
+    def list_snapshots(self, prefix: str = CHECKPOINT_IMAGE_PREFIX) -> list[Any]:
+        found: list[Any] = []
+        page = 1
+        while True:
+            result = self._call(
+                lambda page=page: _bounded(lambda: self.sdk.snapshot.list(page=page, limit=100), API_TIMEOUT, "list"),
+                box=None,
+                operation="list snapshots",
+            )
+            found += [item for item in result.items if (item.name or "").startswith(prefix)]
+            if page >= (result.total_pages or 1):
+                return found
+            page += 1
+
+    def commit(self, name: str, image: str, labels: dict[str, str]) -> dict[str, Any]:
+        """Capture the box as snapshot `image`: stop, snapshot, then start and boot again if it ran.
+
+        Snapshots carry no labels (the manifest keeps them). `image` must be a new name: Daytona
+        never accepts a name twice.
+        """
+        sandbox = self._get(name, "checkpoint")
+        if sandbox is None:
+            raise BoxNotFound(f"no box called {name!r} on Daytona ({self._api_url})", box=name, operation="checkpoint")
+        state = state_name(sandbox.state)
+        if state not in ("started", "stopped"):
+            raise ProviderError(
+                f"the sandbox is {state}: a snapshot is taken of a running or stopped box; start it first",
+                box=name,
+                operation="checkpoint",
+            )
+        was_running = state == "started"
+        try:
+            stopped = self._converge(name, "checkpoint", {"stopped"}, {"started": _stop_action}, STOP_TIMEOUT)
+            try:
+                self._call(
+                    lambda: stopped.create_snapshot(image, timeout=SNAPSHOT_TIMEOUT),
+                    box=name,
+                    operation="checkpoint",
+                    idempotent=False,
+                )
+            except ProviderError:
+                # The answer may be lost after the capture started: the name tells.
+                if self._snapshot(image) is None:
+                    raise
+            self._converge(name, "checkpoint", {"stopped"}, {}, SNAPSHOT_TIMEOUT)
+            snapshot = self._wait_snapshot_active(name, image)
+        finally:
+            if was_running:
+                self.start(name)
+                from ._box import boot_box
+
+                boot_box(self, name)
+        size = getattr(snapshot, "size", None) or 0
+        return {"id": snapshot.id, "size": int(float(size) * (1 << 30)) if size else 0}
+
+    def _wait_snapshot_active(self, name: str, image: str) -> Any:
+        deadline = time.monotonic() + SNAPSHOT_TIMEOUT
+        while True:
+            snapshot = self._snapshot(image)
+            state = state_name(snapshot.state) if snapshot is not None else "missing"
+            if state == "active":
+                return snapshot
+            if state in ("error", "build_failed", "missing") or time.monotonic() > deadline:
+                reason = getattr(snapshot, "error_reason", None) if snapshot is not None else "it does not exist"
+                raise ProviderError(
+                    f"snapshot {image!r} did not become active ({state}: {reason})", box=name, operation="checkpoint"
+                )
+            time.sleep(POLL_SECONDS)
+
+    def close(self) -> None:
+        self._sandboxes.clear()
+        self._sessions.clear()
+
+
+def _start_action(sandbox: Any) -> None:
+    sandbox.start(timeout=START_TIMEOUT)
+
+
+def _stop_action(sandbox: Any) -> None:
+    sandbox.stop(timeout=STOP_TIMEOUT)
+
+
+def _is_api_error(exc: BaseException) -> bool:
+    return (
+        (HAS_DAYTONA and isinstance(exc, DaytonaError))
+        or is_transport_error(exc)
+        or (httpx is not None and isinstance(exc, httpx.HTTPStatusError))
+    )
+
+
+def _bounded(fn: Callable[[], Any], seconds: float, what: str) -> Any:
+    """fn() in a worker thread, given up on after `seconds` (for SDK calls that take no timeout)."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=run, name=f"daytona-{what}", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        raise TimeoutError(f"{what} did not answer within {seconds:.0f} s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
+
+
+# -- checkpoints as snapshots -----------------------------------------------------------------------
+def manifests_dir(project: str) -> str:
+    """Daytona checkpoints' manifests: apart from the Docker ones, whose names they may share."""
+    from ._checkpoint import agentbox_home
+
+    return os.path.join(agentbox_home(), "daytona", "checkpoints", project)
+
+
+def manifest_path(project: str, name: str) -> str:
+    return os.path.join(manifests_dir(project), name, "manifest.json")
+
+
+class DaytonaCheckpoints:
+    """The engine side of checkpoints on Daytona, called by _checkpoint through `checkpoint_store`."""
+
+    def __init__(self, provider: DaytonaProvider):
+        self.provider = provider
+
+    def _checkpoint(self, project: str, name: str, record: dict[str, Any] | None, snapshot: Any | None) -> Any:
+        from . import _checkpoint
+
+        image = (record or {}).get("image") or (snapshot.name if snapshot is not None else "")
+        active = snapshot is not None and state_name(snapshot.state) == "active"
+        size = getattr(snapshot, "size", None) if snapshot is not None else None
+        return _checkpoint.Checkpoint(
+            name=name,
+            project=project,
+            image=image,
+            record=record or _minimal_record(project, name, image),
+            has_manifest=record is not None,
+            image_exists=active,
+            image_id=snapshot.id if snapshot is not None else "",
+            size=int(float(size) * (1 << 30)) if size else 0,
+        )
+
+    def find(self, project: str, name: str) -> Any:
+        from . import _checkpoint
+
+        record = _checkpoint._read_json(manifest_path(project, name))
+        if record is not None:
+            snapshot = self.provider._snapshot(record.get("image", "")) if record.get("image") else None
+            return self._checkpoint(project, name, record, snapshot)
+        for snapshot in self.provider.list_snapshots(f"{CHECKPOINT_IMAGE_PREFIX}{project}-"):
+            if parse_snapshot_name(snapshot.name) == (project, name):
+                return self._checkpoint(project, name, None, snapshot)
+        return None
+
+    def list(self, project: str) -> list[Any]:
+        from . import _checkpoint
+
+        found: dict[str, Any] = {}
+        snapshots = {s.name: s for s in self.provider.list_snapshots(f"{CHECKPOINT_IMAGE_PREFIX}{project}-")}
+        root = manifests_dir(project)
+        for entry in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+            record = _checkpoint._read_json(manifest_path(project, entry)) if not entry.startswith(".") else None
+            if record is not None:
+                found[entry] = self._checkpoint(project, entry, record, snapshots.get(record.get("image", "")))
+        referenced = {c.image for c in found.values()}
+        for snapshot in snapshots.values():
+            parsed = parse_snapshot_name(snapshot.name)
+            if parsed and parsed[1] not in found and snapshot.name not in referenced:
+                found[parsed[1]] = self._checkpoint(project, parsed[1], None, snapshot)
+        return [found[name] for name in sorted(found)]
+
+    def plan_restore(self, project: str, checkpoint_name: str) -> Any:
+        from . import _checkpoint
+
+        name = _checkpoint.parse_reference(checkpoint_name, project)
+        found = self.find(project, name)
+        if found is None:
+            raise _checkpoint.CheckpointError(
+                f"no checkpoint {name!r} in this project on Daytona ({self.provider.engine}): list them with "
+                "agentbox.box.agentbox_checkpoint_info (provider: daytona), or pass checkpoint: none to start fresh"
+            )
+        if found.broken:
+            raise _checkpoint.CheckpointError(
+                f"checkpoint {name!r} is broken: its manifest exists but snapshot {found.image} is gone from Daytona. "
+                "Remove it (agentbox_checkpoint state=absent) and take a new one"
+            )
+        return _checkpoint.RestorePlan(name=name, image=found.image, record=found.record)
+
+    def fingerprint(self, base_image: str) -> str | None:
+        snapshot = self.provider._snapshot(base_image) if base_image else None
+        return snapshot.id if snapshot is not None else None
+
+    def plan_capture(self, facts: BoxFacts, name: str | None, replace: bool) -> Any:
+        from . import _checkpoint, _naming
+
+        if not facts.project:
+            raise _checkpoint.CheckpointError(
+                f"box {facts.name!r} has no io.agentbox.project label: it was not made by agentbox"
+            )
+        project = facts.project
+        numbered = not name
+        if name:
+            name = _checkpoint.parse_reference(name, project)
+        else:
+            taken = [c.name for c in self.list(project)]
+            name = _naming.validate_checkpoint_name(
+                f"{facts.name}-{_checkpoint._next_number(project, facts.name, taken)}"
+            )
+        existing = self.find(project, name)
+        if existing and not replace:
+            raise _checkpoint.CheckpointError(
+                f"checkpoint {name!r} already exists in this project (snapshot {existing.image}"
+                f"{', broken: its snapshot is gone' if existing.broken else ''}): pass replace: true to overwrite "
+                "it, or pick another name"
+            )
+        parent = facts.checkpoint
+        parent_record = _checkpoint._read_json(manifest_path(project, parent)) if parent else None
+        parents = [parent, *((parent_record or {}).get("parents") or [])] if parent else []
+        return _checkpoint.CapturePlan(
+            facts=facts,
+            name=name,
+            type="snapshot",
+            image=snapshot_name(project, name),
+            parents=parents,
+            layers=0,
+            replaces=existing,
+            numbered=numbered,
+        )
+
+    def capture(self, plan: Any, cleanup: bool = True) -> dict[str, Any]:
+        from . import _checkpoint, _naming
+
+        provider = self.provider
+        facts = plan.facts
+        running = facts.state == "running"
+        warnings = (
+            [
+                "Daytona checkpoints stop the box while the snapshot is taken: its processes were restarted "
+                "(agentbox-boot ran again)"
+            ]
+            if running
+            else [f"the box is {facts.state}: captured without the in-box cleanup"]
+        )
+        timings: dict[str, float] = {}
+        sandbox = provider._sandbox(facts.name, "checkpoint", fresh=True)
+        heads: list[dict[str, str]] = []
+        if running:
+            _checkpoint._guard_secrets(provider, facts, [f"{k}={v}" for k, v in (sandbox.env or {}).items()])
+            if facts.branch:
+                heads = _checkpoint._in_box_head(provider, facts)
+            if cleanup:
+                timings["cleanup_seconds"], warning = _checkpoint.run_cleanup(provider, facts.name, mounts=[])
+                if warning:
+                    warnings.append(warning)
+        base_image = facts.labels.get("image") or facts.image
+        parent_record = None
+        if facts.checkpoint:
+            parent_record = _checkpoint._read_json(manifest_path(facts.project, facts.checkpoint))
+        if parent_record:
+            base_image = parent_record.get("base_image") or base_image
+        record = {
+            "schema": _checkpoint.SCHEMA_VERSION,
+            "name": plan.name,
+            "type": "snapshot",
+            "image": plan.image,
+            "provider": "daytona",
+            "project": facts.project,
+            "workspace": facts.workspace,
+            "parents": plan.parents,
+            "layers": 0,
+            "source_box": facts.name,
+            "source_box_id": facts.id,
+            "branch": heads[0]["branch"] if heads else facts.branch,
+            "commit": heads[0]["commit"] if heads else "",
+            "worktrees": heads,
+            "base_image": base_image,
+            "base_image_id": "",
+            "base_fingerprint": self.fingerprint(base_image) or "",
+            "collection_version": _checkpoint.COLLECTION_VERSION,
+            "engine": f"{provider.name}:{provider.engine}",
+            "created": _naming.now_iso(),
+        }
+        started = time.monotonic()
+        made = provider.commit(facts.name, plan.image, {})
+        timings["capture_seconds"] = time.monotonic() - started
+        record["image_id"] = made["id"]
+        _checkpoint._write_json(manifest_path(facts.project, plan.name), record)
+        if plan.replaces and plan.replaces.image and plan.replaces.image != plan.image:
+            try:
+                provider.delete_snapshot(plan.replaces.image)
+            except ProviderError as exc:
+                warnings.append(f"the replaced snapshot {plan.replaces.image} could not be deleted: {exc}")
+        if plan.numbered:
+            _checkpoint._record_number(facts.project, facts.name, plan.name)
+        result = _checkpoint.Checkpoint(
+            name=plan.name,
+            project=facts.project,
+            image=plan.image,
+            record=record,
+            has_manifest=True,
+            image_exists=True,
+            image_id=made["id"],
+            size=int(made.get("size") or 0),
+        ).to_dict()
+        result["timings"] = {key: round(value, 3) for key, value in timings.items()}
+        result["warnings"] = warnings
+        return result
+
+    def remove(self, checkpoint: Any) -> dict[str, Any]:
+        from . import _checkpoint
+
+        removed: dict[str, Any] = {"image": None, "manifest": None, "refs": []}
+        if checkpoint.image:
+            try:
+                if self.provider.delete_snapshot(checkpoint.image):
+                    removed["image"] = checkpoint.image
+            except ProviderError as exc:
+                raise _checkpoint.CheckpointError(
+                    f"could not delete snapshot {checkpoint.image}: {exc}. Destroy the boxes that run on it first"
+                ) from exc
+        directory = os.path.dirname(manifest_path(checkpoint.project, checkpoint.name))
+        if os.path.isdir(directory):
+            shutil.rmtree(directory)
+            removed["manifest"] = os.path.join(directory, "manifest.json")
+        if _checkpoint.project_default(self.provider, checkpoint.project) == checkpoint.name:
+            _checkpoint.set_project_default(checkpoint.project, None)
+            removed["default_cleared"] = True
+        return removed
+
+    def prune(self, check_mode: bool = False, project: str | None = None) -> dict[str, Any]:
+        """Checkpoint snapshots that no manifest refers to (of one project when given)."""
+        prefix = f"{CHECKPOINT_IMAGE_PREFIX}{project}-" if project else CHECKPOINT_IMAGE_PREFIX
+        kept: set[str] = set()
+        root = os.path.dirname(manifests_dir("x"))
+        from . import _checkpoint
+
+        for owner in os.listdir(root) if os.path.isdir(root) else []:
+            for entry in os.listdir(os.path.join(root, owner)):
+                record = _checkpoint._read_json(manifest_path(owner, entry)) if not entry.startswith(".") else None
+                if record and record.get("image"):
+                    kept.add(record["image"])
+        removed: list[dict[str, str]] = []
+        failed: list[dict[str, str]] = []
+        for snapshot in self.provider.list_snapshots(prefix):
+            if snapshot.name in kept or parse_snapshot_name(snapshot.name) is None:
+                continue
+            if not check_mode:
+                try:
+                    self.provider.delete_snapshot(snapshot.name)
+                except ProviderError as exc:
+                    failed.append({"image": snapshot.name, "id": snapshot.id, "error": str(exc)})
+                    continue
+            removed.append({"image": snapshot.name, "id": snapshot.id})
+        return {"removed": removed, "failed": failed}
+
+
+def _minimal_record(project: str, name: str, image: str) -> dict[str, Any]:
+    """What a snapshot alone tells (its manifest is gone): enough to list, restore or remove it."""
+    return {
+        "schema": None,
+        "name": name,
+        "type": "snapshot",
+        "image": image,
+        "provider": "daytona",
+        "project": project,
+        "workspace": "",
+        "parents": [],
+        "layers": 0,
+        "source_box": "",
+        "source_box_id": "",
+        "branch": "",
+        "commit": "",
+        "worktrees": [],
+        "base_image": "",
+        "base_image_id": "",
+        "base_fingerprint": "",
+        "collection_version": "",
+        "engine": "daytona",
+        "created": "",
+    }
