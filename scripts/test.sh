@@ -18,6 +18,15 @@ step() {  # step NAME COMMAND...: run, time, remember failures, go on with the n
   fi
 }
 
+# The checkout's collection link farm must stay links (an installer writing a copy there would
+# shadow the checkout with stale files).
+for farm in .collections playbooks/collections; do
+  if [ ! -L "$farm/ansible_collections/agentbox/box/plugins" ]; then
+    echo "test: $farm/ansible_collections/agentbox/box is not the checkout's link farm; run: git checkout -- $farm" >&2
+    exit 1
+  fi
+done
+
 # Set-up: without these nothing else can run, so a failure stops here.
 bash scripts/setup-venv.sh || exit 1
 bash scripts/ensure-docker.sh || exit 1

@@ -91,14 +91,15 @@ def create_box(provider: Provider, request: CreateRequest) -> Created:
         from . import _image_transfer
 
         image_transfer = _image_transfer.ensure_image(provider, image).to_dict()
-    if not provider.image_exists(image):
+    image_labels = provider.image_labels(image)  # one lookup: labels, and presence when it has any
+    if not image_labels and not provider.image_exists(image):
         raise BoxError(
             f"image {image!r} is not on engine {provider.engine}: build it with the box_image role "
             "(ansible-playbook playbooks/create_box.yml does that) or pass an existing 'image'",
             box=name,
             operation="create",
         )
-    fingerprint = _image_fingerprint(provider, image)
+    fingerprint = image_labels.get(_naming.label("image_fingerprint"), "")
     repos = _git.find_repos(workspace)
     # Local engine: the box works on the host's own .git, on a branch reserved here.
     # Elsewhere the repository is shipped (_ship) and the branch lives in the box's clone.
@@ -154,7 +155,6 @@ def create_box(provider: Provider, request: CreateRequest) -> Created:
         elif request.seed:
             seed_result = _seed_workspace(provider, name, workspace, repos, plans, branch, carry, request.ship_depth)
         boot = boot_box(provider, name) if request.boot else None
-        facts = provider.find(name) or facts
     except BaseException:
         _undo_create(provider, name, plans)
         raise
@@ -212,10 +212,6 @@ def seed_existing(provider: Provider, facts: BoxFacts) -> tuple[bool, dict[str, 
     return True, result.to_dict()
 
 
-def _image_fingerprint(provider: Provider, image: str) -> str:
-    return provider.image_labels(image).get(_naming.label("image_fingerprint"), "")
-
-
 def _forget_branch(plans: list[_seed.WorktreePlan]) -> None:
     for plan in plans:
         _git.delete_branch(plan.host_root, plan.branch)
@@ -270,14 +266,15 @@ def destroy_box(provider: Provider, facts: BoxFacts, delete_branch: bool = False
     return {"worktrees_removed": removed_worktrees, "branches_deleted": deleted_branches}
 
 
-def set_state(provider: Provider, facts: BoxFacts, state: str) -> BoxFacts:
+def set_state(provider: Provider, facts: BoxFacts, state: str, boot: bool = True) -> BoxFacts:
     """Move an existing box to started, stopped or paused; a start re-runs the boot sequence."""
     if state == "started":
         if facts.state == "paused":
             return provider.resume(facts.name)
         if facts.state == "stopped":
             provider.start(facts.name)
-            boot_box(provider, facts.name)
+            if boot:
+                boot_box(provider, facts.name)
             return provider.find(facts.name) or facts
         return facts
     if state == "stopped":
@@ -290,6 +287,7 @@ def set_state(provider: Provider, facts: BoxFacts, state: str) -> BoxFacts:
     if state == "paused":
         if facts.state == "stopped":
             provider.start(facts.name)
-            boot_box(provider, facts.name)
+            if boot:
+                boot_box(provider, facts.name)
         return provider.pause(facts.name) if facts.state != "paused" else facts
     raise BoxError(f"unknown state {state!r}", box=facts.name)

@@ -189,8 +189,13 @@ class DockerProvider(Provider):
         created_volume = False
         container = None
         try:
-            self.client.volumes.create(name=volume, labels=volume_labels)
-            created_volume = True
+            # Only a volume made here is removed on failure: one with this name may belong to a box
+            # that another run is creating at this moment.
+            try:
+                self.client.volumes.get(volume)
+            except NotFound:
+                self.client.volumes.create(name=volume, labels=volume_labels)
+                created_volume = True
             volumes = {volume: {"bind": "/var/lib/docker", "mode": "rw"}}
             for path in spec.bind_paths:
                 volumes[path] = {"bind": path, "mode": "rw"}
@@ -236,7 +241,16 @@ class DockerProvider(Provider):
                 box=spec.name,
                 operation="create",
             ) from exc
-        except (APIError, DockerException) as exc:
+        except APIError as exc:
+            self._remove_half_made(container, volume if created_volume else None)
+            if exc.status_code == 409 and container is None:
+                raise ProviderError(
+                    f"a container called {cname!r} already exists on engine {self._engine}: pick another box name",
+                    box=spec.name,
+                    operation="create",
+                ) from exc
+            raise ProviderError(str(exc.explanation or exc), box=spec.name, operation="create") from exc
+        except DockerException as exc:
             self._remove_half_made(container, volume if created_volume else None)
             message = getattr(exc, "explanation", None) or str(exc)
             raise ProviderError(str(message), box=spec.name, operation="create") from exc

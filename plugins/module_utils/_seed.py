@@ -23,7 +23,7 @@ from typing import Any
 
 from ._git import CarryOver, Repo, capture_carry_over
 from ._provider import Provider, ProviderError
-from ._tarstream import tar_of_files, tar_of_paths, tar_of_tree
+from ._tarstream import tar_of_paths, tar_of_tree
 
 WORKSPACE = "/workspace"
 WORKTREES_HOME = "/home/vscode/.agentbox-worktrees"
@@ -77,21 +77,32 @@ class SeedResult:
         return dataclasses.asdict(self)
 
 
+# One exec for every repo of the box (each exec costs a round trip): runs as root, does the git
+# work as the owner of each host .git, then points /workspace at the root worktree and leaves the
+# seed record. Arguments: box, record JSON, then five per repo: user, .git, path, branch, stash.
 _WORKTREE_SCRIPT = r"""
 set -eu
-common_dir=$1 path=$2 branch=$3 stash=$4 box=$5
-mkdir -p "$(dirname "$path")"
-git --git-dir="$common_dir" worktree add -q --lock --reason "agentbox box $box" "$path" "$branch"
-cd "$path"
-if [ -n "$stash" ]; then
-  if ! git stash apply -q --index "$stash" 2>/tmp/.agentbox-stash.err; then
+box=$1 record=$2 link=
+shift 2
+while [ $# -gt 0 ]; do
+  user=$1 common_dir=$2 path=$3 branch=$4 stash=$5
+  shift 5
+  as_owner() { if [ "$user" = root ]; then "$@"; else setpriv --reuid="$user" --regid="$user" --init-groups env HOME=/home/vscode "$@"; fi; }
+  [ -n "$link" ] || link=$path
+  as_owner mkdir -p "$(dirname "$path")"
+  as_owner git --git-dir="$common_dir" worktree add -q --lock --reason "agentbox box $box" "$path" "$branch"
+  if [ -n "$stash" ] && ! as_owner git -C "$path" stash apply -q --index "$stash" 2>/dev/null; then
     # The index part did not apply: take the changes without it rather than nothing.
-    git reset -q --hard HEAD
-    git stash apply -q "$stash"
-    echo "staged state could not be restored; changes carried as unstaged" >&2
+    as_owner git -C "$path" reset -q --hard HEAD
+    as_owner git -C "$path" stash apply -q "$stash"
+    echo "$path: staged state could not be restored; changes carried as unstaged" >&2
   fi
-  rm -f /tmp/.agentbox-stash.err
-fi
+  [ "$user" != root ] || chown -R 1000:1000 "$path"
+done
+rmdir /workspace 2>/dev/null || rm -f /workspace
+ln -sfn "$link" /workspace
+install -d -o vscode -g vscode /etc/agentbox
+printf '%s\n' "$record" > /etc/agentbox/seed.json
 """
 
 
@@ -109,6 +120,7 @@ def seed_worktrees(
     """Register each worktree in the box, apply the carried stash, stream untracked files."""
     root = plans[0]
     result = SeedResult(mode="worktree", branch=root.branch, base_commit=root.base)
+    arguments: list[str] = []
     for plan in plans:
         user = _worktree_user(plan)
         if user == "root":
@@ -118,24 +130,20 @@ def seed_worktrees(
                 f"until the repository is owned by uid {BOX_UID}"
             )
         state = carry[plan.sub]
-        run = provider.exec(
-            box,
-            ["bash", "-c", _WORKTREE_SCRIPT, "seed", plan.common_dir, plan.path, plan.branch, state.stash or "", box],
-            user=user,
-        )
-        run.check(f"git worktree add for {plan.host_root}", box)
-        if run.stderr.strip():
-            result.warnings.append(f"{plan.host_root}: {run.stderr.decode('utf-8', 'replace').strip()}")
-        if state.untracked:
-            provider.put_archive(box, plan.path, tar_of_paths(plan.host_root, state.untracked))
-        if user == "root":
-            provider.exec(box, ["chown", "-R", f"{BOX_UID}:{BOX_UID}", plan.path], user="root").check("chown", box)
+        arguments += [user, plan.common_dir, plan.path, plan.branch, state.stash or ""]
         result.modified += state.modified
         result.deleted += state.deleted
         result.renamed += state.renamed
         result.untracked += len(state.untracked)
         result.worktrees.append(dataclasses.asdict(plan))
-    _finish(provider, box, root.path, result)
+    record = json.dumps(result.to_dict(), sort_keys=True)
+    run = provider.exec(box, ["sh", "-c", _WORKTREE_SCRIPT, "seed", box, record, *arguments], user="root")
+    run.check(f"git worktree add for {root.host_root}", box)
+    result.warnings += [line for line in run.stderr.decode("utf-8", "replace").splitlines() if line.strip()]
+    for plan in plans:
+        untracked = carry[plan.sub].untracked
+        if untracked:
+            provider.put_archive(box, plan.path, tar_of_paths(plan.host_root, untracked))
     return result
 
 
@@ -148,14 +156,13 @@ def seed_copy(provider: Provider, box: str, workspace: str) -> SeedResult:
 
 
 def _finish(provider: Provider, box: str, target: str | None, result: SeedResult) -> None:
-    """Point /workspace at the root worktree and leave a record (in the box's own layer)."""
-    record = json.dumps(result.to_dict(), indent=2, sort_keys=True).encode()
+    """Point /workspace at `target` (when given) and leave the seed record, in one exec."""
     link = ""
     if target:
         link = f"rmdir {WORKSPACE} 2>/dev/null || rm -f {WORKSPACE}; ln -sfn {shlex.quote(target)} {WORKSPACE}; "
-    script = f"{link}install -d -o vscode -g vscode /etc/agentbox"
-    provider.exec(box, ["sh", "-c", script], user="root").check("linking /workspace", box)
-    provider.put_archive(box, "/etc/agentbox", tar_of_files({"seed.json": (record, 0o644)}))
+    script = f'{link}install -d -o vscode -g vscode /etc/agentbox && printf "%s\\n" "$1" > {SEED_RECORD}'
+    record = json.dumps(result.to_dict(), sort_keys=True)
+    provider.exec(box, ["sh", "-c", script, "finish", record], user="root").check("recording the seed", box)
 
 
 def read_seed_record(provider: Provider, box: str) -> dict[str, Any] | None:

@@ -93,6 +93,12 @@ options:
     description: Seed C(/workspace) from the workspace when creating. V(false) makes an empty box.
     type: bool
     default: true
+  boot:
+    description:
+      - Run the in-box start sequence (dockerd, the supervisor and its services, VNC, sshd) when the box is
+        created or started. V(false) gives a box with nothing started in it.
+    type: bool
+    default: true
   ship_depth:
     description:
       - Commits of history shipped into boxes on engines that cannot see the host repository
@@ -302,6 +308,7 @@ def _run(module: AnsibleModule) -> dict:
                     checkpoint=params["checkpoint"],
                     seed=params["seed"],
                     ship_depth=params["ship_depth"],
+                    boot=params["boot"],
                 ),
             )
             if created.image_transfer:
@@ -319,7 +326,7 @@ def _run(module: AnsibleModule) -> dict:
                 result["box"] = {**before, "state": wanted}
             else:
                 target = {"running": "started", "stopped": "stopped", "paused": "paused"}[wanted]
-                result["box"] = _box.set_state(provider, existing, target).to_dict()
+                result["box"] = _box.set_state(provider, existing, target, boot=params["boot"]).to_dict()
     result["diff"] = {"before": before, "after": result["box"]}
     return result
 
@@ -344,6 +351,7 @@ def main() -> None:
         "ports": {"type": "list", "elements": "int", "default": []},
         "seed": {"type": "bool", "default": True},
         "ship_depth": {"type": "int"},
+        "boot": {"type": "bool", "default": True},
         "delete_branch": {"type": "bool", "default": False},
         **PROVIDER_ARGUMENT_SPEC,
     }
