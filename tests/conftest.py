@@ -10,10 +10,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from ansible.plugins.loader import init_plugin_loader
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO / ".collections") not in sys.path:
     sys.path.insert(0, str(REPO / ".collections"))
+# Every import of ansible_collections.agentbox.box goes through Ansible's own collection finder,
+# installed before any test imports the collection; mixing it with plain imports breaks both.
+init_plugin_loader([str(REPO / ".collections")])
 
 BOX_UID = 1000
 # Root running git in a repo owned by uid 1000 needs safe.directory; set it for every git we run.

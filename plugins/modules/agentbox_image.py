@@ -185,11 +185,11 @@ msg:
 """
 
 # Ansible modules keep their imports below the documentation strings.
-import traceback  # noqa: E402
+import traceback
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.agentbox.box.plugins.module_utils._image import (  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils._image import (
     ImageError,
     ImageRequest,
     ensure_image,
