@@ -693,6 +693,8 @@ class DaytonaProvider(Provider):
         params = self._create_params(spec)
         sandbox = self._create_once(spec, params)
         try:
+            if parse_snapshot_name(spec.image) is not None:
+                self._after_restore(spec.name)
             if spec.secrets:
                 self._write_secrets(spec.name, spec.secrets)
             return self._facts_with_url(sandbox, spec.name)
@@ -750,6 +752,12 @@ class DaytonaProvider(Provider):
             if time.monotonic() >= deadline:
                 return None
             time.sleep(POLL_SECONDS)
+
+    def _after_restore(self, name: str) -> None:
+        """A box from a checkpoint snapshot: its root is layered over the snapshot, where a directory that
+        came with a lower layer cannot be renamed (EXDEV). dockerd renames /var/lib/docker/runtimes at every
+        start and refuses to start when it cannot; the directory is rebuilt at start, so it goes."""
+        self.exec(name, ["rm", "-rf", "/var/lib/docker/runtimes"], user="root").check("preparing in-box Docker", name)
 
     def _write_secrets(self, name: str, values: dict[str, str]) -> None:
         """Each secret a file on a tmpfs: never in env, labels, session history or snapshots."""

@@ -1,0 +1,294 @@
+"""The daytona provider end to end, through the local Daytona emulator and the real SDK (nothing patched).
+
+Every sandbox is a real container from agentbox/box:latest, so seeding (shipped clone + carry-over),
+the in-box start sequence, checkpoints (sandbox snapshots) and the inventory/connection run for real.
+The tests of this module share one emulator and one box, and run in file order: create, reach it
+through the inventory, pause/resume, checkpoint and restore, destroy. HOME is a temp dir, so
+checkpoint manifests never touch the real ~/.agentbox.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tarfile
+import tempfile
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import pytest
+
+from tests.conftest import REPO, chown_tree, git, make_repo
+from tests.daytona_emulator import running_emulator
+
+pytestmark = pytest.mark.integration
+
+IMAGE = "agentbox/box:latest"
+VENV_BIN = REPO / ".venv" / "bin"
+
+
+class World:
+    def __init__(self, api_url: str, api_key: str, admin, root: Path):
+        self.api_url = api_url
+        self.api_key = api_key
+        self.admin = admin
+        self.root = root
+        self.home = root / "home"
+        self.home.mkdir()
+        # The shipped seeding fetches over file:// as root from a repo owned by uid 1000; git drops -c and
+        # GIT_CONFIG_* for the upload-pack side, so only a global safe.directory lets it read the repo.
+        (self.home / ".gitconfig").write_text("[safe]\n\tdirectory = *\n")
+        self.workspace = root / "ws"
+        self.box = f"dt-{uuid.uuid4().hex[:6]}"
+        self.restored = f"{self.box}-r"
+
+    def env(self) -> dict[str, str]:
+        env = {
+            **os.environ,
+            "HOME": str(self.home),
+            "DAYTONA_API_URL": self.api_url,
+            "DAYTONA_API_KEY": self.api_key,
+            "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+            "ANSIBLE_NOCOLOR": "1",
+            "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}",
+            # Host git as root on a workspace owned by the box user.
+            "GIT_CONFIG_COUNT": "1",
+            "GIT_CONFIG_KEY_0": "safe.directory",
+            "GIT_CONFIG_VALUE_0": "*",
+        }
+        env.pop("DAYTONA_TARGET", None)
+        return env
+
+    def playbook(self, name: str, *extra: str, check: bool = True) -> subprocess.CompletedProcess:
+        argv = [str(VENV_BIN / "ansible-playbook"), "-i", "localhost,",
+                "-e", f"ansible_python_interpreter={sys.executable}", f"playbooks/{name}", "-e", "provider=daytona"]  # fmt: skip
+        for item in extra:
+            argv += ["-e", item]
+        done = subprocess.run(argv, cwd=REPO, env=self.env(), capture_output=True, text=True, check=False)
+        if check and done.returncode != 0:
+            raise AssertionError(
+                f"{name} {extra} exited {done.returncode}\n{done.stdout[-6000:]}\n{done.stderr[-3000:]}"
+            )
+        return done
+
+    def provider(self):
+        from ansible_collections.agentbox.box.plugins.module_utils._daytona import DaytonaProvider
+
+        return DaytonaProvider(api_key=self.api_key, api_url=self.api_url)
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[World]:
+    if not docker.from_env().images.list(name=IMAGE):
+        pytest.fail(f"{IMAGE} is missing: build it first (ansible-playbook playbooks/build_image.yml)")
+    root = Path(tempfile.mkdtemp(prefix="agentbox-dt-", dir="/tmp"))
+    root.chmod(0o755)
+    try:
+        with running_emulator(image=IMAGE) as (api_url, api_key, admin):
+            yield World(api_url, api_key, admin, root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _make_workspace(world: World) -> Path:
+    """A repo with every kind of uncommitted work: edits, a delete, a staged rename, a mode change,
+    untracked text and binary files, and an ignored file (which is not carried)."""
+    ws = make_repo(
+        world.workspace,
+        {
+            "README.md": "hello\n",
+            "src/app.py": "print('app')\n",
+            "bin/run.sh": "#!/bin/sh\necho run\n",
+            "data/blob.bin": bytes(range(256)) * 64,
+            "old.txt": "to be deleted\n",
+            "before.txt": "to be renamed\n",
+            ".gitignore": "*.log\n",
+        },
+    )
+    (ws / "bin/run.sh").chmod(0o755)
+    git(ws, "add", "-A")
+    git(ws, "commit", "-q", "-m", "second")
+    (ws / "README.md").write_text("hello\nedited on the host\n")
+    (ws / "old.txt").unlink()
+    git(ws, "mv", "before.txt", "after.txt")
+    (ws / "src/app.py").chmod(0o755)
+    (ws / "notes").mkdir()
+    (ws / "notes/new.md").write_text("untracked note\n")
+    (ws / "notes/raw.bin").write_bytes(os.urandom(4096))
+    (ws / "debug.log").write_text("ignored\n")
+    chown_tree(ws)
+    return ws
+
+
+def _tree(root: Path) -> dict[str, tuple[str, int, bytes]]:
+    """{relative path: (kind, permission bits, content or link target)} without .git."""
+    found = {}
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if rel == ".git" or rel.startswith(".git/"):
+            continue
+        info = path.lstat()
+        if stat.S_ISLNK(info.st_mode):
+            found[rel] = ("link", 0, os.readlink(path).encode())
+        elif stat.S_ISDIR(info.st_mode):
+            found[rel] = ("dir", 0, b"")
+        else:
+            found[rel] = ("file", stat.S_IMODE(info.st_mode), path.read_bytes())
+    return found
+
+
+def _box_tree(world: World, box: str, into: Path) -> dict[str, tuple[str, int, bytes]]:
+    provider = world.provider()
+    into.mkdir(parents=True, exist_ok=True)
+    reader = _ChunkReader(provider.get_archive(box, "/workspace"))
+    with tarfile.open(fileobj=reader, mode="r|") as archive:
+        archive.extractall(into, filter="tar")
+    return _tree(into / "workspace")
+
+
+class _ChunkReader:
+    def __init__(self, chunks):
+        self._chunks = iter(chunks)
+        self._buffer = b""
+
+    def read(self, size: int = -1) -> bytes:
+        while size < 0 or len(self._buffer) < size:
+            try:
+                self._buffer += next(self._chunks)
+            except StopIteration:
+                break
+        if size < 0:
+            data, self._buffer = self._buffer, b""
+        else:
+            data, self._buffer = self._buffer[:size], self._buffer[size:]
+        return data
+
+
+def _sandbox(world: World, name: str) -> dict | None:
+    for entry in world.admin.state()["sandboxes"]:
+        if entry["name"] == name and entry.get("state") != "destroyed":
+            return entry
+    return None
+
+
+def test_create_box_playbook_seeds_a_sandbox_byte_identically(world: World) -> None:
+    ws = _make_workspace(world)
+    started = time.monotonic()
+    done = world.playbook("create_box.yml", f"workspace={ws}", f"box={world.box}")
+    elapsed = time.monotonic() - started
+    assert "daytona" in done.stdout and f"agentbox/{world.box}" in done.stdout, done.stdout[-3000:]
+
+    sandbox = _sandbox(world, world.box)
+    assert sandbox is not None and sandbox["state"] == "started", sandbox
+    container_id = world.admin.sandbox_internal(sandbox["id"])["_emulator"]["containerId"]
+    container = docker.from_env().containers.get(container_id)
+    assert container.status == "running"
+    assert container.labels["io.agentbox.emulator.sandbox"] == sandbox["id"]
+    assert sandbox["labels"]["io.agentbox.box"] == world.box
+    assert sandbox["labels"]["io.agentbox.branch"] == f"agentbox/{world.box}"
+    assert "DAYTONA_API_KEY" not in " ".join(container.attrs["Config"]["Env"])
+
+    host = _tree(ws)
+    host.pop("debug.log")  # ignored by git: never carried
+    box = _box_tree(world, world.box, world.root / "box-tree")
+    assert sorted(box) == sorted(host)
+    for rel, (kind, mode, content) in host.items():
+        assert box[rel][0] == kind, rel
+        assert box[rel][2] == content, f"{rel} differs"
+        if kind == "file":
+            assert oct(box[rel][1]) == oct(mode), f"{rel}: mode {oct(box[rel][1])} in the box, {oct(mode)} on the host"
+    provider = world.provider()
+    status = provider.exec(world.box, ["git", "-C", "/workspace", "status", "--porcelain"]).check("status").text
+    assert " M README.md" in status and "old.txt" in status and "after.txt" in status and "?? notes/" in status
+    print(f"create_box.yml through the emulator: {elapsed:.1f} s")
+
+
+def test_inventory_and_connection_run_git_status(world: World) -> None:
+    inventory = world.root / "fleet.agentbox.yml"
+    inventory.write_text(
+        textwrap.dedent(
+            f"""\
+            plugin: agentbox.box.boxes
+            local: false
+            daytona:
+              api_url: {world.api_url}
+            """
+        )
+    )
+    argv = [str(VENV_BIN / "ansible"), "-i", str(inventory), "daytona", "-m", "command",
+            "-a", "git -C /workspace status"]  # fmt: skip
+    done = subprocess.run(argv, cwd=REPO, env=world.env(), capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"{world.box} | CHANGED | rc=0" in done.stdout, done.stdout
+    assert f"On branch agentbox/{world.box}" in done.stdout
+    assert "README.md" in done.stdout
+
+
+def test_pause_and_resume(world: World) -> None:
+    world.playbook("box_state.yml", f"box={world.box}", "state=paused")
+    assert _sandbox(world, world.box)["state"] == "archived"
+    facts = world.provider().find(world.box)
+    assert facts is not None and facts.state == "paused"
+
+    world.playbook("box_state.yml", f"box={world.box}", "state=started")
+    assert _sandbox(world, world.box)["state"] == "started"
+    provider = world.provider()
+    # The stop ended every process: resume ran the in-box start sequence again.
+    alive = provider.exec(world.box, ["sh", "-c", "test -S /run/agentbox/ctl.sock && pgrep -f agentbox-ctl"])
+    assert alive.rc == 0, alive
+    readme = provider.exec(world.box, ["cat", "/workspace/README.md"]).check("cat").stdout
+    assert readme == b"hello\nedited on the host\n"
+
+
+def test_checkpoint_and_restore_into_a_new_box(world: World) -> None:
+    provider = world.provider()
+    provider.exec(
+        world.box, ["sh", "-c", "echo warm > /workspace/warm.txt && mkdir -p ~/.cache/x && echo c > ~/.cache/x/c"]
+    ).check("warming")
+    done = world.playbook("checkpoint.yml", f"box={world.box}", "checkpoint=warm1")
+    assert "checkpoint: warm1" in done.stdout, done.stdout[-3000:]
+    snapshots = [s["name"] for s in world.admin.state()["snapshots"]]
+    made = [s for s in snapshots if s.startswith("agentbox-ckpt-") and "-warm1-" in s]
+    assert len(made) == 1, snapshots
+    # The source box is running again with its services.
+    assert _sandbox(world, world.box)["state"] == "started"
+    assert provider.exec(world.box, ["test", "-S", "/run/agentbox/ctl.sock"]).rc == 0
+
+    # New uncommitted work on the host after the checkpoint must reach the restored box too.
+    (world.workspace / "notes/after-checkpoint.md").write_text("later\n")
+    chown_tree(world.workspace)
+    world.playbook("create_box.yml", f"workspace={world.workspace}", f"box={world.restored}", "checkpoint=warm1")
+    restored = world.provider()
+    facts = restored.find(world.restored)
+    assert facts is not None and facts.checkpoint == "warm1" and facts.state == "running"
+    assert restored.exec(world.restored, ["cat", "/workspace/warm.txt"]).stdout == b"warm\n"
+    assert restored.exec(world.restored, ["cat", "/home/vscode/.cache/x/c"]).stdout == b"c\n"
+    assert restored.exec(world.restored, ["cat", "/workspace/notes/after-checkpoint.md"]).stdout == b"later\n"
+    head = restored.exec(world.restored, ["git", "-C", "/workspace", "symbolic-ref", "--short", "HEAD"]).text.strip()
+    assert head == f"agentbox/{world.restored}"
+
+
+def test_destroy_leaves_no_sandbox_snapshot_or_container(world: World) -> None:
+    instance = world.admin.health()["instanceId"]
+    for name in (world.restored, world.box):
+        world.playbook("destroy_box.yml", f"box={name}")
+    argv = [str(VENV_BIN / "ansible"), "-i", "localhost,", "-c", "local", "localhost",
+            "-e", f"ansible_python_interpreter={sys.executable}", "-m", "agentbox.box.agentbox_checkpoint",
+            "-a", f"provider=daytona workspace={world.workspace} name=warm1 state=absent"]  # fmt: skip
+    done = subprocess.run(argv, cwd=REPO, env=world.env(), capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    state = world.admin.state()
+    assert [s for s in state["sandboxes"] if s.get("state") != "destroyed"] == []
+    assert [s["name"] for s in state["snapshots"] if s["name"].startswith("agentbox-ckpt-")] == []
+    left = docker.from_env().containers.list(all=True, filters={"label": f"io.agentbox.emulator={instance}"})
+    assert left == []
+    assert not (world.home / ".agentbox/daytona/checkpoints").exists() or not any(
+        (world.home / ".agentbox/daytona/checkpoints").rglob("manifest.json")
+    )
