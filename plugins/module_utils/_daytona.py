@@ -217,7 +217,7 @@ fi
 if [ -d /workspace ]; then
   ref=$(mktemp)
   touch -d "@$((now - window))" "$ref" 2>/dev/null && \
-    echo "recent=$(find /workspace -xdev -newer "$ref" -print -quit 2>/dev/null)"
+    echo "recent=$(find /workspace -xdev -mindepth 1 -newer "$ref" -print -quit 2>/dev/null)"
   rm -f "$ref"
 fi
 exit 0

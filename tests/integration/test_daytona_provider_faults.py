@@ -1,0 +1,236 @@
+"""The daytona provider under injected faults, and its exec semantics, through the emulator and the real SDK.
+
+Faults come from the emulator's fault rules (429/503/504 answers, persistent 500s, dropped answers after
+the work was done, a proxy that cuts long calls). Nothing in the SDK is patched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import tarfile
+import time
+import uuid
+from collections.abc import Iterator
+
+import docker
+import pytest
+
+from tests.daytona_emulator import running_emulator
+
+pytestmark = pytest.mark.integration
+
+IMAGE = "agentbox/box:latest"
+
+
+def _provider(emu, **options):
+    from ansible_collections.agentbox.box.plugins.module_utils._daytona import DaytonaProvider
+
+    return DaytonaProvider(api_key=emu.api_key, api_url=emu.api_url, **options)
+
+
+def _spec(name: str, box_id: str | None = None):
+    from ansible_collections.agentbox.box.plugins.module_utils import _naming
+    from ansible_collections.agentbox.box.plugins.module_utils._provider import BoxSpec
+
+    box_id = box_id or uuid.uuid4().hex[:8]
+    project = "f" * 16
+    labels = _naming.box_labels(box=name, box_id=box_id, project=project, workspace="/nowhere", branch="",
+                                image_fingerprint="", provider="daytona", engine="test")  # fmt: skip
+    return BoxSpec(name=name, box_id=box_id, project=project, workspace="/nowhere", image=IMAGE, labels=labels)
+
+
+class Emu:
+    def __init__(self, api_url, api_key, admin):
+        self.api_url, self.api_key, self.admin = api_url, api_key, admin
+
+
+@pytest.fixture(scope="module")
+def emu() -> Iterator[Emu]:
+    if not docker.from_env().images.list(name=IMAGE):
+        pytest.fail(f"{IMAGE} is missing: build it first (ansible-playbook playbooks/build_image.yml)")
+    with running_emulator(image=IMAGE) as (api_url, api_key, admin):
+        yield Emu(api_url, api_key, admin)
+
+
+@pytest.fixture(scope="module")
+def box(emu: Emu) -> Iterator[str]:
+    name = f"flt-{uuid.uuid4().hex[:6]}"
+    provider = _provider(emu)
+    provider.create(_spec(name))
+    try:
+        yield name
+    finally:
+        provider.destroy(name)
+
+
+@pytest.fixture(autouse=True)
+def _no_faults_left(emu: Emu) -> Iterator[None]:
+    emu.admin.clear_faults()
+    yield
+    emu.admin.clear_faults()
+    emu.admin.set_config(proxy_timeout_seconds=300, proxy_cut_mode="504")
+
+
+def _count(emu: Emu, method: str, suffix: str, since: int) -> int:
+    return sum(1 for r in emu.admin.requests(since) if r["method"] == method and r["path"].endswith(suffix))
+
+
+def test_exec_output_exit_codes_stdin_env_workdir_user(emu: Emu, box: str) -> None:
+    provider = _provider(emu)
+    run = provider.exec(box, ["sh", "-c", "printf 'to out'; printf 'to err' >&2; exit 3"])
+    assert (run.rc, run.stdout, run.stderr) == (3, b"to out", b"to err")
+    assert provider.exec(box, ["sh", "-c", "exit 255"]).rc == 255
+    assert provider.exec(box, ["no-such-command-here"]).rc == 127
+    binary = bytes(range(256)) * 8
+    assert provider.exec(box, ["cat"], stdin=binary).stdout == binary
+    big = os.urandom(3 << 20)
+    digest = provider.exec(box, ["sha256sum"], stdin=io.BytesIO(big)).text.split()[0]
+    assert digest == hashlib.sha256(big).hexdigest()
+    quoted = "it's \"quoted\" $HOME `x` \\ ✓"
+    assert provider.exec(box, ["printf", "%s", quoted]).stdout == quoted.encode()
+    assert provider.exec(box, ["sh", "-c", 'printf %s "$A"'], env={"A": "x y=z"}).stdout == b"x y=z"
+    assert provider.exec(box, ["pwd"], workdir="/etc").stdout == b"/etc\n"
+    assert provider.exec(box, ["id", "-un"], user="root").stdout == b"root\n"
+    assert provider.exec(box, ["id", "-un"]).stdout == b"vscode\n"
+    # Nothing is left of the finished commands' stdin files.
+    leftovers = provider.exec(box, ["sh", "-c", "ls /var/tmp | grep -c agentbox-in- || true"]).text.strip()
+    assert leftovers == "0"
+
+
+def test_long_command_outlives_the_proxy_cut(emu: Emu, box: str) -> None:
+    emu.admin.set_config(proxy_timeout_seconds=2)
+    from daytona import Daytona, DaytonaConfig
+
+    sandbox = Daytona(DaytonaConfig(api_key=emu.api_key, api_url=emu.api_url)).get(box)
+    started = time.monotonic()
+    with pytest.raises(Exception):  # noqa: B017 - the cut itself, whatever class the SDK gives it
+        sandbox.process.exec("sleep 4")
+    assert time.monotonic() - started < 4
+    provider = _provider(emu, exec_slice=1)
+    started = time.monotonic()
+    run = provider.exec(box, ["sh", "-c", "sleep 5; echo survived"])
+    assert (run.rc, run.stdout) == (0, b"survived\n")
+    assert time.monotonic() - started >= 5
+
+
+def test_rate_limited_start_succeeds_after_retries(emu: Emu, box: str) -> None:
+    provider = _provider(emu)
+    provider.stop(box)
+    since = len(emu.admin.requests())
+    emu.admin.add_fault(method="POST", path="/start$", status=429, times=2)
+    facts = provider.start(box)
+    assert facts.state == "running"
+    assert _count(emu, "POST", "/start", since) == 3
+
+
+def test_gateway_timeouts_on_reads_and_exec_are_retried(emu: Emu, box: str) -> None:
+    provider = _provider(emu)
+    since = len(emu.admin.requests())
+    emu.admin.add_fault(method="GET", path=f"/api/sandbox/{box}$", status=504, times=2)
+    assert provider.find(box) is not None
+    assert _count(emu, "GET", f"/api/sandbox/{box}", since) >= 3
+    emu.admin.add_fault(method="POST", path="/process/execute$", status=504, times=2)
+    emu.admin.add_fault(method="POST", path="/process/session/[^/]+/exec$", status=503, times=2)
+    run = provider.exec(box, ["sh", "-c", "echo once >> /tmp/agentbox-once; cat /tmp/agentbox-once"])
+    assert (run.rc, run.stdout) == (0, b"once\n")
+
+
+def test_dropped_answer_does_not_run_a_command_twice(emu: Emu, box: str) -> None:
+    provider = _provider(emu)
+    provider.exec(box, ["rm", "-f", "/tmp/agentbox-twice"]).check("rm")
+    # The work is done, then the connection closes: the SDK re-sends the POST by itself.
+    since = len(emu.admin.requests())
+    emu.admin.add_fault(method="POST", path="/process/session/[^/]+/exec$", action="drop_after", times=1)
+    run = provider.exec(box, ["sh", "-c", "echo ran >> /tmp/agentbox-twice; sleep 1"])
+    assert run.rc == 0
+    launches = [r for r in emu.admin.requests(since) if r["path"].endswith("/exec") and "/session/" in r["path"]]
+    assert len(launches) == 2 and launches[0]["status"] is None, launches
+    assert provider.exec(box, ["cat", "/tmp/agentbox-twice"]).stdout == b"ran\n"
+
+
+def test_rate_limited_upload_is_retried(emu: Emu, box: str) -> None:
+    provider = _provider(emu)
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        info = tarfile.TarInfo("up.txt")
+        info.size, info.mode, info.uid, info.gid = 3, 0o640, 1000, 1000
+        archive.addfile(info, io.BytesIO(b"up\n"))
+    emu.admin.add_fault(method="POST", path="/files/bulk-upload$", status=429, times=2)
+    provider.put_archive(box, "/tmp", iter([buffer.getvalue()]))
+    assert provider.exec(box, ["stat", "-c", "%a %u %s", "/tmp/up.txt"]).stdout == b"640 1000 3\n"
+
+
+def test_persistent_500_fails_clearly_and_fast(emu: Emu, box: str) -> None:
+    from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
+
+    provider = _provider(emu)
+    emu.admin.add_fault(method="GET", path=f"/api/sandbox/{box}$", status=500, times=0)
+    started = time.monotonic()
+    with pytest.raises(ProviderError) as raised:
+        provider.find(box)
+    assert time.monotonic() - started < 5
+    text = str(raised.value)
+    assert f"find of box {box!r} failed" in text and "500" in text
+
+
+def test_persistent_503_gives_up_in_bounded_time(emu: Emu, box: str) -> None:
+    from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
+
+    provider = _provider(emu)
+    emu.admin.add_fault(method="POST", path="/stop$", status=503, times=0)
+    started = time.monotonic()
+    with pytest.raises(ProviderError) as raised:
+        provider.stop(box)
+    elapsed = time.monotonic() - started
+    assert elapsed < 20, elapsed
+    assert f"stop of box {box!r} failed" in str(raised.value) and "503" in str(raised.value)
+    emu.admin.clear_faults()
+    assert provider.find(box).state == "running"
+
+
+def test_ambiguous_create_makes_one_sandbox(emu: Emu) -> None:
+    provider = _provider(emu)
+    name = f"amb-{uuid.uuid4().hex[:6]}"
+    since = len(emu.admin.requests())
+    emu.admin.add_fault(method="POST", path="^/api/sandbox$", action="drop_after", times=1)
+    try:
+        facts = provider.create(_spec(name))
+        assert facts.state == "running"
+        creates = [r for r in emu.admin.requests(since) if r["method"] == "POST" and r["path"] == "/api/sandbox"]
+        assert len(creates) == 1 and creates[0]["status"] is None, creates  # answer dropped, never re-sent
+        same = [s for s in emu.admin.state()["sandboxes"] if s["name"] == name]
+        assert len(same) == 1
+        assert provider.exec(name, ["true"]).rc == 0
+    finally:
+        provider.destroy(name)
+    assert provider.find(name) is None
+
+
+def test_rate_limited_create_is_asked_again_once_refused(emu: Emu) -> None:
+    provider = _provider(emu)
+    name = f"rl-{uuid.uuid4().hex[:6]}"
+    emu.admin.add_fault(method="POST", path="^/api/sandbox$", status=429, times=1)
+    try:
+        assert provider.create(_spec(name)).state == "running"
+        assert len([s for s in emu.admin.state()["sandboxes"] if s["name"] == name]) == 1
+    finally:
+        provider.destroy(name)
+
+
+def test_name_taken_by_another_box_is_refused(emu: Emu, box: str) -> None:
+    from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
+
+    with pytest.raises(ProviderError, match="already exists and is not this box"):
+        _provider(emu).create(_spec(box))
+    assert _provider(emu).find(box).state == "running"
+
+
+def test_wrong_key_is_a_clear_error(emu: Emu) -> None:
+    from ansible_collections.agentbox.box.plugins.module_utils._daytona import DaytonaProvider
+    from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
+
+    wrong = DaytonaProvider(api_key="not-the-key", api_url=emu.api_url)
+    with pytest.raises(ProviderError, match="refused the API key"):
+        wrong.find("anything")
