@@ -118,6 +118,8 @@ PREVIEW_TTL_SECONDS = 3600
 DEFAULT_IDLE_MINUTES = 30
 ADOPT_WAIT_SECONDS = 15.0
 POLL_SECONDS = 1.0
+# How long an accepted launch may take to show up in the box before the command counts as never started.
+LAUNCH_GRACE_SECONDS = 30.0
 
 STATE_MAP = {
     "started": "running",
@@ -188,7 +190,7 @@ i=0 n=$((slice * 20))
 while [ ! -e "$d/rc" ]; do
   if [ ! -d "$d" ]; then
     [ -d "$d.done" ] && { d=$d.done; continue; }
-    [ $i -ge 200 ] && { echo "AGENTBOX-EXEC NOTSTARTED"; exit 0; }
+    [ $i -ge $n ] && { echo "AGENTBOX-EXEC NOTSTARTED"; exit 0; }
   elif [ -e "$d/pid" ] && ! kill -0 "$(cat "$d/pid")" 2>/dev/null && [ ! -e "$d/rc" ]; then
     echo "AGENTBOX-EXEC LOST"; exit 0
   fi
@@ -1044,7 +1046,7 @@ class DaytonaProvider(Provider):
                     box=name,
                     operation="exec",
                 )
-            if status == "NOTSTARTED":
+            if status == "NOTSTARTED" and time.monotonic() - started > LAUNCH_GRACE_SECONDS:
                 raise ProviderError(
                     "the command never started in the box (its session did not run the launcher); try again",
                     box=name,

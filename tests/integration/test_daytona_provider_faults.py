@@ -88,7 +88,7 @@ def test_exec_output_exit_codes_stdin_env_workdir_user(emu: Emu, box: str) -> No
     big = os.urandom(3 << 20)
     digest = provider.exec(box, ["sha256sum"], stdin=io.BytesIO(big)).text.split()[0]
     assert digest == hashlib.sha256(big).hexdigest()
-    quoted = "it's \"quoted\" $HOME `x` \\ ✓"
+    quoted = 'it\'s "quoted" $HOME `x` \\ ✓'
     assert provider.exec(box, ["printf", "%s", quoted]).stdout == quoted.encode()
     assert provider.exec(box, ["sh", "-c", 'printf %s "$A"'], env={"A": "x y=z"}).stdout == b"x y=z"
     assert provider.exec(box, ["pwd"], workdir="/etc").stdout == b"/etc\n"
