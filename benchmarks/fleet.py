@@ -22,6 +22,7 @@ import concurrent.futures
 import json
 import os
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -242,6 +243,8 @@ def main() -> int:
     parser.add_argument("--skip-connection", action="store_true")
     parser.add_argument("--skip-inventory", action="store_true")
     args = parser.parse_args()
+    # A SIGTERM must still remove the containers (the finally below).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     site = community_collections()
     total = max([*args.sizes, 0] if args.skip_inventory else [*args.sizes, args.inventory_boxes])
@@ -251,13 +254,19 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="agentbox-bench-") as tmp:
         work = Path(tmp)
         try:
-            log(f"creating {total} containers")
-            create_containers(names, project)
+            # Only as many containers as the largest connection case while it runs: the boxes
+            # inventory lists every box of the engine, so extra ones would be charged to it.
+            made = 0 if args.skip_connection else max(args.sizes)
             if not args.skip_connection:
+                log(f"creating {made} containers")
+                create_containers(names[:made], project)
                 report["connection"] = bench_connections(args.sizes, args.runs, names, site, work)
             if not args.skip_inventory:
                 # The inventory sees exactly --inventory-boxes of ours.
                 remove_containers(names[args.inventory_boxes :])
+                if made < args.inventory_boxes:
+                    log(f"creating {args.inventory_boxes - made} more containers")
+                    create_containers(names[made : args.inventory_boxes], project)
                 report["inventory"] = bench_inventory(args.runs, site, work)
         finally:
             log("removing the containers")
