@@ -111,6 +111,11 @@ def create_box(provider: Provider, request: CreateRequest) -> Created:
     else:
         branch = _naming.box_branch(name) if repos else ""
     plans = [_seed.WorktreePlan.for_repo(repo, name, branch) for repo in repos] if shares_git else []
+    for plan in plans:
+        # A .git the box user does not own (root's checkout): grant it access rather than make a box
+        # whose agent cannot commit. Without ACL support the seeding warns instead.
+        if plan.owner_uid == 0 and _git.grant_box_access(plan.common_dir, _seed.BOX_UID):
+            plan.owner_uid = _seed.BOX_UID
     try:
         carry = _seed.capture_all(repos) if repos and (request.seed or restore) else {}
         labels = _naming.box_labels(

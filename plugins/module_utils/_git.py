@@ -235,6 +235,23 @@ def reserve_branch(repos: list[Repo], box: str, limit: int = 100) -> str:
     raise GitError(f"no free branch name for box {box!r} after {limit} tries: delete old agentbox/{box}* branches")
 
 
+def grant_box_access(common_dir: str, uid: int = 1000) -> bool:
+    """Let the box user write a .git it does not own (a root-owned repository), with POSIX ACLs.
+
+    Only the .git directory's ACLs change (default ACLs too, so what git creates later stays
+    writable); the working tree, index content and stash are untouched. False when setfacl is
+    missing or the filesystem refuses ACLs.
+    """
+    if os.geteuid() != 0 or shutil.which("setfacl") is None:
+        return False
+    result = subprocess.run(
+        ["setfacl", "-R", "-m", f"u:{uid}:rwX", "-m", f"d:u:{uid}:rwX", common_dir],
+        capture_output=True,
+        check=False,
+    )
+    return result.returncode == 0
+
+
 def delete_branch(repo_root: str, name: str) -> None:
     git(repo_root, "update-ref", "-d", f"refs/heads/{name}", check=False)
 

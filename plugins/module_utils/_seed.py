@@ -46,7 +46,7 @@ class WorktreePlan:
     branch: str
     base: str
     host_root: str
-    owner_uid: int
+    owner_uid: int  # the uid git runs as in the box: the .git's owner, or the box user once granted access
 
     @classmethod
     def for_repo(cls, repo: Repo, box: str, branch: str) -> WorktreePlan:

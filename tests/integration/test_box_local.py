@@ -414,3 +414,26 @@ def test_playbooks_create_list_switch_destroy(engine, tmp_path):
         play("destroy_box.yml", "-e", f"box={second}")
     assert git(repo, "branch", "--list", f"agentbox/{first}") == ""
     assert git(repo, "branch", "--list", f"agentbox/{second}").strip() == f"agentbox/{second}"
+
+
+def test_root_owned_repository_is_made_writable_for_the_box(engine, boxes, tmp_path):
+    """A checkout owned by root (as on a CI machine): the box still commits, through ACLs on .git only."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to own the test repository")
+    repo = make_repo(tmp_path / "ws", {"a.txt": "a\n"})
+    (repo / "wip.txt").write_text("root's untracked work\n")
+    mode_before = (repo / "a.txt").stat().st_mode
+    name = box_name("r")
+    boxes.append(name)
+    result = run_module("agentbox_box", {"name": name, "workspace": str(repo)})
+    assert result.get("failed") is not True, result
+    assert not result["seed"]["warnings"], result["seed"]["warnings"]
+    rc, out = exec_in(
+        engine,
+        name,
+        "cd /workspace && cat wip.txt && git add wip.txt && git -c user.email=a@b -c user.name=agent commit -q -m boxed",
+    )
+    assert rc == 0, out
+    assert git(repo, "log", "-1", "--format=%s", f"agentbox/{name}").strip() == "boxed"
+    assert (repo / "a.txt").stat().st_mode == mode_before  # the working tree is not touched
+    assert (repo / "a.txt").stat().st_uid == 0
