@@ -10,6 +10,7 @@ state file, so any machine that reaches the engine sees the same boxes.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import threading
 from collections.abc import Iterable, Iterator
@@ -271,14 +272,27 @@ class DockerProvider(Provider):
                 pass
 
     def _write_secrets(self, name: str, secrets: dict[str, str]) -> None:
-        """Secrets go to a tmpfs file each: never in env, labels or the writable layer."""
-        from ._tarstream import tar_of_files
+        """Secrets go to a tmpfs file each: never in env, labels or the writable layer.
 
-        files = {key: (value.encode("utf-8"), 0o600) for key, value in secrets.items()}
+        Written through exec's stdin: the engine's archive API cannot reach into a tmpfs mount.
+        """
+        for key in secrets:
+            if not re.fullmatch(r"[A-Za-z0-9_.-]{1,128}", key) or key.startswith("."):
+                raise ProviderError(
+                    f"secret name {key!r} must be 1-128 characters from A-Z, a-z, 0-9, '_', '.', '-'",
+                    box=name,
+                    operation="create",
+                )
         self.exec(name, ["install", "-d", "-m", "0700", "-o", BOX_USER, "-g", BOX_USER, SECRETS_DIR], user="root").check(
             "making the secrets directory", name
         )
-        self.put_archive(name, SECRETS_DIR, tar_of_files(files))
+        for key, value in secrets.items():
+            self.exec(
+                name,
+                ["sh", "-c", 'umask 077 && cat > "$0/$1"', SECRETS_DIR, key],
+                user=BOX_USER,
+                stdin=value.encode("utf-8"),
+            ).check(f"writing secret {key}", name)
 
     def _transition(self, name: str, operation: str, method: str, wanted: str) -> BoxFacts:
         container = self._container(name, operation)
