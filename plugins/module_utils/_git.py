@@ -33,7 +33,7 @@ def git(
     # safe.directory: the controller user may not own the repo (root driving a user's checkout).
     argv = ["git", "-c", "safe.directory=*", "-C", repo, *args]
     full_env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C", "GIT_TERMINAL_PROMPT": "0", **(env or {})}
-    identity = _owner_identity(repo)
+    identity = owner_identity(repo)
     if identity:
         full_env["HOME"] = identity[2]
     try:
@@ -54,7 +54,7 @@ def git(
     return result
 
 
-def _owner_identity(path: str) -> tuple[int, int, str] | None:
+def owner_identity(path: str) -> tuple[int, int, str] | None:
     """(uid, gid, home) of the repo's owner when we are root and they are not, else None.
 
     Root writing refs or objects into a user's repository would leave root-owned files there
@@ -103,7 +103,7 @@ def private_index(repo: Repo) -> Iterator[dict[str, str]]:
         copy = os.path.join(scratch, "index")
         if os.path.exists(index):
             shutil.copyfile(index, copy)
-        identity = _owner_identity(repo.root)
+        identity = owner_identity(repo.root)
         if identity:
             for path in (scratch, copy):
                 if os.path.exists(path):

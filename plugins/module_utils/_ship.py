@@ -98,6 +98,12 @@ def stage_repo(repo: _git.Repo, branch: str, stash: str | None, depth: int, work
     if os.path.exists(path):
         shutil.rmtree(path)
     os.makedirs(path)
+    # Stage as the host repo's owner: git refuses to serve a repository owned by someone else to
+    # root's upload-pack, whatever safe.directory says on the command line.
+    identity = _git.owner_identity(repo.root)
+    if identity:
+        for owned in (workdir, path):
+            os.chown(owned, identity[0], identity[1])
     _git.git(path, "init", "-q", "--template=")
     refspecs = [f"{repo.head}:refs/heads/{branch}"]
     if stash:
