@@ -401,16 +401,16 @@ def _int_or_none(value: Any) -> int | None:
         return None
 
 
-def _env_minutes(name: str, default: int | None) -> int | None:
+def _env_minutes(name: str, default: int | None, unit: str = "minutes") -> int | None:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
     try:
         value = int(raw)
     except ValueError as exc:
-        raise ProviderError(f"{name}={raw!r} is not a whole number of minutes") from exc
+        raise ProviderError(f"{name}={raw!r} is not a whole number of {unit}") from exc
     if value < 0:
-        raise ProviderError(f"{name}={raw!r} is negative: give minutes, 0 to turn it off")
+        raise ProviderError(f"{name}={raw!r} is negative: give {unit}, 0 to turn it off")
     return value
 
 
@@ -463,7 +463,7 @@ class DaytonaProvider(Provider):
         self._api_url = (api_url or os.environ.get("DAYTONA_API_URL") or DEFAULT_API_URL).rstrip("/")
         self._target = target or os.environ.get("DAYTONA_TARGET") or None
         self._retries = DEFAULT_RETRIES if retries is None else max(0, int(retries))
-        slice_env = _env_minutes("AGENTBOX_DAYTONA_EXEC_SLICE", None)
+        slice_env = _env_minutes("AGENTBOX_DAYTONA_EXEC_SLICE", None, "seconds")
         self._exec_slice = int(exec_slice or slice_env or DEFAULT_EXEC_SLICE)
         self._idle_timeout = (
             idle_timeout if idle_timeout is not None else _env_minutes("AGENTBOX_IDLE_TIMEOUT", DEFAULT_IDLE_MINUTES)
