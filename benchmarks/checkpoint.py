@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Checkpoint benchmark, on one box with 100 MB of added files (2,000 incompressible files of 50 KiB
 under /workspace/node_modules), on the real engine:
 
@@ -115,14 +114,14 @@ def main() -> int:
         layered, raw_commit, cleanup = [], [], []
         flattened, raw_export_import = [], []
         for run in range(args.runs):
-            seconds, _ = timed(lambda: _checkpoint.run_cleanup(provider, source))
+            seconds, _result = timed(lambda: _checkpoint.run_cleanup(provider, source))
             cleanup.append(seconds)
             plan = _checkpoint.plan_capture(provider, provider.find(source), f"layered-{run}")
             seconds, made = timed(lambda plan=plan: _checkpoint.capture(provider, plan, cleanup=False))
             layered.append(seconds)
             images.append(made["image"])
             raw = f"agentbox-bench-raw-{tag}:commit-{run}"
-            seconds, _ = timed(lambda raw=raw: docker_cli("commit", container.name, raw))
+            seconds, _result = timed(lambda raw=raw: docker_cli("commit", container.name, raw))
             raw_commit.append(seconds)
             images.append(raw)
 
@@ -133,7 +132,7 @@ def main() -> int:
             images.append(made["image"])
             raw = f"agentbox-bench-raw-{tag}:flat-{run}"
             pipeline = f"docker export {container.name} | docker import - {raw} >/dev/null"
-            seconds, _ = timed(lambda pipeline=pipeline: subprocess.run(["sh", "-c", pipeline], check=True))
+            seconds, _result = timed(lambda pipeline=pipeline: subprocess.run(["sh", "-c", pipeline], check=True))
             raw_export_import.append(seconds)
             images.append(raw)
 
@@ -142,14 +141,14 @@ def main() -> int:
             name = f"bench-{tag}-r{run}"
             boxes.append(name)
             request = _box.CreateRequest(name=name, workspace=str(ws), image=IMAGE, checkpoint="layered-0")
-            seconds, _ = timed(lambda request=request: _box.create_box(provider, request))
+            seconds, _result = timed(lambda request=request: _box.create_box(provider, request))
             restore.append(seconds)
             check = provider.exec(name, ["sh", "-c", "ls /workspace/node_modules/pkg000 | wc -l"]).text.strip()
             assert check == "100", f"restored box lacks the warm tree: {check}"
             name = f"bench-{tag}-f{run}"
             boxes.append(name)
             request = _box.CreateRequest(name=name, workspace=str(ws), image=IMAGE)
-            seconds, _ = timed(lambda request=request: _box.create_box(provider, request))
+            seconds, _result = timed(lambda request=request: _box.create_box(provider, request))
             fresh.append(seconds)
 
         results.update(

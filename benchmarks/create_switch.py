@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Create and switch, measured side by side in one run (issue 3's targets).
 
   .venv/bin/python benchmarks/create_switch.py [--runs N]
@@ -150,7 +149,7 @@ def main() -> None:
     size = sum(f.stat().st_size for f in repo.rglob("*") if f.is_file() and ".git" not in f.parts)
     print(f"workspace: {size / 1e6:.1f} MB of files, runs: {args.runs}")
     results: dict[str, list[float]] = {k: [] for k in ("raw", "task_noboot", "task_boot", "create_play", "trivial_play")}
-    for _ in range(args.runs):
+    for _round in range(args.runs):
         tag = secrets.token_hex(3)
         results["raw"].append(raw_create(repo, tag))
         for key, boot in (("task_noboot", False), ("task_boot", True)):

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Fleet benchmark: the agentbox.box.box connection plugin against community.docker's `docker`
 and `docker_api` connection plugins and the `local` floor, on the same containers; and
 `ansible-inventory --list` of the boxes inventory over 100 boxes (cold and warm cache) against an

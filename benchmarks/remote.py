@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Remote Docker engines over SSH: what a box costs there compared with the local engine.
 
 Starts two engine hosts (containers with sshd + dockerd, reached through 127.0.0.1 ports, see
@@ -120,10 +119,10 @@ def main() -> int:
         print(f"== per-box create, median of {args.runs} (seeded with carry-over, boot included)")
         local = DockerProvider(engine="local")
         series = {
-            "local": [timed_create(local, workspace) for _ in range(args.runs)],
-            "remote": [timed_create(engines[0], workspace) for _ in range(args.runs)],
-            "local_no_boot": [timed_create(local, workspace, boot=False) for _ in range(args.runs)],
-            "remote_no_boot": [timed_create(engines[0], workspace, boot=False) for _ in range(args.runs)],
+            "local": [timed_create(local, workspace) for _round in range(args.runs)],
+            "remote": [timed_create(engines[0], workspace) for _round in range(args.runs)],
+            "local_no_boot": [timed_create(local, workspace, boot=False) for _round in range(args.runs)],
+            "remote_no_boot": [timed_create(engines[0], workspace, boot=False) for _round in range(args.runs)],
         }
         medians = {name: statistics.median(values) for name, values in series.items()}
         results["create_seconds"] = series

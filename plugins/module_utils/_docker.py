@@ -476,7 +476,7 @@ class DockerProvider(Provider):
 
     def commit(self, name: str, image: str, labels: dict[str, str]) -> dict[str, Any]:
         container = self._container(name, "checkpoint")
-        repository, _, tag = image.rpartition(":")
+        repository, _sep, tag = image.rpartition(":")
         try:
             result = container.commit(repository=repository, tag=tag, conf={"Labels": labels}, pause=True)
         except APIError as exc:

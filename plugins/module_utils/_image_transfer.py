@@ -176,12 +176,12 @@ def ensure_image(
 
 def _try_pull(provider: Provider, image: str, registry: str, notes: list[str]) -> str | None:
     api = _client(provider).api
-    repository, _, tag = registry.rpartition(":") if ":" in registry.rsplit("/", 1)[-1] else (registry, "", "latest")
+    repository, _sep, tag = registry.rpartition(":") if ":" in registry.rsplit("/", 1)[-1] else (registry, "", "latest")
     try:
         for message in api.pull(repository, tag=tag, stream=True, decode=True):
             if isinstance(message, dict) and message.get("error"):
                 raise ProviderError(str(message["error"]))
-        target_repo, _, target_tag = image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "latest")
+        target_repo, _sep, target_tag = image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "latest")
         api.tag(f"{repository}:{tag}", target_repo, target_tag)
         return _image_id(provider, image)
     except (DockerException, ProviderError) as exc:

@@ -404,12 +404,12 @@ class EngineConnection:
                 return self._docker_path
             dest = self.destination
             path = ""
-            rc, out, _ = self.run("command -v docker", timeout=self.connect_timeout)
+            rc, out, _err = self.run("command -v docker", timeout=self.connect_timeout)
             if rc == 0 and out.strip().startswith(b"/"):
                 path = out.decode().strip().splitlines()[-1]
             else:
                 # Docker Desktop and OrbStack put docker on the PATH of login shells only.
-                rc, out, _ = self.run(
+                rc, out, _err = self.run(
                     "exec \"${SHELL:-/bin/sh}\" -lc 'command -v docker'", timeout=self.connect_timeout
                 )
                 lines = [line for line in out.decode("utf-8", "replace").splitlines() if line.startswith("/")]
@@ -707,7 +707,7 @@ class LocalForward:
 
 def _pump(client: socket.socket, channel: Any, closed: threading.Event) -> None:
     while not closed.is_set():
-        readable, _, _ = select.select([client, channel], [], [], 1.0)
+        readable, _writable, _failed = select.select([client, channel], [], [], 1.0)
         if client in readable:
             data = client.recv(1 << 16)
             if not data:
@@ -721,7 +721,7 @@ def _pump(client: socket.socket, channel: Any, closed: threading.Event) -> None:
             client.sendall(data)
     # Drain what the engine still sends after the controller side finished writing.
     while not closed.is_set():
-        readable, _, _ = select.select([channel], [], [], 1.0)
+        readable, _writable, _failed = select.select([channel], [], [], 1.0)
         if channel in readable:
             data = channel.recv(1 << 16)
             if not data:
@@ -790,7 +790,7 @@ def start_forward_daemon(
     text = answer.decode("utf-8", "replace")
     if not text.startswith("ok "):
         raise EngineUnreachable(text.removeprefix("error ") or f"the forward to engine {engine} did not start")
-    _, pid, port = text.split()
+    _label, pid, port = text.split()
     return int(pid), int(port)
 
 

@@ -152,7 +152,7 @@ def test_role_image_has_the_user_and_programs(client: Any, repository: str, tmp_
         "ansible.builtin.include_role": {"name": "agentbox.box.box_image"},
         "vars": {"box_image_tag": repository, "box_image_build_log": str(tmp_path / "box-image.log")},
     }
-    _, saved = run_playbook(tmp_path, [role_task, {"ansible.builtin.set_fact": {"saved": "{{ box_image_ref }}"}}])
+    _result, saved = run_playbook(tmp_path, [role_task, {"ansible.builtin.set_fact": {"saved": "{{ box_image_ref }}"}}])
     # The cleanup script runs as root and keeps what it should keep.
     script = (
         "set -e; id -u vscode; id -nG vscode; sudo -u vscode sudo -n true && echo sudo-ok; "

@@ -100,6 +100,7 @@ class Lab:
             text=True,
             timeout=900,
             cwd=self.root,
+            check=False,
         )
         os.unlink(args_file)
         try:
@@ -493,6 +494,7 @@ def test_checkpoint_playbook(lab: Lab) -> None:
         capture_output=True,
         text=True,
         timeout=900,
+        check=False,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "checkpoint: pb-flat (flattened, project default)" in done.stdout
@@ -505,5 +507,6 @@ def test_checkpoint_playbook(lab: Lab) -> None:
         capture_output=True,
         text=True,
         timeout=300,
+        check=False,
     )
     assert missing.returncode != 0 and "-e box=NAME" in missing.stdout

@@ -168,7 +168,7 @@ def test_one_connection_per_engine_and_reconnect_after_it_drops(fleet):
     first = _ssh.docker_client_over_ssh(engine.alias)
     connection = _ssh.connection_for(engine.alias)
     transport = connection.transport()
-    for _ in range(3):
+    for _round in range(3):
         _ssh.docker_client_over_ssh(engine.alias).ping()
     assert connection.transport() is transport  # same SSH session, reused
     assert sessions() == "1"

@@ -542,7 +542,7 @@ def test_logs_tail_follow_and_rotation(supervised):
     try:
         time.sleep(0.5)
         assert box.ctl("restart", "chatty").returncode == 0
-        seen = [follower.stdout.readline() for _ in range(8)]  # events of the restart, then fresh output
+        seen = [follower.stdout.readline() for _round in range(8)]  # events of the restart, then fresh output
         assert any("killed by SIGTERM" in line for line in seen), seen
         assert "line 0 padding padding padding\n" in seen, seen
     finally:

@@ -234,6 +234,7 @@ def run_restore(request: dict) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         env=env,
+        check=False,
     )
 
 

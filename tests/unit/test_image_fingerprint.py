@@ -159,7 +159,7 @@ def test_host_sources_both_formats(tmp_path: Path) -> None:
     )
     (tmp_path / "etc/apt/sources.list.d/off.list.disabled").write_text("deb http://never.example/debian x main\n")
     entries = _image.host_debian_sources(str(tmp_path))
-    uris = [uri for uri, _ in entries]
+    uris = [uri for uri, _digest in entries]
     assert uris == ["http://mirror.example/debian", "http://mirror.example/debian-security", "https://vendor.example/apt"]
     assert entries[0][1] == ["bookworm", "bookworm-updates"]
     assert _image.debian_mirrors(entries) == ("http://mirror.example/debian", "http://mirror.example/debian-security")

@@ -137,7 +137,7 @@ def test_extension_keys_and_anchors_are_quiet():
 def test_defaults_and_normalisation():
     text = ("services:\n  web:\n    command: ./web\n    ready_when: {http: /health, port: 8000}\n"
             "    expose: {port: 8000}\n    env: {N: 3, DEBUG: true}\n")
-    config, _ = ctl.parse_config(text, "/workspace/agentbox.yaml")
+    config, _warnings = ctl.parse_config(text, "/workspace/agentbox.yaml")
     web = config.services["web"]
     assert (web.restart, web.autostart, web.stop_timeout_ms) == ("on-failure", True, 10000)
     assert (web.backoff.initial_ms, web.backoff.max_ms, web.backoff.factor) == (500, 30000, 2.0)
@@ -166,7 +166,7 @@ def test_marker_key_changes_with_command_cwd_and_env_only():
 
 
 def test_topological_order_puts_needs_first():
-    config, _ = parse(FIXTURES / "valid" / "full.yaml")
+    config, _warnings = parse(FIXTURES / "valid" / "full.yaml")
     order = ctl.topological_order(config)
     for name, unit in config.all_units().items():
         for need in unit.needs:
