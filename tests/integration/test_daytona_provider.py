@@ -9,6 +9,7 @@ checkpoint manifests never touch the real ~/.agentbox.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -18,6 +19,8 @@ import tarfile
 import tempfile
 import textwrap
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -210,7 +213,7 @@ def test_create_box_playbook_seeds_a_sandbox_byte_identically(world: World) -> N
     print(f"create_box.yml through the emulator: {elapsed:.1f} s")
 
 
-def test_inventory_and_connection_run_git_status(world: World) -> None:
+def _inventory(world: World) -> Path:
     inventory = world.root / "fleet.agentbox.yml"
     inventory.write_text(
         textwrap.dedent(
@@ -222,6 +225,11 @@ def test_inventory_and_connection_run_git_status(world: World) -> None:
             """
         )
     )
+    return inventory
+
+
+def test_inventory_and_connection_run_git_status(world: World) -> None:
+    inventory = _inventory(world)
     argv = [str(VENV_BIN / "ansible"), "-i", str(inventory), "daytona", "-m", "command",
             "-a", "git -C /workspace status"]  # fmt: skip
     done = subprocess.run(argv, cwd=REPO, env=world.env(), capture_output=True, text=True, check=False)
@@ -231,15 +239,55 @@ def test_inventory_and_connection_run_git_status(world: World) -> None:
     assert "README.md" in done.stdout
 
 
+SERVICE = """\
+services:
+  web:
+    command: exec python3 -m http.server 8000 --directory /tmp/www
+    expose: {port: 8000}
+    ready_when: {port: 8000}
+"""
+
+
+def _serve_web(world: World) -> None:
+    """A service exposed on the box's web port (80, served by the supervisor) through agentbox.yaml."""
+    provider = world.provider()
+    provider.exec(world.box, ["sh", "-c", 'mkdir -p /tmp/www && echo served > /tmp/www/index.html && cat > "$1"',
+                              "serve", "/workspace/agentbox.yaml"], stdin=SERVICE.encode()).check("agentbox.yaml")  # fmt: skip
+    provider.exec(world.box, ["sh", "-c", "agentbox-ctl reload && agentbox-ctl wait-ready"]).check("reload")
+
+
+def _fetch(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=20) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, b""
+
+
 def test_pause_and_resume(world: World) -> None:
+    _serve_web(world)
+    before = world.provider().find(world.box).web_url
+    assert _fetch(before.rstrip("/") + "/index.html") == (200, b"served\n")  # the signed URL reaches port 80, no header
+
     world.playbook("box_state.yml", f"box={world.box}", "state=paused")
     assert _sandbox(world, world.box)["state"] == "archived"
     facts = world.provider().find(world.box)
-    assert facts is not None and facts.state == "paused"
+    assert facts is not None and facts.state == "paused" and facts.web_url is None
 
+    # The connection resumes a paused box by itself (auto_resume), through the inventory.
+    done = subprocess.run([str(VENV_BIN / "ansible"), "-i", str(_inventory(world)), world.box, "-m", "command",
+                           "-a", "true"], cwd=REPO, env=world.env(), capture_output=True, text=True, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert _sandbox(world, world.box)["state"] == "started"
+
+    world.playbook("box_state.yml", f"box={world.box}", "state=paused")
     world.playbook("box_state.yml", f"box={world.box}", "state=started")
     assert _sandbox(world, world.box)["state"] == "started"
     provider = world.provider()
+    _serve_web(world)
+    after = provider.find(world.box).web_url
+    # Each find mints a new signed URL; an older one stays valid until it expires (one hour).
+    assert after != before and _fetch(after.rstrip("/") + "/index.html") == (200, b"served\n")
     # The stop ended every process: resume ran the in-box start sequence again.
     alive = provider.exec(world.box, ["sh", "-c", "test -S /run/agentbox/ctl.sock && pgrep -f agentbox-ctl"])
     assert alive.rc == 0, alive
@@ -273,6 +321,32 @@ def test_checkpoint_and_restore_into_a_new_box(world: World) -> None:
     assert restored.exec(world.restored, ["cat", "/workspace/notes/after-checkpoint.md"]).stdout == b"later\n"
     head = restored.exec(world.restored, ["git", "-C", "/workspace", "symbolic-ref", "--short", "HEAD"]).text.strip()
     assert head == f"agentbox/{world.restored}"
+
+
+def test_checkpoint_info_and_prune(world: World) -> None:
+    from ansible_collections.agentbox.box.plugins.module_utils._daytona import snapshot_name
+
+    provider = world.provider()
+    project = provider.find(world.box).project
+    orphan = snapshot_name(project, "orphan")  # a snapshot no manifest refers to
+    provider.commit(world.box, orphan, {})
+    listed = _module(world, "agentbox_checkpoint_info", {"provider": "daytona", "workspace": str(world.workspace)})
+    by_name = {c["name"]: c for c in listed["checkpoints"]}
+    assert by_name["warm1"]["manifest"] and not by_name["warm1"]["broken"]
+    assert by_name["orphan"]["image"] == orphan and not by_name["orphan"]["manifest"]
+    pruned = _module(world, "agentbox_checkpoint", {"provider": "daytona", "prune": True,
+                                                    "workspace": str(world.workspace)})  # fmt: skip
+    assert [r["image"] for r in pruned["removed"]["removed"]] == [orphan]
+    assert not provider.image_exists(orphan) and provider.image_exists(by_name["warm1"]["image"])
+
+
+def _module(world: World, module: str, args: dict) -> dict:
+    argv = [str(VENV_BIN / "ansible"), "-i", "localhost,", "-c", "local", "localhost",
+            "-e", f"ansible_python_interpreter={sys.executable}", "-m", f"agentbox.box.{module}", "-a", json.dumps(args)]  # fmt: skip
+    env = {**world.env(), "ANSIBLE_CALLBACK_RESULT_FORMAT": "json"}
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    return json.loads(done.stdout.partition(" => ")[2])
 
 
 def test_destroy_leaves_no_sandbox_snapshot_or_container(world: World) -> None:

@@ -234,3 +234,27 @@ def test_wrong_key_is_a_clear_error(emu: Emu) -> None:
     wrong = DaytonaProvider(api_key="not-the-key", api_url=emu.api_url)
     with pytest.raises(ProviderError, match="refused the API key"):
         wrong.find("anything")
+
+
+def test_secrets_are_tmpfs_files_never_env(emu: Emu) -> None:
+    provider = _provider(emu)
+    name = f"sec-{uuid.uuid4().hex[:6]}"
+    spec = _spec(name)
+    spec.secrets = {"api_token": "s3cr3t-value", "other": "two"}
+    try:
+        facts = provider.create(spec)
+        listing = provider.exec(name, ["sh", "-c", "stat -f -c %T /run/agentbox/secrets/; stat -c '%a %U %n' "
+                                       "/run/agentbox/secrets/*"]).check("stat").text  # fmt: skip
+        assert listing.splitlines() == [
+            "tmpfs",
+            "600 vscode /run/agentbox/secrets/api_token",
+            "600 vscode /run/agentbox/secrets/other",
+        ]
+        assert provider.exec(name, ["cat", "/run/agentbox/secrets/api_token"]).stdout == b"s3cr3t-value"
+        sandbox_env = emu.admin.sandbox_internal(facts.container).get("env") or {}
+        assert "s3cr3t-value" not in repr(sandbox_env) and "s3cr3t-value" not in repr(facts.labels)
+        assert b"s3cr3t-value" not in provider.exec(name, ["env"]).stdout
+        # Nothing of it stays on disk (the emulator path passes the value through a /var/tmp file).
+        assert provider.exec(name, ["sh", "-c", "grep -rl s3cr3t-value /var/tmp /tmp 2>/dev/null"]).stdout == b""
+    finally:
+        provider.destroy(name)
