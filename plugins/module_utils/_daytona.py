@@ -420,6 +420,17 @@ _CLIENTS: dict[tuple[str, str, str], Any] = {}
 _CLIENTS_LOCK = threading.Lock()
 
 
+def _forget_inherited_clients() -> None:
+    """In a forked child (Ansible forks a worker per task): never reuse the parent's pooled sockets,
+    and its event thread did not come along; the child makes its own client on first use."""
+    global _CLIENTS_LOCK
+    _CLIENTS_LOCK = threading.Lock()
+    _CLIENTS.clear()
+
+
+os.register_at_fork(after_in_child=_forget_inherited_clients)
+
+
 def _client_for(api_url: str, api_key: str | None, target: str | None) -> Any:
     if not HAS_DAYTONA:
         raise ProviderError(

@@ -198,3 +198,16 @@ def test_bad_interval_settings_are_refused(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("AGENTBOX_IDLE_TIMEOUT", "10")
     provider = dt.DaytonaProvider(api_key="k")
     assert (provider._auto_stop, provider._idle_timeout) == (45, 10)
+
+
+def test_forked_child_forgets_the_parents_clients() -> None:
+    dt._CLIENTS[("http://x", "k", "")] = object()
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: Ansible's per-task worker
+            os._exit(0 if not dt._CLIENTS else 1)
+        _pid, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert dt._CLIENTS  # the parent keeps its own
+    finally:
+        dt._CLIENTS.clear()
