@@ -295,6 +295,17 @@ def test_pause_and_resume(world: World) -> None:
     assert readme == b"hello\nedited on the host\n"
 
 
+def test_fetch_brings_the_box_branch_back(world: World) -> None:
+    provider = world.provider()
+    commit = ["sh", "-c", "cd /workspace && git add -A && git -c user.name=agent -c user.email=a@b.invalid "
+              "commit -q -m 'work in the box' && git rev-parse HEAD"]  # fmt: skip
+    tip = provider.exec(world.box, commit).check("commit in the box").text.strip()
+    fetched = _module(world, "agentbox_worktree", {"provider": "daytona", "box": world.box, "state": "fetched"})
+    assert fetched["changed"] and fetched["fetched"]["repos"][0]["commit"] == tip
+    assert git(world.workspace, "rev-parse", f"agentbox/{world.box}").strip() == tip
+    assert git(world.workspace, "show", f"{tip}:README.md") == "hello\nedited on the host\n"
+
+
 def test_checkpoint_and_restore_into_a_new_box(world: World) -> None:
     provider = world.provider()
     provider.exec(
