@@ -19,15 +19,15 @@ if str(REPO / ".collections") not in sys.path:
     sys.path.insert(0, str(REPO / ".collections"))
 os.environ.setdefault("ANSIBLE_CONFIG", str(REPO / "ansible.cfg"))
 
-from ansible.inventory.data import InventoryData
-from ansible.parsing.dataloader import DataLoader
-from ansible.plugins.loader import init_plugin_loader, inventory_loader
-from ansible.template import Templar, trust_as_template
+from ansible.inventory.data import InventoryData  # noqa: E402
+from ansible.parsing.dataloader import DataLoader  # noqa: E402
+from ansible.plugins.loader import init_plugin_loader, inventory_loader  # noqa: E402
+from ansible.template import Templar, trust_as_template  # noqa: E402
 
 init_plugin_loader([str(REPO / ".collections")])
 
-from ansible_collections.agentbox.box.plugins.module_utils._naming import project_id
-from ansible_collections.agentbox.box.plugins.module_utils._provider import (
+from ansible_collections.agentbox.box.plugins.module_utils._naming import project_id  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils._provider import (  # noqa: E402
     BoxFacts,
     EngineUnreachable,
 )
