@@ -955,6 +955,34 @@ class DaytonaProvider(Provider):
         line = command_line(
             argv, user=user, sandbox_user=sandbox.user or BOX_USER, workdir=workdir, env=env, timeout=timeout
         )
+        try:
+            return self._exec(name, sandbox, line, stdin, timeout)
+        except ProviderError as exc:
+            raise self._why_not_running(name, exc) from exc
+
+    def _why_not_running(self, name: str, failure: ProviderError) -> ProviderError:
+        """A failed toolbox call: say so when the box is not running (an archived sandbox answers a
+        misleading 404), and forget the cached sandbox (it may have been re-created under the name)."""
+        self._sandboxes.pop(name, None)
+        try:
+            sandbox = self._get(name, "exec")
+        except ProviderError:
+            return failure
+        if sandbox is None:
+            return BoxNotFound(f"no box called {name!r} on Daytona ({self._api_url})", box=name, operation="exec")
+        state = state_name(sandbox.state)
+        if state != "started":
+            what = "paused (archived)" if box_state(state) == "paused" else state
+            return ProviderError(
+                f"the box is {what}: start it (playbooks/box_state.yml -e state=started) and try again",
+                box=name,
+                operation="exec",
+            )
+        return failure
+
+    def _exec(
+        self, name: str, sandbox: Any, line: str, stdin: bytes | IO[bytes] | None, timeout: float | None
+    ) -> ExecResult:
         nonce = secrets.token_hex(8)
         directory = f"{EXEC_DIR}/{nonce}"
         in_path = ""

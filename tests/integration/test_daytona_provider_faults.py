@@ -258,3 +258,23 @@ def test_secrets_are_tmpfs_files_never_env(emu: Emu) -> None:
         assert provider.exec(name, ["sh", "-c", "grep -rl s3cr3t-value /var/tmp /tmp 2>/dev/null"]).stdout == b""
     finally:
         provider.destroy(name)
+
+
+def test_exec_in_a_paused_or_stopped_box_says_so(emu: Emu) -> None:
+    from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
+
+    provider = _provider(emu)
+    name = f"off-{uuid.uuid4().hex[:6]}"
+    provider.create(_spec(name))
+    try:
+        provider.stop(name)
+        with pytest.raises(ProviderError, match="the box is stopped: start it"):
+            provider.exec(name, ["true"])
+        provider.pause(name)
+        # An archived sandbox's toolbox answers 404; the message still says what is going on.
+        with pytest.raises(ProviderError, match=r"the box is paused \(archived\): start it"):
+            provider.exec(name, ["true"], stdin=b"x")
+        assert provider.resume(name).state == "running"
+        assert provider.exec(name, ["true"]).rc == 0
+    finally:
+        provider.destroy(name)
