@@ -69,6 +69,7 @@ try:
         DaytonaError,
         DaytonaNotFoundError,
         DaytonaSessionEndedError,
+        FileUpload,
         ListSandboxesQuery,
         Resources,
         SessionExecuteRequest,
@@ -1108,8 +1109,12 @@ class DaytonaProvider(Provider):
                 position = None
 
         def send() -> None:
+            if isinstance(source, (bytes, bytearray, str)):
+                # The pooled client (a local path is streamed from disk in 64 KiB pieces).
+                sandbox.fs.upload_files([FileUpload(source=source, destination=path)], timeout=TRANSFER_TIMEOUT)
+                return
             if position is not None:
-                source.seek(position)  # type: ignore[union-attr]
+                source.seek(position)
             sandbox.fs.upload_file_stream(source, path, timeout=TRANSFER_TIMEOUT)
 
         restartable = isinstance(source, (bytes, bytearray, str)) or position is not None
