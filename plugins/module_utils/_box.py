@@ -133,6 +133,7 @@ def create_box(provider: Provider, request: CreateRequest) -> Created:
             labels[_naming.label("worktrees")] = json.dumps(
                 [{"git_dir": p.common_dir, "path": p.path, "sub": p.sub} for p in plans], separators=(",", ":")
             )
+        labels[_naming.label("image")] = image  # the name it was made from (a listing shows only the id)
         if repos:
             labels[_naming.label("base_commit")] = repos[0].head
             labels[_naming.label("base_branch")] = repos[0].head_branch or ""

@@ -65,8 +65,10 @@ _CLIENTS_LOCK = threading.Lock()
 def _client_for(engine: str, ssh_options: dict[str, Any] | None = None) -> Any:
     if not HAS_DOCKER:
         raise ProviderError(f"the Python 'docker' package is required on the controller: {DOCKER_IMPORT_ERROR}")
+    # Keyed by pid too: a forked Ansible worker must not share its parent's connection.
+    key = f"{os.getpid()}:{engine}"
     with _CLIENTS_LOCK:
-        client = _CLIENTS.get(engine)
+        client = _CLIENTS.get(key)
         if client is not None:
             return client
         try:
@@ -83,18 +85,26 @@ def _client_for(engine: str, ssh_options: dict[str, Any] | None = None) -> Any:
                 f"the Docker engine at {where} does not answer ({exc}). Start it (scripts/ensure-docker.sh "
                 "starts a local one) or point DOCKER_HOST at a running engine."
             ) from exc
-        _CLIENTS[engine] = client
+        _CLIENTS[key] = client
         return client
 
 
 def forget_client(engine: str) -> None:
     with _CLIENTS_LOCK:
-        client = _CLIENTS.pop(engine, None)
+        client = _CLIENTS.pop(f"{os.getpid()}:{engine}", None)
     if client is not None:
         try:
             client.close()
         except Exception:  # noqa: BLE001 - closing a dead client must not mask the real error
             pass
+
+
+class _Summary:
+    """Just enough of a container object for _facts, made from a listing entry."""
+
+    def __init__(self, name: str, attrs: dict[str, Any]):
+        self.name = name
+        self.attrs = attrs
 
 
 class DockerProvider(Provider):
@@ -146,7 +156,7 @@ class DockerProvider(Provider):
             engine=self._engine,
             state=state,
             container=container.name,
-            image=attrs.get("Config", {}).get("Image", ""),
+            image=labels.get("image") or attrs.get("Config", {}).get("Image", ""),
             project=labels.get("project", ""),
             workspace=labels.get("workspace", ""),
             branch=labels.get("branch", ""),
@@ -176,10 +186,25 @@ class DockerProvider(Provider):
         if project:
             filters["label"].append(f"{label('project')}={project}")
         try:
-            containers = self.client.containers.list(all=True, filters=filters)
+            # One request: /containers/json already carries labels, state and ports.
+            summaries = self.api.containers(all=True, filters=filters)
         except APIError as exc:
             raise ProviderError(str(exc.explanation or exc), operation="list boxes") from exc
-        return sorted((self._facts(c) for c in containers), key=lambda f: f.name)
+        return sorted((self._facts_from_summary(s) for s in summaries), key=lambda f: f.name)
+
+    def _facts_from_summary(self, summary: dict[str, Any]) -> BoxFacts:
+        """BoxFacts from a /containers/json entry (the listing), in the shape _facts gives."""
+        ports: dict[str, int] = {}
+        for port in summary.get("Ports") or []:
+            if port.get("PublicPort") and port.get("Type", "tcp") == "tcp":
+                ports.setdefault(str(port["PrivatePort"]), int(port["PublicPort"]))
+        names = summary.get("Names") or ["/"]
+        attrs = {
+            "Config": {"Labels": summary.get("Labels") or {}, "Image": summary.get("Image", "")},
+            "State": {"Status": summary.get("State", "")},
+            "NetworkSettings": {"Ports": {f"{k}/tcp": [{"HostPort": str(v)}] for k, v in ports.items()}},
+        }
+        return self._facts(_Summary(names[0].lstrip("/"), attrs))
 
     # -- lifecycle ------------------------------------------------------------------------------
     def create(self, spec: BoxSpec) -> BoxFacts:
