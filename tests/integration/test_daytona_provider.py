@@ -232,11 +232,17 @@ def test_inventory_and_connection_run_git_status(world: World) -> None:
     inventory = _inventory(world)
     argv = [str(VENV_BIN / "ansible"), "-i", str(inventory), "daytona", "-m", "command",
             "-a", "git -C /workspace status"]  # fmt: skip
-    done = subprocess.run(argv, cwd=REPO, env=world.env(), capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert f"{world.box} | CHANGED | rc=0" in done.stdout, done.stdout
-    assert f"On branch agentbox/{world.box}" in done.stdout
-    assert "README.md" in done.stdout
+    for pipelining in ("false", "true"):  # the module file copied in, or fed as stdin
+        done = subprocess.run([*argv, "-e", f"ansible_pipelining={pipelining}"], cwd=REPO, env=world.env(),
+                              capture_output=True, text=True, check=False)  # fmt: skip
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert f"{world.box} | CHANGED | rc=0" in done.stdout, done.stdout
+        assert f"On branch agentbox/{world.box}" in done.stdout
+        assert "README.md" in done.stdout
+    # become: sudo in the box, through the connection
+    done = subprocess.run([str(VENV_BIN / "ansible"), "-i", str(inventory), "daytona", "-b", "-m", "command",
+                           "-a", "id -un"], cwd=REPO, env=world.env(), capture_output=True, text=True, check=False)  # fmt: skip
+    assert done.returncode == 0 and "root" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
 
 
 SERVICE = """\
