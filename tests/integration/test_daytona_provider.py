@@ -196,6 +196,9 @@ def test_create_box_playbook_seeds_a_sandbox_byte_identically(world: World) -> N
     assert container.labels["io.agentbox.emulator.sandbox"] == sandbox["id"]
     assert sandbox["labels"]["io.agentbox.box"] == world.box
     assert sandbox["labels"]["io.agentbox.branch"] == f"agentbox/{world.box}"
+    # The idle timeout (30 min by default) and Daytona's auto-stop as its backstop (twice that).
+    assert sandbox["labels"]["io.agentbox.idle_timeout"] == "30" and sandbox["autoStopInterval"] == 60
+    assert sandbox["user"] == "vscode"
     assert "DAYTONA_API_KEY" not in " ".join(container.attrs["Config"]["Env"])
 
     host = _tree(ws)

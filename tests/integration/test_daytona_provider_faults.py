@@ -278,3 +278,40 @@ def test_exec_in_a_paused_or_stopped_box_says_so(emu: Emu) -> None:
         assert provider.exec(name, ["true"]).rc == 0
     finally:
         provider.destroy(name)
+
+
+def test_box_from_an_image_with_resources(emu: Emu) -> None:
+    """No snapshot of that name: the box is made from the image (Daytona builds it), sized as asked."""
+    from tests.daytona_emulator import TEST_IMAGE, ensure_test_image, remove_test_image
+
+    client = docker.from_env()
+    built = ensure_test_image(client)
+    provider = _provider(emu, auto_stop=45, auto_archive=120)
+    name = f"img-{uuid.uuid4().hex[:6]}"
+    spec = _spec(name)
+    spec.image, spec.resources = TEST_IMAGE, {"memory": "1536m", "cpus": 1.5}
+    try:
+        facts = provider.create(spec)
+        sandbox = next(s for s in emu.admin.state()["sandboxes"] if s["name"] == name)
+        assert (sandbox["cpu"], sandbox["memory"]) == (2, 2)  # whole CPUs and GiB, rounded up
+        assert (sandbox["autoStopInterval"], sandbox["autoArchiveInterval"]) == (45, 120)
+        assert facts.image == TEST_IMAGE and facts.labels["image"] == TEST_IMAGE
+        run = provider.exec(name, ["sh", "-c", "echo busy; echo box >&2; exit 2"])  # busybox sh and base64
+        assert (run.rc, run.stdout, run.stderr) == (2, b"busy\n", b"box\n")
+    finally:
+        provider.destroy(name)
+        if built:
+            remove_test_image(client)
+
+
+def test_resources_with_a_snapshot_are_refused_before_anything_is_made(emu: Emu) -> None:
+    from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
+
+    spec = _spec(f"res-{uuid.uuid4().hex[:6]}")
+    spec.resources = {"memory": "2g"}
+    with pytest.raises(ProviderError, match="resources cannot be set for a box started from the Daytona snapshot"):
+        _provider(emu).create(spec)
+    spec.resources = {"pids_limit": 100}
+    with pytest.raises(ProviderError, match="pids_limit cannot be set on Daytona"):
+        _provider(emu).create(spec)
+    assert not [s for s in emu.admin.state()["sandboxes"] if s["name"] == spec.name]
