@@ -172,17 +172,18 @@ def main() -> None:
     switch_module, switch_raw = [], []
     try:
         provider.pause(names[1])
-        for i in range(args.runs * 2):
-            active, other = names[i % 2], names[(i + 1) % 2]
+        running, paused = names
+        for _round in range(args.runs * 2):
             started = time.monotonic()
-            _box.set_state(provider, provider.find(active), "paused")
-            _box.set_state(provider, provider.find(other), "started")
+            _box.set_state(provider, provider.find(running), "paused")
+            _box.set_state(provider, provider.find(paused), "started")
             switch_module.append(time.monotonic() - started)
-            active, other = other, active
+            running, paused = paused, running
             started = time.monotonic()
-            client.containers.get(f"agentbox-{active}").pause()
-            client.containers.get(f"agentbox-{other}").unpause()
+            client.containers.get(f"agentbox-{running}").pause()
+            client.containers.get(f"agentbox-{paused}").unpause()
             switch_raw.append(time.monotonic() - started)
+            running, paused = paused, running
     finally:
         for name in names:
             destroy(name)

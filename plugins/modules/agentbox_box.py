@@ -238,130 +238,21 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.agentbox.box.plugins.module_utils import _box, _naming
-from ansible_collections.agentbox.box.plugins.module_utils._module import (
-    PROVIDER_ARGUMENT_SPEC,
-    provider_from_params,
-)
+from ansible_collections.agentbox.box.plugins.module_utils._box_task import BOX_ARGUMENT_SPEC, run_box_task
 from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
 
 
-def _planned(name: str, workspace: str, image: str, provider: str, engine: str) -> dict:
-    """The facts a box would have: what check mode reports for a box it would create."""
-    return {
-        "name": name,
-        "state": "running",
-        "provider": provider,
-        "engine": engine,
-        "container": _naming.container_name(name),
-        "image": image,
-        "project": _naming.project_id(workspace),
-        "workspace": workspace,
-        "branch": _naming.box_branch(name),
-    }
-
-
-def _run(module: AnsibleModule) -> dict:
-    params = module.params
-    state = params["state"]
-    name = params["name"]
-    if name:
-        _naming.validate_box_name(name)
-    elif state not in ("present", "started"):
-        module.fail_json(msg=f"'name' is required with state={state}")
-    provider = provider_from_params(params)
-    existing = provider.find(name) if name else None
-    # The workspace defaults to the current directory only for a box about to be made; an
-    # existing box is checked against a workspace only when one was given.
-    workspace = None
-    if params["workspace"] or (existing is None and state in ("present", "started")):
-        workspace = _naming.workspace_path(params["workspace"])
-    if existing and params["workspace"]:
-        _box.check_owner(existing, _naming.project_id(workspace))
-    before = existing.to_dict() if existing else {}
-    result: dict = {"changed": False, "box": before}
-
-    if state == "absent":
-        if existing:
-            result["changed"] = True
-            result["box"] = {}
-            if not module.check_mode:
-                result["destroyed"] = _box.destroy_box(provider, existing, delete_branch=params["delete_branch"])
-    elif existing is None:
-        if state in ("stopped", "paused"):
-            module.fail_json(msg=f"no box called {name!r} on engine {provider.engine}: create it first (state=started)")
-        result["changed"] = True
-        if module.check_mode:
-            planned_name = name or _naming.default_box_name(workspace, "0" * 8)
-            result["box"] = _planned(planned_name, workspace, params["image"], provider.name, provider.engine)
-        else:
-            created = _box.create_box(
-                provider,
-                _box.CreateRequest(
-                    name=name,
-                    workspace=workspace,
-                    image=params["image"],
-                    env={k: str(v) for k, v in params["env"].items()},
-                    ports=params["ports"],
-                    resources={k: v for k, v in (params["resources"] or {}).items() if v is not None},
-                    secrets={k: str(v) for k, v in params["secrets"].items()},
-                    checkpoint=params["checkpoint"],
-                    seed=params["seed"],
-                    ship_depth=params["ship_depth"],
-                    boot=params["boot"],
-                ),
-            )
-            if created.image_transfer:
-                result["image_transfer"] = created.image_transfer
-            result["box"] = created.facts.to_dict()
-            result["seed"] = created.seed.to_dict() if created.seed else None
-            result["boot"] = created.boot
-            for warning in created.seed.warnings if created.seed else []:
-                module.warn(warning)
-    else:
-        wanted = {"present": existing.state, "started": "running", "stopped": "stopped", "paused": "paused"}[state]
-        if existing.state != wanted:
-            result["changed"] = True
-            if module.check_mode:
-                result["box"] = {**before, "state": wanted}
-            else:
-                target = {"running": "started", "stopped": "stopped", "paused": "paused"}[wanted]
-                result["box"] = _box.set_state(provider, existing, target, boot=params["boot"]).to_dict()
-    result["diff"] = {"before": before, "after": result["box"]}
-    return result
-
-
 def main() -> None:
-    argument_spec = {
-        "name": {"type": "str"},
-        "state": {"type": "str", "default": "started", "choices": ["present", "started", "stopped", "paused", "absent"]},
-        "workspace": {"type": "path"},
-        "image": {"type": "str", "default": _box.DEFAULT_IMAGE},
-        "checkpoint": {"type": "str"},
-        "resources": {
-            "type": "dict",
-            "options": {
-                "memory": {"type": "str"},
-                "cpus": {"type": "float"},
-                "pids_limit": {"type": "int"},
-            },
-        },
-        "env": {"type": "dict", "default": {}},
-        "secrets": {"type": "dict", "default": {}, "no_log": True},
-        "ports": {"type": "list", "elements": "int", "default": []},
-        "seed": {"type": "bool", "default": True},
-        "ship_depth": {"type": "int"},
-        "boot": {"type": "bool", "default": True},
-        "delete_branch": {"type": "bool", "default": False},
-        **PROVIDER_ARGUMENT_SPEC,
-    }
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    module = AnsibleModule(argument_spec=BOX_ARGUMENT_SPEC, supports_check_mode=True)
     try:
-        module.exit_json(**_run(module))
+        result, warnings = run_box_task(module.params, module.check_mode)
     except (ProviderError, ValueError, RuntimeError) as exc:
         module.fail_json(msg=str(exc))
     except Exception as exc:  # noqa: BLE001 - a module must always answer with JSON
         module.fail_json(msg=f"unexpected error: {exc}", exception=traceback.format_exc())
+    for warning in warnings:
+        module.warn(warning)
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

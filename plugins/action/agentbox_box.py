@@ -1,0 +1,43 @@
+# Copyright (c) agentbox.box contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Run agentbox_box inside the controller's process when the task runs on the controller.
+
+A module round trip (packaging, a new interpreter, importing the Docker SDK again, temp files)
+costs more than creating and seeding a box on the local engine; boxes are always managed from
+the controller, so the task runs here. A task sent to another host runs the module there.
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+from ansible.plugins.action import ActionBase
+
+from ansible_collections.agentbox.box.plugins.module_utils._box_task import BOX_ARGUMENT_SPEC, run_box_task
+from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
+
+LOCAL_TRANSPORTS = ("local", "ansible.builtin.local")
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _requires_connection = False
+
+    def run(self, tmp: str | None = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
+        if self._connection.transport not in LOCAL_TRANSPORTS:
+            return self._execute_module(module_name="agentbox.box.agentbox_box", task_vars=task_vars)
+        result = super().run(tmp, task_vars)
+        _validation, params = self.validate_argument_spec(argument_spec=BOX_ARGUMENT_SPEC)
+        try:
+            outcome, warnings = run_box_task(params, bool(self._task.check_mode))
+        except (ProviderError, ValueError, RuntimeError) as exc:
+            return {**result, "failed": True, "changed": False, "msg": str(exc)}
+        except Exception as exc:  # noqa: BLE001 - report like a module would
+            return {**result, "failed": True, "changed": False, "msg": f"unexpected error: {exc}", "exception": traceback.format_exc()}
+        result.update(outcome)
+        if warnings:
+            result["warnings"] = warnings
+        if not self._task.diff:
+            result.pop("diff", None)
+        return result

@@ -1,0 +1,124 @@
+# Copyright (c) agentbox.box contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The agentbox_box task, shared by the module and its action plugin.
+
+The action plugin runs it in the controller's own process (no module round trip: most of a
+task's time on the local engine); the module runs it wherever Ansible sends it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _box, _naming
+from ._module import PROVIDER_ARGUMENT_SPEC, provider_from_params
+
+BOX_ARGUMENT_SPEC: dict[str, Any] = {
+    "name": {"type": "str"},
+    "state": {"type": "str", "default": "started", "choices": ["present", "started", "stopped", "paused", "absent"]},
+    "workspace": {"type": "path"},
+    "image": {"type": "str", "default": _box.DEFAULT_IMAGE},
+    "checkpoint": {"type": "str"},
+    "resources": {
+        "type": "dict",
+        "options": {
+            "memory": {"type": "str"},
+            "cpus": {"type": "float"},
+            "pids_limit": {"type": "int"},
+        },
+    },
+    "env": {"type": "dict", "default": {}},
+    "secrets": {"type": "dict", "default": {}, "no_log": True},
+    "ports": {"type": "list", "elements": "int", "default": []},
+    "seed": {"type": "bool", "default": True},
+    "ship_depth": {"type": "int"},
+    "boot": {"type": "bool", "default": True},
+    "delete_branch": {"type": "bool", "default": False},
+    **PROVIDER_ARGUMENT_SPEC,
+}
+
+
+def _planned(name: str, workspace: str, image: str, provider: str, engine: str) -> dict:
+    """The facts a box would have: what check mode reports for a box it would create."""
+    return {
+        "name": name,
+        "state": "running",
+        "provider": provider,
+        "engine": engine,
+        "container": _naming.container_name(name),
+        "image": image,
+        "project": _naming.project_id(workspace),
+        "workspace": workspace,
+        "branch": _naming.box_branch(name),
+    }
+
+
+def run_box_task(params: dict[str, Any], check_mode: bool) -> tuple[dict[str, Any], list[str]]:
+    """The whole agentbox_box task: (result, warnings). Raises ProviderError or ValueError."""
+    warnings: list[str] = []
+    state = params["state"]
+    name = params["name"]
+    if name:
+        _naming.validate_box_name(name)
+    elif state not in ("present", "started"):
+        raise ValueError(f"'name' is required with state={state}")
+    provider = provider_from_params(params)
+    existing = provider.find(name) if name else None
+    # The workspace defaults to the current directory only for a box about to be made; an
+    # existing box is checked against a workspace only when one was given.
+    workspace = None
+    if params["workspace"] or (existing is None and state in ("present", "started")):
+        workspace = _naming.workspace_path(params["workspace"])
+    if existing and params["workspace"]:
+        _box.check_owner(existing, _naming.project_id(workspace))
+    before = existing.to_dict() if existing else {}
+    result: dict = {"changed": False, "box": before}
+
+    if state == "absent":
+        if existing:
+            result["changed"] = True
+            result["box"] = {}
+            if not check_mode:
+                result["destroyed"] = _box.destroy_box(provider, existing, delete_branch=params["delete_branch"])
+    elif existing is None:
+        if state in ("stopped", "paused"):
+            raise ValueError(f"no box called {name!r} on engine {provider.engine}: create it first (state=started)")
+        result["changed"] = True
+        if check_mode:
+            planned_name = name or _naming.default_box_name(workspace, "0" * 8)
+            result["box"] = _planned(planned_name, workspace, params["image"], provider.name, provider.engine)
+        else:
+            created = _box.create_box(
+                provider,
+                _box.CreateRequest(
+                    name=name,
+                    workspace=workspace,
+                    image=params["image"],
+                    env={k: str(v) for k, v in params["env"].items()},
+                    ports=params["ports"],
+                    resources={k: v for k, v in (params["resources"] or {}).items() if v is not None},
+                    secrets={k: str(v) for k, v in params["secrets"].items()},
+                    checkpoint=params["checkpoint"],
+                    seed=params["seed"],
+                    ship_depth=params["ship_depth"],
+                    boot=params["boot"],
+                ),
+            )
+            if created.image_transfer:
+                result["image_transfer"] = created.image_transfer
+            result["box"] = created.facts.to_dict()
+            result["seed"] = created.seed.to_dict() if created.seed else None
+            result["boot"] = created.boot
+            for warning in created.seed.warnings if created.seed else []:
+                warnings.append(warning)
+    else:
+        wanted = {"present": existing.state, "started": "running", "stopped": "stopped", "paused": "paused"}[state]
+        if existing.state != wanted:
+            result["changed"] = True
+            if check_mode:
+                result["box"] = {**before, "state": wanted}
+            else:
+                target = {"running": "started", "stopped": "stopped", "paused": "paused"}[wanted]
+                result["box"] = _box.set_state(provider, existing, target, boot=params["boot"]).to_dict()
+    result["diff"] = {"before": before, "after": result["box"]}
+    return result, warnings
