@@ -90,6 +90,14 @@ except ImportError:  # pragma: no cover - httpx comes with the SDK
     httpx = None  # type: ignore[assignment]
     HTTPX_ERRORS = ()
 
+try:
+    from urllib3.exceptions import MaxRetryError, ProtocolError
+    from urllib3.exceptions import TimeoutError as Urllib3Timeout
+
+    URLLIB3_ERRORS: tuple[type[BaseException], ...] = (MaxRetryError, ProtocolError, Urllib3Timeout)
+except ImportError:  # pragma: no cover - urllib3 comes with the SDK
+    URLLIB3_ERRORS = ()
+
 DEFAULT_API_URL = "https://app.daytona.io/api"
 BOX_USER = "vscode"
 WEB_PORT = 80
@@ -251,12 +259,24 @@ def status_of(exc: BaseException) -> int | None:
 
 
 def is_transport_error(exc: BaseException) -> bool:
-    """No answer at all: refused, reset, dropped, or a read timeout."""
-    if HAS_DAYTONA and isinstance(exc, DaytonaConnectionError):
-        return True
-    if HTTPX_ERRORS and isinstance(exc, HTTPX_ERRORS):
-        return True
-    return isinstance(exc, (ConnectionError, TimeoutError))
+    """No answer at all: refused, reset, dropped, or a read timeout (the SDK sometimes wraps urllib3's
+    MaxRetryError in a plain DaytonaError, so the cause chain is searched too)."""
+    seen = 0
+    current: BaseException | None = exc
+    while current is not None and seen < 8:
+        if HAS_DAYTONA and isinstance(current, DaytonaConnectionError):
+            return True
+        if HTTPX_ERRORS and isinstance(current, HTTPX_ERRORS):
+            return True
+        if URLLIB3_ERRORS and isinstance(current, URLLIB3_ERRORS):
+            return True
+        if isinstance(current, (ConnectionError, TimeoutError)):
+            return True
+        if status_of(current) is not None:
+            return False  # an answer came back
+        current = current.__cause__ or current.__context__
+        seen += 1
+    return False
 
 
 def is_retryable(exc: BaseException) -> bool:

@@ -211,3 +211,11 @@ def test_forked_child_forgets_the_parents_clients() -> None:
         assert dt._CLIENTS  # the parent keeps its own
     finally:
         dt._CLIENTS.clear()
+
+
+def test_refused_connection_is_unreachable_after_bounded_retries() -> None:
+    provider = dt.DaytonaProvider(api_key="k", api_url="http://127.0.0.1:9/api")  # nothing listens on port 9
+    started = time.monotonic()
+    with pytest.raises(dt.EngineUnreachable, match="did not answer after 4 attempts"):
+        provider.find("x")
+    assert time.monotonic() - started < 10
