@@ -1027,15 +1027,19 @@ class DaytonaProvider(Provider):
         for round_ in range(2):
             try:
                 self._call(send, box=name, operation="exec")
-                return
             except ProviderError as exc:
                 cause = exc.__cause__
                 session_missing = cause is not None and (
                     status_of(cause) in (404, 410) or (HAS_DAYTONA and isinstance(cause, DaytonaSessionEndedError))
                 )
-                if not session_missing or round_:
+                # The first launch of this process in this sandbox may fail for want of the session, whatever
+                # the daemon answers then: make sure it exists and launch again (the launcher is idempotent).
+                if round_ or not (session_missing or sandbox.id not in self._sessions):
                     raise self._toolbox_hint(exc, name) from exc
                 self._ensure_session(name, sandbox)
+                continue
+            self._sessions.add(sandbox.id)
+            return
 
     def _ensure_session(self, name: str, sandbox: Any) -> None:
         def make() -> None:
