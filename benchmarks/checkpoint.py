@@ -86,7 +86,7 @@ def paired(ours: list[float], theirs: list[float]) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--megabytes", type=int, default=100)
     args = parser.parse_args()

@@ -162,7 +162,7 @@ def bench_connections(sizes: list[int], runs: int, names: list[str], site: Path,
                 # One warm-up run: page cache, first exec in each container.
                 timed([*ansible, "-m", "command", "-a", "true"], env)
                 CPU_SPENT.clear()
-                command_times = [timed([*ansible, "-m", "command", "-a", "true"], env) for _ in range(runs)]
+                command_times = [timed([*ansible, "-m", "command", "-a", "true"], env) for _run in range(runs)]
                 command_cpu = list(CPU_SPENT)
                 CPU_SPENT.clear()
                 copy_times = []
@@ -223,7 +223,7 @@ def bench_inventory(runs: int, site: Path, work: Path) -> list[dict]:
         path.write_text(text)
         argv = [str(VENV_BIN / "ansible-inventory"), "-i", str(path), "--list"]
         timed(argv, env)  # warm-up, and fills the cache for the warm case
-        times = [timed(argv, env) for _ in range(max(runs, 5))]
+        times = [timed(argv, env) for _run in range(max(runs, 5))]
         results.append(
             {"case": label, "median_s": round(statistics.median(times), 3), "runs_s": [round(t, 3) for t in times]}
         )
@@ -238,7 +238,7 @@ def bench_inventory(runs: int, site: Path, work: Path) -> list[dict]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10, 30])
     parser.add_argument("--runs", type=int, default=3, help="timed runs per case (median reported)")
     parser.add_argument("--inventory-boxes", type=int, default=100)

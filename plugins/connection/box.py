@@ -16,7 +16,7 @@ description:
   - A paused box is resumed first (O(auto_resume)); a stopped or missing box makes the host unreachable.
   - The P(agentbox.box.boxes#inventory) inventory plugin sets every variable this plugin needs.
 author:
-  - agentbox.box developers
+  - agentbox.box developers (@agentbox)
 options:
   box:
     description:

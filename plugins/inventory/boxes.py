@@ -18,7 +18,7 @@ description:
   - Every value read from an engine is marked unsafe, so no label or name is ever templated.
   - An engine that cannot be reached gives a warning naming it; the boxes of the other engines still load.
 author:
-  - agentbox.box developers
+  - agentbox.box developers (@agentbox)
 extends_documentation_fragment:
   - ansible.builtin.constructed
   - ansible.builtin.inventory_cache

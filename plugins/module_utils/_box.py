@@ -155,6 +155,9 @@ def create_box(provider: Provider, request: CreateRequest) -> Created:
         raise
     try:
         facts = provider.create(spec)
+        if request.boot:
+            # dockerd takes about as long to come up as seeding takes: start it now, in the background.
+            early_boot(provider, name)
         seed_result = None
         if restore is not None:
             seed_result = restore.restore_workspace(provider, name, repos, plans, carry)
@@ -230,6 +233,12 @@ def _undo_create(provider: Provider, name: str, plans: list[_seed.WorktreePlan])
         for plan in plans:
             _git.remove_worktree_registration(plan.common_dir, plan.path)
         _forget_branch(plans)
+
+
+def early_boot(provider: Provider, name: str) -> None:
+    """Start the in-box start sequence without the supervisor, detached; boot_box completes it."""
+    script = f"command -v {BOOT_COMMAND} >/dev/null 2>&1 && ({BOOT_COMMAND} --no-supervisor >/dev/null 2>&1 &); true"
+    provider.exec(name, ["sh", "-c", script], user="root")
 
 
 def boot_box(provider: Provider, name: str) -> dict[str, Any] | None:

@@ -244,6 +244,13 @@ def grant_box_access(common_dir: str, uid: int = 1000) -> bool:
     """
     if os.geteuid() != 0 or shutil.which("setfacl") is None:
         return False
+    # The box user must also reach it: a .git under a directory it cannot enter (/root) stays root's.
+    parent = os.path.dirname(common_dir.rstrip("/"))
+    while parent and parent != "/":
+        info = os.stat(parent)
+        if not (info.st_mode & 0o001 or info.st_uid == uid):
+            return False
+        parent = os.path.dirname(parent)
     result = subprocess.run(
         ["setfacl", "-R", "-m", f"u:{uid}:rwX", "-m", f"d:u:{uid}:rwX", common_dir],
         capture_output=True,

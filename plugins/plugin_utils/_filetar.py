@@ -95,7 +95,8 @@ def extract_single_file(chunks: Iterable[bytes], out: IO[bytes]) -> int:
         if not member.isreg():
             raise NotARegularFile(f"{member.name} is not a regular file")
         source = tar.extractfile(member)
-        assert source is not None
+        if source is None:
+            raise AssertionError('a regular file member always has its data')
         written = 0
         while chunk := source.read(CHUNK):
             out.write(chunk)

@@ -249,7 +249,7 @@ def test_copy_and_fetch_text_binary_and_odd_names(box, tmp_path):
     (src / "notes ☃ ünï.txt").write_text("line one ✓\nline 'two' \"three\"\n", encoding="utf-8")
     (src / "small.txt").write_text("small\n")
     with open(src / "big.bin", "wb") as handle:
-        handle.writelines(os.urandom(1 << 20) for _ in range(50))
+        handle.writelines(os.urandom(1 << 20) for _chunk in range(50))
     fetched = tmp_path / "fetched"
     body = """\
         - hosts: boxes

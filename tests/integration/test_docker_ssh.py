@@ -207,7 +207,7 @@ def test_two_engines_carry_over_commands_fetch_back_destroy(fleet, tmp_path, mon
             assert created.seed.modified >= 4 and (created.seed.deleted, created.seed.renamed) == (1, 1)
             assert created.seed.warnings == []
             # Byte-identical carry-over, file by file (content, mode, symlink target).
-            assert box_files(provider, name, "/workspace") == {k: v for k, v in expected_root.items()} | {
+            assert box_files(provider, name, "/workspace") == dict(expected_root) | {
                 f"nested/{k}": v for k, v in expected_nested.items()
             }
             # Staged and unstaged states survive (git status in the box reads like the host's).
