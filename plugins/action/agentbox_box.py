@@ -38,6 +38,4 @@ class ActionModule(ActionBase):
         result.update(outcome)
         if warnings:
             result["warnings"] = warnings
-        if not self._task.diff:
-            result.pop("diff", None)
         return result
