@@ -18,6 +18,8 @@ description:
   - A V(layered) checkpoint is one image layer over the box's image (fast). A V(flattened) one is a single layer
     over scratch with the box's Env, Cmd, Entrypoint, WorkingDir, User, ExposedPorts and Labels replayed; it is
     made when O(merged=true), or automatically when the box's image already stacks O(max_layers) checkpoint layers.
+  - With O(provider=daytona) a checkpoint is a sandbox snapshot (the box is stopped, captured and started again,
+    and its services restarted); O(merged) and O(max_layers) do not apply there.
   - Per-box secrets (the box's C(secrets), on a tmpfs under C(/run/agentbox)) are never captured; a box whose
     environment holds the value of one of its secrets is refused.
   - The facts are kept twice, in C(~/.agentbox/checkpoints/<project>/<name>/manifest.json) and in the image's
