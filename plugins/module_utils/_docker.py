@@ -60,6 +60,8 @@ API_TIMEOUT = 120
 # and the inventory lists many engines; reconnecting each time is the slow part.
 _CLIENTS: dict[str, Any] = {}
 _CLIENTS_LOCK = threading.Lock()
+# Engine API versions seen answering; unlike clients, safe to inherit across a fork.
+_API_VERSIONS: dict[str, str] = {}
 
 
 def _client_for(engine: str, ssh_options: dict[str, Any] | None = None) -> Any:
@@ -73,12 +75,18 @@ def _client_for(engine: str, ssh_options: dict[str, Any] | None = None) -> Any:
             return client
         try:
             if engine == "local":
-                client = docker.from_env(timeout=API_TIMEOUT)
+                # A worker forked from a process that already reached this engine knows its API
+                # version: skip the /version and /_ping round trips every new client would make.
+                known = _API_VERSIONS.get(engine)
+                client = docker.from_env(timeout=API_TIMEOUT, version=known or "auto")
+                if not known:
+                    client.api.ping()
+                    _API_VERSIONS[engine] = client.api.api_version
             else:
                 from ._ssh import docker_client_over_ssh
 
                 client = docker_client_over_ssh(engine, timeout=API_TIMEOUT, **(ssh_options or {}))
-            client.api.ping()
+                client.api.ping()
         except DockerException as exc:
             where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock") if engine == "local" else engine
             raise EngineUnreachable(
