@@ -866,6 +866,18 @@ def capture(provider: Provider, plan: CapturePlan, cleanup: bool = True) -> dict
                     _ref(facts.project, plan.name),
                     head["commit"],
                 )
+    return captured(plan, facts, record, made, timings, warnings)
+
+
+def captured(
+    plan: CapturePlan,
+    facts: BoxFacts,
+    record: dict[str, Any],
+    made: dict[str, Any],
+    timings: dict[str, float],
+    warnings: list[str],
+) -> dict[str, Any]:
+    """What a capture returns, whichever store made the image or snapshot."""
     result = Checkpoint(
         name=plan.name,
         project=facts.project,

@@ -1544,19 +1544,7 @@ class DaytonaCheckpoints:
                 warnings.append(f"the replaced snapshot {plan.replaces.image} could not be deleted: {exc}")
         if plan.numbered:
             _checkpoint._record_number(facts.project, facts.name, plan.name)
-        result = _checkpoint.Checkpoint(
-            name=plan.name,
-            project=facts.project,
-            image=plan.image,
-            record=record,
-            has_manifest=True,
-            image_exists=True,
-            image_id=made["id"],
-            size=int(made.get("size") or 0),
-        ).to_dict()
-        result["timings"] = {key: round(value, 3) for key, value in timings.items()}
-        result["warnings"] = warnings
-        return result
+        return _checkpoint.captured(plan, facts, record, made, timings, warnings)
 
     def remove(self, checkpoint: Any) -> dict[str, Any]:
         from . import _checkpoint

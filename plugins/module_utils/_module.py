@@ -4,9 +4,11 @@
 
 from __future__ import annotations
 
+import traceback
+from collections.abc import Callable
 from typing import Any
 
-from ._provider import Provider, get_provider
+from ._provider import Provider, ProviderError, get_provider
 
 PROVIDER_ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "provider": {"type": "str", "choices": ["docker", "docker_ssh", "daytona"], "default": "docker"},
@@ -35,3 +37,18 @@ def provider_from_params(params: dict[str, Any]) -> Provider:
             target=params.get("daytona_target"),
         )
     return get_provider(name, **options)
+
+
+def run_module(module: Any, run: Callable[[Any], dict[str, Any]]) -> None:
+    """Exit `module` with run(module)'s result: every module's one way of answering.
+
+    A provider, naming or git error becomes a fail_json with its message (which says what to
+    do); anything else is reported with its traceback, never as a crash without JSON.
+    """
+    try:
+        result = run(module)
+    except (ProviderError, ValueError, RuntimeError) as exc:
+        module.fail_json(msg=str(exc))
+    except Exception as exc:  # noqa: BLE001 - a module must always answer with JSON
+        module.fail_json(msg=f"unexpected error: {exc}", exception=traceback.format_exc())
+    module.exit_json(**result)

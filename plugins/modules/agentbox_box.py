@@ -234,25 +234,22 @@ destroyed:
   type: dict
 """
 
-import traceback
-
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.agentbox.box.plugins.module_utils._box_task import BOX_ARGUMENT_SPEC, run_box_task
-from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
+from ansible_collections.agentbox.box.plugins.module_utils._module import run_module
+
+
+def _task(module: AnsibleModule) -> dict:
+    result, warnings = run_box_task(module.params, module.check_mode)
+    for warning in warnings:
+        module.warn(warning)
+    return result
 
 
 def main() -> None:
     module = AnsibleModule(argument_spec=BOX_ARGUMENT_SPEC, supports_check_mode=True)
-    try:
-        result, warnings = run_box_task(module.params, module.check_mode)
-    except (ProviderError, ValueError, RuntimeError) as exc:
-        module.fail_json(msg=str(exc))
-    except Exception as exc:  # noqa: BLE001 - a module must always answer with JSON
-        module.fail_json(msg=f"unexpected error: {exc}", exception=traceback.format_exc())
-    for warning in warnings:
-        module.warn(warning)
-    module.exit_json(**result)
+    run_module(module, _task)
 
 
 if __name__ == "__main__":

@@ -52,7 +52,6 @@ boxes:
   elements: dict
 """
 
-import traceback
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -60,8 +59,8 @@ from ansible_collections.agentbox.box.plugins.module_utils import _naming
 from ansible_collections.agentbox.box.plugins.module_utils._module import (
     PROVIDER_ARGUMENT_SPEC,
     provider_from_params,
+    run_module,
 )
-from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
 
 
 def _run(params: dict) -> dict:
@@ -88,12 +87,7 @@ def main() -> None:
     module = AnsibleModule(
         argument_spec=argument_spec, supports_check_mode=True, mutually_exclusive=[["project", "workspace"]]
     )
-    try:
-        module.exit_json(**_run(module.params))
-    except (ProviderError, ValueError, RuntimeError) as exc:
-        module.fail_json(msg=str(exc))
-    except Exception as exc:  # noqa: BLE001 - a module must always answer with JSON
-        module.fail_json(msg=f"unexpected error: {exc}", exception=traceback.format_exc())
+    run_module(module, lambda mod: _run(mod.params))
 
 
 if __name__ == "__main__":

@@ -155,7 +155,6 @@ removed:
   type: dict
 """
 
-import traceback
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -163,8 +162,8 @@ from ansible_collections.agentbox.box.plugins.module_utils import _checkpoint, _
 from ansible_collections.agentbox.box.plugins.module_utils._module import (
     PROVIDER_ARGUMENT_SPEC,
     provider_from_params,
+    run_module,
 )
-from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
 
 
 def _summary(checkpoint: dict | None) -> dict:
@@ -287,12 +286,7 @@ def main() -> None:
         supports_check_mode=True,
         mutually_exclusive=[("prune", "name"), ("prune", "box")],
     )
-    try:
-        module.exit_json(**_run(module))
-    except (ProviderError, ValueError, RuntimeError) as exc:
-        module.fail_json(msg=str(exc))
-    except Exception as exc:  # noqa: BLE001 - a module must always answer with JSON
-        module.fail_json(msg=f"unexpected error: {exc}", exception=traceback.format_exc())
+    run_module(module, _run)
 
 
 if __name__ == "__main__":

@@ -100,7 +100,6 @@ paused:
   elements: str
 """
 
-import traceback
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -113,6 +112,7 @@ from ansible_collections.agentbox.box.plugins.module_utils._daytona import (
 from ansible_collections.agentbox.box.plugins.module_utils._module import (
     PROVIDER_ARGUMENT_SPEC,
     provider_from_params,
+    run_module,
 )
 from ansible_collections.agentbox.box.plugins.module_utils._provider import BoxFacts, Provider, ProviderError
 
@@ -210,12 +210,7 @@ def main() -> None:
         **PROVIDER_ARGUMENT_SPEC,
     }
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
-    try:
-        module.exit_json(**_run(module))
-    except (ProviderError, ValueError, RuntimeError) as exc:
-        module.fail_json(msg=str(exc))
-    except Exception as exc:  # noqa: BLE001 - a module must always answer with JSON
-        module.fail_json(msg=f"unexpected error: {exc}", exception=traceback.format_exc())
+    run_module(module, _run)
 
 
 if __name__ == "__main__":
