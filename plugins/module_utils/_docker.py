@@ -9,13 +9,14 @@ state file, so any machine that reaches the engine sees the same boxes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-import socket
 import threading
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
+from ._engine_api import EngineAPI, EngineAPIError, EngineUnanswered, feed_stdin, local_engine
 from ._naming import container_name, docker_volume_name, label, strip_labels
 from ._provider import (
     BoxFacts,
@@ -27,16 +28,37 @@ from ._provider import (
     ProviderError,
 )
 
-try:
-    import docker
-    from docker.errors import APIError, DockerException, ImageNotFound, NotFound
-    from docker.utils.socket import frames_iter
 
-    HAS_DOCKER = True
-    DOCKER_IMPORT_ERROR: Exception | None = None
-except ImportError as exc:  # pragma: no cover - reported by the modules
-    HAS_DOCKER = False
-    DOCKER_IMPORT_ERROR = exc
+class _SdkNotLoaded(Exception):
+    """Stands for the docker SDK's exception classes until the SDK is imported (see _sdk)."""
+
+
+# The docker SDK is imported on first use: the per-task calls (list, find, exec, archives) go
+# through _engine_api and must not pay for it. No SDK exception can be raised before _sdk() has
+# run and rebound these names, so the stand-in in an `except` clause never catches anything.
+docker: Any = None
+APIError: Any = _SdkNotLoaded
+DockerException: Any = _SdkNotLoaded
+ImageNotFound: Any = _SdkNotLoaded
+NotFound: Any = _SdkNotLoaded
+frames_iter: Any = None
+
+
+def _sdk() -> Any:
+    global docker, APIError, DockerException, ImageNotFound, NotFound, frames_iter
+    if docker is None:
+        try:
+            import docker as sdk
+            from docker import errors
+            from docker.utils.socket import frames_iter as sdk_frames_iter
+        except ImportError as exc:
+            raise ProviderError(f"the Python 'docker' package is required on the controller: {exc}") from exc
+        APIError, DockerException = errors.APIError, errors.DockerException
+        ImageNotFound, NotFound = errors.ImageNotFound, errors.NotFound
+        frames_iter = sdk_frames_iter
+        docker = sdk
+    return docker
+
 
 BOX_USER = "vscode"
 WEB_PORT = 80
@@ -64,9 +86,35 @@ _CLIENTS_LOCK = threading.Lock()
 _API_VERSIONS: dict[str, str] = {}
 
 
+def _unreachable(engine: str, exc: Exception) -> EngineUnreachable:
+    where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock") if engine == "local" else engine
+    return EngineUnreachable(
+        f"the Docker engine at {where} does not answer ({exc}). Start it (scripts/ensure-docker.sh "
+        "starts a local one) or point DOCKER_HOST at a running engine."
+    )
+
+
+def _engine_error(status: int | None, text: str, name: str, operation: str, engine: str) -> ProviderError:
+    """One ProviderError for an engine's error answer, whichever client got it."""
+    if "is paused" in text:
+        return ProviderError(
+            "the box is paused: resume it (playbooks/box_state.yml -e state=started) and try again",
+            box=name,
+            operation=operation,
+        )
+    if "is not running" in text:
+        return ProviderError(
+            "the box is stopped: start it (playbooks/box_state.yml -e state=started) and try again",
+            box=name,
+            operation=operation,
+        )
+    if status == 404 and "no such container" in text.lower():
+        return BoxNotFound(f"no box called {name!r} on engine {engine}", box=name, operation=operation)
+    return ProviderError(text, box=name, operation=operation)
+
+
 def _client_for(engine: str, ssh_options: dict[str, Any] | None = None) -> Any:
-    if not HAS_DOCKER:
-        raise ProviderError(f"the Python 'docker' package is required on the controller: {DOCKER_IMPORT_ERROR}")
+    _sdk()
     # Keyed by pid too: a forked Ansible worker must not share its parent's connection.
     key = f"{os.getpid()}:{engine}"
     with _CLIENTS_LOCK:
@@ -88,11 +136,7 @@ def _client_for(engine: str, ssh_options: dict[str, Any] | None = None) -> Any:
                 client = docker_client_over_ssh(engine, timeout=API_TIMEOUT, **(ssh_options or {}))
                 client.api.ping()
         except DockerException as exc:
-            where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock") if engine == "local" else engine
-            raise EngineUnreachable(
-                f"the Docker engine at {where} does not answer ({exc}). Start it (scripts/ensure-docker.sh "
-                "starts a local one) or point DOCKER_HOST at a running engine."
-            ) from exc
+            raise _unreachable(engine, exc) from exc
         _CLIENTS[key] = client
         return client
 
@@ -126,6 +170,9 @@ class DockerProvider(Provider):
         # Only the local engine sees the controller's files (the workspace .git bind mounts).
         self.shares_host_filesystem = self._engine == "local"
         self._ssh_options = ssh_options or {}
+        # The per-task calls go straight to the engine's socket when the standard library can
+        # reach it (the local engine without TLS); otherwise the SDK makes them too.
+        self._direct: EngineAPI | None = local_engine(API_TIMEOUT) if self._engine == "local" else None
 
     # -- plumbing -------------------------------------------------------------------------------
     @property
@@ -139,6 +186,17 @@ class DockerProvider(Provider):
     @property
     def api(self) -> Any:
         return self.client.api
+
+    @contextlib.contextmanager
+    def _direct_call(self, name: str, operation: str) -> Iterator[EngineAPI]:
+        """The direct client, with its failures turned into the provider's errors."""
+        assert self._direct is not None
+        try:
+            yield self._direct
+        except EngineUnanswered as exc:
+            raise _unreachable(self._engine, exc) from exc
+        except EngineAPIError as exc:
+            raise _engine_error(exc.status, exc.message, name, operation, self._engine) from exc
 
     def _container(self, name: str, operation: str) -> Any:
         try:
@@ -177,10 +235,17 @@ class DockerProvider(Provider):
 
     # -- discovery ------------------------------------------------------------------------------
     def find(self, name: str) -> BoxFacts | None:
-        try:
-            container = self.client.containers.get(container_name(name))
-        except NotFound:
-            return None
+        if self._direct is not None:
+            with self._direct_call(name, "find") as engine:
+                attrs = engine.inspect_container(container_name(name))
+            if attrs is None:
+                return None
+            container: Any = _Summary(str(attrs.get("Name", "")).lstrip("/"), attrs)
+        else:
+            try:
+                container = self.client.containers.get(container_name(name))
+            except NotFound:
+                return None
         if label("box") not in (container.attrs.get("Config", {}).get("Labels") or {}):
             raise ProviderError(
                 f"container {container.name!r} exists but was not made by agentbox (no io.agentbox.box label); "
@@ -193,11 +258,15 @@ class DockerProvider(Provider):
         filters = {"label": [label("kind") + "=box"]}
         if project:
             filters["label"].append(f"{label('project')}={project}")
-        try:
-            # One request: /containers/json already carries labels, state and ports.
-            summaries = self.api.containers(all=True, filters=filters)
-        except APIError as exc:
-            raise ProviderError(str(exc.explanation or exc), operation="list boxes") from exc
+        # One request: /containers/json already carries labels, state and ports.
+        if self._direct is not None:
+            with self._direct_call("", "list boxes") as engine:
+                summaries = engine.containers(filters["label"])
+        else:
+            try:
+                summaries = self.api.containers(all=True, filters=filters)
+            except APIError as exc:
+                raise ProviderError(str(exc.explanation or exc), operation="list boxes") from exc
         return sorted((self._facts_from_summary(s) for s in summaries), key=lambda f: f.name)
 
     def _facts_from_summary(self, summary: dict[str, Any]) -> BoxFacts:
@@ -316,9 +385,9 @@ class DockerProvider(Provider):
                     box=name,
                     operation="create",
                 )
-        self.exec(name, ["install", "-d", "-m", "0700", "-o", BOX_USER, "-g", BOX_USER, SECRETS_DIR], user="root").check(
-            "making the secrets directory", name
-        )
+        self.exec(
+            name, ["install", "-d", "-m", "0700", "-o", BOX_USER, "-g", BOX_USER, SECRETS_DIR], user="root"
+        ).check("making the secrets directory", name)
         for key, value in secrets.items():
             self.exec(
                 name,
@@ -405,6 +474,10 @@ class DockerProvider(Provider):
         timeout: float | None = None,
     ) -> ExecResult:
         cname = container_name(name)
+        if self._direct is not None:
+            with self._direct_call(name, "exec") as engine:
+                rc, stdout, stderr = engine.exec(cname, argv, user=user, workdir=workdir, env=env, stdin=stdin)
+            return ExecResult(rc=rc, stdout=stdout, stderr=stderr)
         try:
             exec_id = self.api.exec_create(
                 cname,
@@ -419,20 +492,7 @@ class DockerProvider(Provider):
         except NotFound as exc:
             raise BoxNotFound(f"no box called {name!r} on engine {self._engine}", box=name, operation="exec") from exc
         except APIError as exc:
-            text = str(exc.explanation or exc)
-            if "is paused" in text:
-                raise ProviderError(
-                    "the box is paused: resume it (playbooks/box_state.yml -e state=started) and try again",
-                    box=name,
-                    operation="exec",
-                ) from exc
-            if "is not running" in text:
-                raise ProviderError(
-                    "the box is stopped: start it (playbooks/box_state.yml -e state=started) and try again",
-                    box=name,
-                    operation="exec",
-                ) from exc
-            raise ProviderError(text, box=name, operation="exec") from exc
+            raise _engine_error(exc.status_code, str(exc.explanation or exc), name, "exec", self._engine) from exc
         if stdin is None:
             out, err = self.api.exec_start(exec_id, demux=True)
             stdout, stderr = out or b"", err or b""
@@ -446,23 +506,7 @@ class DockerProvider(Provider):
         sock = self.api.exec_start(exec_id, socket=True)
         raw = getattr(sock, "_sock", sock)
 
-        def feed() -> None:
-            try:
-                if isinstance(stdin, (bytes, bytearray)):
-                    raw.sendall(stdin)
-                else:
-                    while chunk := stdin.read(1 << 16):
-                        raw.sendall(chunk)
-            except OSError:
-                pass  # the command exited without reading everything; its exit code tells
-            finally:
-                try:
-                    raw.shutdown(socket.SHUT_WR)
-                except (OSError, AttributeError):
-                    if hasattr(raw, "shutdown_write"):
-                        raw.shutdown_write()
-
-        feeder = threading.Thread(target=feed, daemon=True)
+        feeder = threading.Thread(target=feed_stdin, args=(raw, stdin), daemon=True)
         feeder.start()
         chunks: dict[int, list[bytes]] = {1: [], 2: []}
         try:
@@ -477,6 +521,10 @@ class DockerProvider(Provider):
         return b"".join(chunks[1]), b"".join(chunks[2])
 
     def put_archive(self, name: str, path: str, tar_stream: Iterable[bytes] | IO[bytes]) -> None:
+        if self._direct is not None:
+            with self._direct_call(name, f"copy into {path}") as engine:
+                engine.put_archive(container_name(name), path, tar_stream)
+            return
         try:
             ok = self.api.put_archive(container_name(name), path, tar_stream)
         except APIError as exc:
@@ -485,6 +533,16 @@ class DockerProvider(Provider):
             raise ProviderError("the engine refused the archive", box=name, operation=f"copy into {path}")
 
     def get_archive(self, name: str, path: str) -> Iterator[bytes]:
+        if self._direct is not None:
+            try:
+                with self._direct_call(name, "copy out") as engine:
+                    return engine.get_archive(container_name(name), path)
+            except BoxNotFound:
+                raise
+            except ProviderError as exc:
+                if isinstance(exc.__cause__, EngineAPIError) and exc.__cause__.status == 404:
+                    raise ProviderError(f"{path} does not exist in the box", box=name, operation="copy out") from exc
+                raise
         try:
             stream, _stat = self.api.get_archive(container_name(name), path, chunk_size=1 << 16)
         except NotFound as exc:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 from typing import Any
 
@@ -41,13 +42,11 @@ def _forget_inherited_clients() -> None:
     global _OWNER_PID
     _OWNER_PID = os.getpid()
     _PROVIDERS.clear()
-    try:
-        from ansible_collections.agentbox.box.plugins.module_utils import _docker
-
+    # Only if the parent loaded it: importing it here would cost every forked worker the import.
+    docker_provider = sys.modules.get("ansible_collections.agentbox.box.plugins.module_utils._docker")
+    if docker_provider is not None:
         # Dropping the references closes only this child's copies of the sockets.
-        _docker._CLIENTS.clear()
-    except ImportError:
-        pass
+        docker_provider._CLIENTS.clear()
 
 
 os.register_at_fork(after_in_child=_forget_inherited_clients)

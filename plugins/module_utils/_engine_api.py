@@ -1,0 +1,340 @@
+# Copyright (c) agentbox.box contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The Docker Engine API calls that every Ansible task makes, over the standard library only.
+
+Ansible forks a worker per task and the inventory plugin runs in the controller before any
+fork: importing the docker SDK there (requests, urllib3, its transports) costs 40-200 ms of CPU
+per process, more than the calls themselves. The connection plugin and the inventory need five
+calls: list, inspect, exec, copy in and copy out; this client makes them with http.client on
+the engine's socket. The SDK stays for everything else (create, commit, images, volumes) and is
+imported only when one of those runs.
+
+Handles DOCKER_HOST unix:// (the default /var/run/docker.sock) and plain tcp://. TLS settings
+and ssh:// leave the engine to the SDK (`local_engine` returns None).
+
+Note that this module_utils is PRIVATE to the collection: it can change at any time.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import threading
+import urllib.parse
+from collections.abc import Callable, Iterable, Iterator
+from typing import IO, Any
+
+CHUNK = 1 << 16
+DEFAULT_SOCKET = "/var/run/docker.sock"
+
+
+class EngineAPIError(Exception):
+    """The engine answered with an error status."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class EngineUnanswered(Exception):
+    """The engine's socket could not be reached (not started, wrong DOCKER_HOST, no permission)."""
+
+
+def local_engine(timeout: float, environ: dict[str, str] | None = None) -> EngineAPI | None:
+    """A client for the engine DOCKER_HOST names, or None when only the SDK can reach it."""
+    env = os.environ if environ is None else environ
+    if env.get("DOCKER_TLS_VERIFY") or env.get("DOCKER_CERT_PATH"):
+        return None
+    host = env.get("DOCKER_HOST") or f"unix://{DEFAULT_SOCKET}"
+    if host.startswith("unix://"):
+        path = host.removeprefix("unix://") or DEFAULT_SOCKET
+
+        def open_unix(connect_timeout: float | None) -> socket.socket:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(connect_timeout)
+            try:
+                sock.connect(path)
+            except OSError:
+                sock.close()
+                raise
+            return sock
+
+        return EngineAPI(open_unix, host, timeout)
+    if host.startswith("tcp://"):
+        parsed = urllib.parse.urlsplit(host)
+        address = (parsed.hostname or "127.0.0.1", parsed.port or 2375)
+
+        def open_tcp(connect_timeout: float | None) -> socket.socket:
+            return socket.create_connection(address, timeout=connect_timeout)
+
+        return EngineAPI(open_tcp, host, timeout)
+    return None
+
+
+class _Connection(http.client.HTTPConnection):
+    """An HTTP/1.1 connection over whatever socket the opener makes."""
+
+    def __init__(self, opener: Callable[[float | None], socket.socket], timeout: float):
+        super().__init__("docker", timeout=timeout)
+        self._opener = opener
+
+    def connect(self) -> None:
+        self.sock = self._opener(self.timeout)
+
+
+class EngineAPI:
+    """Unversioned Engine API paths: the engine answers in its own current version, so no
+    /version round trip is needed before the first call."""
+
+    def __init__(self, opener: Callable[[float | None], socket.socket], where: str, timeout: float):
+        self._opener = opener
+        self.where = where
+        self._timeout = timeout
+        # One kept-alive connection for the small JSON calls, per process (never across a fork).
+        self._shared: _Connection | None = None
+        self._shared_pid = 0
+        self._lock = threading.Lock()
+
+    # -- plumbing -------------------------------------------------------------------------------
+    def _open(self, timeout: float | None) -> socket.socket:
+        try:
+            return self._opener(timeout)
+        except OSError as exc:
+            raise EngineUnanswered(str(exc.strerror or exc)) from exc
+
+    def _json_call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        """One small request on the kept-alive connection; a connection the engine closed in
+        between is reopened once (safe: every call made here is a read or creates an unused exec)."""
+        payload = None if body is None else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"} if payload is not None else {}
+        with self._lock:
+            for attempt in range(2):
+                reused = self._shared is not None and self._shared_pid == os.getpid()
+                if not reused:
+                    self._shared = _Connection(self._open, self._timeout)
+                    self._shared_pid = os.getpid()
+                conn = self._shared
+                try:
+                    conn.request(method, path, body=payload, headers=headers)
+                    response = conn.getresponse()
+                    data = response.read()
+                except EngineUnanswered:
+                    self._shared = None
+                    raise
+                except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
+                    conn.close()
+                    self._shared = None
+                    if reused and attempt == 0:
+                        continue
+                    raise EngineUnanswered(f"the engine closed the connection ({exc})") from exc
+                except (http.client.HTTPException, OSError) as exc:
+                    conn.close()
+                    self._shared = None
+                    raise EngineUnanswered(str(exc) or type(exc).__name__) from exc
+                return response.status, _decode(data)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _checked(self, method: str, path: str, body: Any = None, ok: tuple[int, ...] = (200,)) -> Any:
+        status, data = self._json_call(method, path, body)
+        if status not in ok:
+            raise EngineAPIError(status, _message(data, status))
+        return data
+
+    # -- containers -----------------------------------------------------------------------------
+    def containers(self, label_filters: list[str]) -> list[dict[str, Any]]:
+        query = urllib.parse.urlencode({"all": "1", "filters": json.dumps({"label": label_filters})})
+        return self._checked("GET", f"/containers/json?{query}") or []
+
+    def inspect_container(self, container: str) -> dict[str, Any] | None:
+        status, data = self._json_call("GET", f"/containers/{_quote(container)}/json")
+        if status == 404:
+            return None
+        if status != 200:
+            raise EngineAPIError(status, _message(data, status))
+        return data
+
+    # -- exec -----------------------------------------------------------------------------------
+    def exec(
+        self,
+        container: str,
+        argv: list[str],
+        *,
+        user: str,
+        workdir: str | None = None,
+        env: dict[str, str] | None = None,
+        stdin: bytes | IO[bytes] | None = None,
+    ) -> tuple[int, bytes, bytes]:
+        """Run argv in the container; (exit code, stdout, stderr). stdin is streamed while the
+        output is read, so neither side can fill a pipe and stall the other."""
+        config: dict[str, Any] = {
+            "AttachStdin": stdin is not None,
+            "AttachStdout": True,
+            "AttachStderr": True,
+            "Tty": False,
+            "Cmd": argv,
+            "User": user,
+        }
+        if workdir:
+            config["WorkingDir"] = workdir
+        if env:
+            config["Env"] = [f"{key}={value}" for key, value in env.items()]
+        exec_id = self._checked("POST", f"/containers/{_quote(container)}/exec", config, ok=(201,))["Id"]
+        sock, reader = self._hijack(f"/exec/{exec_id}/start", {"Detach": False, "Tty": False})
+        feeder = None
+        if stdin is not None:
+            feeder = threading.Thread(target=feed_stdin, args=(sock, stdin), daemon=True)
+            feeder.start()
+        streams: dict[int, list[bytes]] = {1: [], 2: []}
+        try:
+            while len(header := reader.read(8)) == 8:
+                size = int.from_bytes(header[4:8], "big")
+                streams.setdefault(header[0], []).append(reader.read(size))
+        finally:
+            if feeder is not None:
+                feeder.join(timeout=5)
+            reader.close()
+            sock.close()
+        code = self._checked("GET", f"/exec/{exec_id}/json").get("ExitCode")
+        return (code if code is not None else -1), b"".join(streams[1]), b"".join(streams[2])
+
+    def _hijack(self, path: str, body: dict[str, Any]) -> tuple[socket.socket, IO[bytes]]:
+        """POST that upgrades the connection to the raw multiplexed stream (docker exec's attach)."""
+        sock = self._open(self._timeout)
+        payload = json.dumps(body).encode()
+        request = (
+            f"POST {path} HTTP/1.1\r\nHost: docker\r\nContent-Type: application/json\r\n"
+            f"Connection: Upgrade\r\nUpgrade: tcp\r\nContent-Length: {len(payload)}\r\n\r\n"
+        ).encode() + payload
+        reader = sock.makefile("rb")
+        try:
+            sock.sendall(request)
+            status, headers = _read_head(reader)
+            if status not in (101, 200):
+                raise EngineAPIError(status, _message(_decode(_read_body(reader, headers)), status))
+        except OSError as exc:
+            reader.close()
+            sock.close()
+            raise EngineUnanswered(str(exc)) from exc
+        except BaseException:
+            reader.close()
+            sock.close()
+            raise
+        # The command may run for as long as the task allows: no read timeout on its output.
+        sock.settimeout(None)
+        return sock, reader
+
+    # -- archives -------------------------------------------------------------------------------
+    def put_archive(self, container: str, path: str, tar_stream: Iterable[bytes] | IO[bytes]) -> None:
+        """Stream a tar into the container at path (chunked upload, never held whole in memory)."""
+        query = urllib.parse.urlencode({"path": path})
+        conn = _Connection(self._open, self._timeout)
+        body = _chunks(tar_stream) if hasattr(tar_stream, "read") else iter(tar_stream)  # type: ignore[arg-type]
+        try:
+            conn.request(
+                "PUT", f"/containers/{_quote(container)}/archive?{query}", body=body,
+                headers={"Content-Type": "application/x-tar"},
+            )  # fmt: skip
+            response = conn.getresponse()
+            data = response.read()
+        except (http.client.HTTPException, OSError) as exc:
+            raise EngineUnanswered(f"copying in failed ({exc})") from exc
+        finally:
+            conn.close()
+        if response.status != 200:
+            raise EngineAPIError(response.status, _message(_decode(data), response.status))
+
+    def get_archive(self, container: str, path: str) -> Iterator[bytes]:
+        """The tar of path in the container, as chunks; the request is made before returning so a
+        missing path or container fails here, not halfway through the caller's loop."""
+        query = urllib.parse.urlencode({"path": path})
+        conn = _Connection(self._open, self._timeout)
+        try:
+            conn.request("GET", f"/containers/{_quote(container)}/archive?{query}")
+            response = conn.getresponse()
+        except (http.client.HTTPException, OSError) as exc:
+            conn.close()
+            raise EngineUnanswered(f"copying out failed ({exc})") from exc
+        if response.status != 200:
+            data = response.read()
+            conn.close()
+            raise EngineAPIError(response.status, _message(_decode(data), response.status))
+
+        def chunks() -> Iterator[bytes]:
+            try:
+                while chunk := response.read(CHUNK):
+                    yield chunk
+            finally:
+                conn.close()
+
+        return chunks()
+
+
+# -- helpers ------------------------------------------------------------------------------------
+def _quote(name: str) -> str:
+    return urllib.parse.quote(name, safe="")
+
+
+def _decode(data: bytes) -> Any:
+    if not data:
+        return None
+    try:
+        return json.loads(data)
+    except ValueError:
+        return data.decode("utf-8", "replace")
+
+
+def _message(data: Any, status: int) -> str:
+    if isinstance(data, dict) and data.get("message"):
+        return str(data["message"])
+    if isinstance(data, str) and data.strip():
+        return data.strip()
+    return f"the engine answered HTTP {status}"
+
+
+def _read_head(reader: IO[bytes]) -> tuple[int, dict[str, str]]:
+    status_line = reader.readline(65537).decode("latin-1")
+    parts = status_line.split(None, 2)
+    if len(parts) < 2 or not parts[1].isdigit():
+        raise EngineAPIError(0, f"the engine sent a malformed answer: {status_line.strip()!r}")
+    headers: dict[str, str] = {}
+    while (line := reader.readline(65537)) not in (b"\r\n", b"\n", b""):
+        key, _sep, value = line.decode("latin-1").partition(":")
+        headers[key.strip().lower()] = value.strip()
+    return int(parts[1]), headers
+
+
+def _read_body(reader: IO[bytes], headers: dict[str, str]) -> bytes:
+    """An error answer's body (Content-Length or chunked), at most 64 KiB of it."""
+    if headers.get("content-length", "").isdigit():
+        return reader.read(min(int(headers["content-length"]), CHUNK))
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        size = int(reader.readline(1024).split(b";")[0].strip() or b"0", 16)
+        return reader.read(min(size, CHUNK))
+    return b""
+
+
+def _chunks(source: IO[bytes]) -> Iterator[bytes]:
+    while chunk := source.read(CHUNK):
+        yield chunk
+
+
+def feed_stdin(sock: Any, stdin: bytes | IO[bytes]) -> None:
+    """Send stdin, then close our half so the command sees end of file. Also used by the SDK's
+    exec path, whose socket may be an SSH channel (no shutdown(), shutdown_write() instead)."""
+    try:
+        if isinstance(stdin, (bytes, bytearray)):
+            sock.sendall(stdin)
+        else:
+            for chunk in _chunks(stdin):
+                sock.sendall(chunk)
+    except OSError:
+        pass  # the command exited without reading everything; its exit code tells
+    finally:
+        try:
+            sock.shutdown(socket.SHUT_WR)
+        except (OSError, AttributeError):
+            if hasattr(sock, "shutdown_write"):
+                sock.shutdown_write()
