@@ -116,12 +116,14 @@ cache_connection: ~/.cache/agentbox-inventory
 cache_timeout: 60
 """
 
+import contextlib
 import fnmatch
 import os
 from typing import Any
 
 from ansible.errors import AnsibleError, AnsibleParserError
 from ansible.plugins.inventory import BaseInventoryPlugin, Cacheable, Constructable
+from ansible.plugins.loader import connection_loader
 
 try:
     from ansible_collections.agentbox.box.plugins.module_utils._naming import project_id, sanitize_group
@@ -221,6 +223,11 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         complete = all(entry["error"] is None for entry in listing["sources"])
         if self.get_option("cache") and not came_from_cache and complete:
             self._cache[cache_key] = listing
+        if self.get_option("configure_connection") and self.inventory.hosts:
+            # Load the box connection plugin here, in the controller, before Ansible forks a worker
+            # per task: every worker inherits it instead of compiling it and parsing its options.
+            with contextlib.suppress(Exception):
+                connection_loader.get(CONNECTION_PLUGIN, class_only=True)
 
     def _populate(self, listing: dict[str, Any]) -> None:
         """Build groups and hosts from a raw listing (no engine I/O here: unit tests feed it)."""

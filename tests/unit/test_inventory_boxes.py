@@ -183,6 +183,23 @@ def test_compose_groups_keyed_groups_see_full_facts(fleet):
     assert members(inventory, "base_main") == ["evil", "fix-login", "fix-logout"]
 
 
+def test_connection_plugin_is_loaded_before_workers_fork(fleet, monkeypatch):
+    """With configure_connection the inventory loads the box connection plugin in the controller."""
+    plugin_module = sys.modules[type(inventory_loader.get("agentbox.box.boxes")).__module__]
+    asked: list[tuple[str, dict]] = []
+
+    class RecordingLoader:
+        def get(self, name: str, **kwargs):
+            asked.append((name, kwargs))
+
+    monkeypatch.setattr(plugin_module, "connection_loader", RecordingLoader())
+    fleet({"plugin": "agentbox.box.boxes"})
+    assert asked == [("agentbox.box.box", {"class_only": True})]
+    asked.clear()
+    fleet({"plugin": "agentbox.box.boxes", "configure_connection": False}, name="off.agentbox.yml")
+    assert asked == []
+
+
 def test_configure_connection_false_leaves_ansible_connection_alone(fleet):
     inventory = fleet({"plugin": "agentbox.box.boxes", "configure_connection": False})
     assert "ansible_connection" not in inventory.get_host("fix-login").vars
