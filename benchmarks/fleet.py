@@ -128,11 +128,9 @@ def write_inventory(work: Path, label: str, names: list[str], plugin: str) -> Pa
     return path
 
 
-CPU_SPENT: list[float] = []  # controller CPU (user+sys) of each timed run, children included
-
-
-def timed(argv: list[str], env: dict[str, str]) -> float:
-    """Wall seconds of one run; a failed run is tried once more, then counted as NaN (and said)."""
+def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Wall seconds and controller CPU seconds (user+sys, children included) of one run; a failed
+    run is tried once more, then counted as NaN (and said)."""
     for attempt in range(2):
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
@@ -140,15 +138,15 @@ def timed(argv: list[str], env: dict[str, str]) -> float:
         elapsed = time.perf_counter() - start
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         if result.returncode == 0:
-            CPU_SPENT.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
-            return elapsed
+            return elapsed, after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
         failed = [line for line in result.stdout.splitlines() if "FAILED" in line or "UNREACHABLE" in line]
         log(f"run {attempt + 1} of {' '.join(argv[1:4])} failed (rc {result.returncode}): {failed[:2]}")
-    CPU_SPENT.append(float("nan"))
-    return float("nan")
+    return float("nan"), float("nan")
 
 
 def bench_connections(sizes: list[int], runs: int, names: list[str], site: Path, work: Path) -> list[dict]:
+    """Runs are interleaved (run 1 of every plugin, then run 2...), so a change in the machine's
+    load during the benchmark lands on all plugins alike instead of on whichever ran then."""
     payload = work / "payload-1mb.bin"
     payload.write_bytes(os.urandom(1 << 20))
     results = []
@@ -156,35 +154,35 @@ def bench_connections(sizes: list[int], runs: int, names: list[str], site: Path,
         hosts = names[:size]
         for mode, pipelining in (("defaults", None), ("pipelining", True)):
             env = run_env(site, pipelining)
-            for label, plugin in PLUGINS.items():
-                inv = write_inventory(work, label, hosts, plugin)
-                ansible = [str(VENV_BIN / "ansible"), "-i", str(inv), "all", "-f", FORKS]
-                # One warm-up run: page cache, first exec in each container.
+            commands = {
+                label: [str(VENV_BIN / "ansible"), "-i", str(write_inventory(work, label, hosts, plugin)), "all", "-f", FORKS]
+                for label, plugin in PLUGINS.items()
+            }  # fmt: skip
+            for ansible in commands.values():
+                # One warm-up run each: page cache, first exec in each container.
                 timed([*ansible, "-m", "command", "-a", "true"], env)
-                CPU_SPENT.clear()
-                command_times = [timed([*ansible, "-m", "command", "-a", "true"], env) for _run in range(runs)]
-                command_cpu = list(CPU_SPENT)
-                CPU_SPENT.clear()
-                copy_times = []
-                for attempt in range(runs):
+            measured: dict[tuple[str, str], tuple[list[float], list[float]]] = {}
+            for attempt in range(runs):
+                for label, ansible in commands.items():
                     dest = f"/tmp/bench-copy-{uuid.uuid4().hex[:6]}-{attempt}-{{{{ inventory_hostname }}}}.bin"
-                    copy_times.append(
-                        timed([*ansible, "-m", "copy", "-a", f"src={payload} dest={dest} mode=0644"], env)
-                    )
-                copy_cpu = list(CPU_SPENT)
-                for op, times, cpu in (
-                    ("command true", command_times, command_cpu),
-                    ("copy 1 MB", copy_times, copy_cpu),
-                ):
-                    results.append(
-                        {"boxes": size, "mode": mode, "plugin": label, "op": op,
-                         "median_s": round(statistics.median(times), 3), "runs_s": [round(t, 3) for t in times],
-                         "median_cpu_s": round(statistics.median(cpu), 3)}
-                    )  # fmt: skip
-                    log(
-                        f"{size:3d} boxes  {mode:10s}  {op:12s}  {label:12s}  {statistics.median(times):6.2f} s wall"
-                        f"  {statistics.median(cpu):6.2f} s cpu"
-                    )
+                    for op, args in (
+                        ("command true", ["-m", "command", "-a", "true"]),
+                        ("copy 1 MB", ["-m", "copy", "-a", f"src={payload} dest={dest} mode=0644"]),
+                    ):
+                        wall, cpu_seconds = timed([*ansible, *args], env)
+                        times, cpu = measured.setdefault((label, op), ([], []))
+                        times.append(wall)
+                        cpu.append(cpu_seconds)
+            for (label, op), (times, cpu) in measured.items():
+                results.append(
+                    {"boxes": size, "mode": mode, "plugin": label, "op": op,
+                     "median_s": round(statistics.median(times), 3), "runs_s": [round(t, 3) for t in times],
+                     "median_cpu_s": round(statistics.median(cpu), 3)}
+                )  # fmt: skip
+                log(
+                    f"{size:3d} boxes  {mode:10s}  {op:12s}  {label:12s}  {statistics.median(times):6.2f} s wall"
+                    f"  {statistics.median(cpu):6.2f} s cpu"
+                )
         subprocess.run(["sh", "-c", "rm -f /tmp/bench-copy-*"], check=False)
     return results
 
@@ -223,7 +221,7 @@ def bench_inventory(runs: int, site: Path, work: Path) -> list[dict]:
         path.write_text(text)
         argv = [str(VENV_BIN / "ansible-inventory"), "-i", str(path), "--list"]
         timed(argv, env)  # warm-up, and fills the cache for the warm case
-        times = [timed(argv, env) for _run in range(max(runs, 5))]
+        times = [timed(argv, env)[0] for _run in range(max(runs, 5))]
         results.append(
             {"case": label, "median_s": round(statistics.median(times), 3), "runs_s": [round(t, 3) for t in times]}
         )
