@@ -433,33 +433,36 @@ def test_fleet_playbook_spreads_boxes_over_engines(fleet, tmp_path):
         assert engine.agentbox_objects() == []
 
 
-def _import_tiny_image(tag: str, content: bytes) -> None:
-    """A one-file image made with `docker import` (no registry, no network)."""
+def _import_tiny_image(tag: str, content: bytes) -> str:
+    """A one-file image made with `docker import` (no registry, no network); its id."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         info = tarfile.TarInfo("hello.txt")
         info.size = len(content)
         tar.addfile(info, io.BytesIO(content))
-    subprocess.run(["docker", "import", "-", tag], input=buffer.getvalue(), check=True, capture_output=True)
+    made = subprocess.run(["docker", "import", "-", tag], input=buffer.getvalue(), check=True, capture_output=True)
+    return made.stdout.decode().strip()
 
 
 def test_pull_failure_falls_back_to_streaming_and_stale_copy_is_replaced(fleet):
     engine = fleet.engines[1]
     provider = DockerProvider(engine=engine.destination, ssh_options={})
     tag = f"agentbox-test-tiny-{secrets.token_hex(3)}:v1"
+    local_ids: list[str] = []
     try:
-        _import_tiny_image(tag, b"first\n")
+        local_ids.append(_import_tiny_image(tag, b"first\n"))
         # The engine's own loopback port 1: the pull is refused at once, the stream takes over.
         first = _image_transfer.ensure_image(provider, tag, registry="127.0.0.1:1/agentbox/none:v1")
         assert first.path == "streamed" and first.bytes_sent > 0
         assert any("pull of 127.0.0.1:1/agentbox/none:v1" in note for note in first.notes), first.notes
-        _import_tiny_image(tag, b"second, so another image id\n")
+        local_ids.append(_import_tiny_image(tag, b"second, so another image id\n"))
         second = _image_transfer.ensure_image(provider, tag)
         assert second.path == "streamed" and second.image_id != first.image_id
         assert any("differs from the local one" in note for note in second.notes)
         assert engine.shell(f"docker image inspect -f '{{{{.Id}}}}' {tag}").stdout.strip() == second.image_id
     finally:
-        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, check=False)
+        # The first import lost its tag to the second: remove it by id, or it stays as <none>.
+        subprocess.run(["docker", "rmi", "-f", tag, *local_ids], capture_output=True, check=False)
         engine.shell(f"docker rmi -f {tag} >/dev/null 2>&1; docker image prune -f >/dev/null", check=False)
 
 
