@@ -4,6 +4,7 @@ and `docker_api` connection plugins and the `local` floor, on the same container
 empty inventory.
 
     .venv/bin/python benchmarks/fleet.py [--sizes 10 30] [--runs 3] [--inventory-boxes 100]
+        [--modes defaults pipelining] [--ops command copy] [--skip-connection] [--skip-inventory]
 
 The containers are plain labelled containers (`sleep infinity` from agentbox/box:latest with the
 io.agentbox.* labels), not seeded boxes: creating 30-100 full boxes is heavy on a small machine,
@@ -144,7 +145,14 @@ def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
     return float("nan"), float("nan")
 
 
-def bench_connections(sizes: list[int], runs: int, names: list[str], site: Path, work: Path) -> list[dict]:
+MODES = {"defaults": None, "pipelining": True}
+OPS = ("command", "copy")
+
+
+def bench_connections(
+    sizes: list[int], runs: int, names: list[str], site: Path, work: Path,
+    modes: tuple[str, ...] = tuple(MODES), ops: tuple[str, ...] = OPS,
+) -> list[dict]:
     """Runs are interleaved (run 1 of every plugin, then run 2...), so a change in the machine's
     load during the benchmark lands on all plugins alike instead of on whichever ran then."""
     payload = work / "payload-1mb.bin"
@@ -152,7 +160,8 @@ def bench_connections(sizes: list[int], runs: int, names: list[str], site: Path,
     results = []
     for size in sizes:
         hosts = names[:size]
-        for mode, pipelining in (("defaults", None), ("pipelining", True)):
+        for mode in modes:
+            pipelining = MODES[mode]
             env = run_env(site, pipelining)
             commands = {
                 label: [str(VENV_BIN / "ansible"), "-i", str(write_inventory(work, label, hosts, plugin)), "all", "-f", FORKS]
@@ -165,10 +174,11 @@ def bench_connections(sizes: list[int], runs: int, names: list[str], site: Path,
             for attempt in range(runs):
                 for label, ansible in commands.items():
                     dest = f"/tmp/bench-copy-{uuid.uuid4().hex[:6]}-{attempt}-{{{{ inventory_hostname }}}}.bin"
-                    for op, args in (
-                        ("command true", ["-m", "command", "-a", "true"]),
-                        ("copy 1 MB", ["-m", "copy", "-a", f"src={payload} dest={dest} mode=0644"]),
-                    ):
+                    cases = {
+                        "command": ("command true", ["-m", "command", "-a", "true"]),
+                        "copy": ("copy 1 MB", ["-m", "copy", "-a", f"src={payload} dest={dest} mode=0644"]),
+                    }
+                    for op, args in (cases[name] for name in ops):
                         wall, cpu_seconds = timed([*ansible, *args], env)
                         times, cpu = measured.setdefault((label, op), ([], []))
                         times.append(wall)
@@ -197,7 +207,7 @@ def connection_table(results: list[dict], key: str = "median_s") -> list[str]:
         lines.append(
             f"{size:>5}  {mode:10}  {op:12}  {by['agentbox']:>8.2f}  {by['agentbox-ini']:>6.2f}  {by['docker']:>7.2f}  "
             f"{by['docker_api']:>10.2f}  "
-            f"{by['local']:>6.2f}  {by['agentbox'] / best:>16.2f}x  {by['agentbox'] / by['local']:>7.2f}x"
+            f"{by['local']:>6.2f}  {by['agentbox'] / best:>16.3f}x  {by['agentbox'] / by['local']:>7.3f}x"
         )
     return lines
 
@@ -240,6 +250,8 @@ def main() -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=[10, 30])
     parser.add_argument("--runs", type=int, default=3, help="timed runs per case (median reported)")
     parser.add_argument("--inventory-boxes", type=int, default=100)
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    parser.add_argument("--ops", nargs="+", choices=list(OPS), default=list(OPS))
     parser.add_argument("--skip-connection", action="store_true")
     parser.add_argument("--skip-inventory", action="store_true")
     args = parser.parse_args()
@@ -260,7 +272,7 @@ def main() -> int:
             if not args.skip_connection:
                 log(f"creating {made} containers")
                 create_containers(names[:made], project)
-                report["connection"] = bench_connections(args.sizes, args.runs, names, site, work)
+                report["connection"] = bench_connections(args.sizes, args.runs, names, site, work, tuple(args.modes), tuple(args.ops))
             if not args.skip_inventory:
                 # The inventory sees exactly --inventory-boxes of ours.
                 remove_containers(names[args.inventory_boxes :])
