@@ -29,18 +29,31 @@ from ._provider import (
 )
 
 
-class _SdkNotLoaded(Exception):
-    """Stands for the docker SDK's exception classes until the SDK is imported (see _sdk)."""
-
-
 # The docker SDK is imported on first use: the per-task calls (list, find, exec, archives) go
-# through _engine_api and must not pay for it. No SDK exception can be raised before _sdk() has
-# run and rebound these names, so the stand-in in an `except` clause never catches anything.
+# through _engine_api and must not pay for it. Until _sdk() rebinds them, the SDK's exception
+# names below are stand-ins (same hierarchy) that nothing raises: no SDK exception can exist
+# before the SDK is loaded, so an `except` clause naming a stand-in never catches anything.
+class _DockerExceptionStandIn(Exception):
+    pass
+
+
+class _APIErrorStandIn(_DockerExceptionStandIn):
+    pass
+
+
+class _NotFoundStandIn(_APIErrorStandIn):
+    pass
+
+
+class _ImageNotFoundStandIn(_NotFoundStandIn):
+    pass
+
+
 docker: Any = None
-APIError: Any = _SdkNotLoaded
-DockerException: Any = _SdkNotLoaded
-ImageNotFound: Any = _SdkNotLoaded
-NotFound: Any = _SdkNotLoaded
+DockerException: Any = _DockerExceptionStandIn
+APIError: Any = _APIErrorStandIn
+NotFound: Any = _NotFoundStandIn
+ImageNotFound: Any = _ImageNotFoundStandIn
 frames_iter: Any = None
 
 
@@ -190,7 +203,8 @@ class DockerProvider(Provider):
     @contextlib.contextmanager
     def _direct_call(self, name: str, operation: str) -> Iterator[EngineAPI]:
         """The direct client, with its failures turned into the provider's errors."""
-        assert self._direct is not None
+        if self._direct is None:
+            raise AssertionError("_direct_call needs the direct client; check self._direct first")
         try:
             yield self._direct
         except EngineUnanswered as exc:
