@@ -391,6 +391,7 @@ class ImageRequest:
     force: bool = False
     allow_base_build: bool = True
     build: bool = True
+    keep_previous: int = 1
     check_mode: bool = False
 
 
@@ -408,6 +409,7 @@ class ImageResult:
     would_build: bool = False
     latest_moved: bool = False
     log: str | None = None
+    removed: list[str] = dataclasses.field(default_factory=list)
     warnings: list[str] = dataclasses.field(default_factory=list)
     msg: str = ""
 
@@ -558,6 +560,36 @@ def run_build(
     return image_id
 
 
+def prune_previous(
+    client: Any, repository: str, current_id: str | None, keep: int, check_mode: bool, api_error: type[Exception]
+) -> list[str]:
+    """Remove this repository's older fingerprint images beyond the newest `keep`; returns their tags.
+
+    Each is ~700 MB and a changed role makes a new one, so without this they pile up. An image a
+    container still uses (a box, running or stopped, or one made from a checkpoint of it) is left
+    alone, and nothing is ever forced."""
+    # Only tags this module makes (<repository>:<16 hex>); a tag someone added by hand is not ours.
+    ours = re.compile(re.escape(repository) + ":[0-9a-f]{" + str(SHORT_FINGERPRINT_LENGTH) + "}")
+    older = []
+    for image in client.images.list(name=repository, filters={"label": FINGERPRINT_LABEL}):
+        tags = [tag for tag in image.tags if ours.fullmatch(tag)]
+        if image.id != current_id and tags:
+            older.append((image.attrs.get("Created", ""), image, tags))
+    older.sort(key=lambda entry: entry[0], reverse=True)
+    removed: list[str] = []
+    for _created, image, tags in older[keep:]:
+        if client.containers.list(all=True, filters={"ancestor": image.id}):
+            continue
+        for tag in sorted(tags):
+            if not check_mode:
+                try:
+                    client.api.remove_image(tag, noprune=False)
+                except api_error:
+                    break  # in use after all (a container made meanwhile): it stays
+            removed.append(tag)
+    return removed
+
+
 def ensure_image(
     client: Any,
     request: ImageRequest,
@@ -565,8 +597,11 @@ def ensure_image(
     api_error: type[Exception],
     clock: Callable[[], float] = time.monotonic,
 ) -> ImageResult:
-    """Find the image of this context on the engine, or build it (and its base when needed)."""
+    """Find the image of this context on the engine, or build it (and its base when needed); then
+    prune older fingerprint images beyond request.keep_previous."""
     validate_repository(request.repository)
+    if request.keep_previous < 0:
+        raise ImageError(f"keep_previous must be 0 or more, not {request.keep_previous}")
     if request.context is not None:
         files = read_context(request.context)
     elif request.dockerfile is not None:
@@ -591,10 +626,10 @@ def ensure_image(
             current = _find_image(client, latest, not_found)
             result.latest_moved = result.changed = current is None or current.id != existing.id
             result.msg = f"{tag} is up to date" + ("; :latest would move to it" if result.changed else "")
-            return result
+            return _with_pruning(client, request, result, api_error)
         result.latest_moved = result.changed = _point_latest(client, existing, request.repository, not_found)
         result.msg = f"{tag} is up to date" + ("; moved :latest to it" if result.latest_moved else "")
-        return result
+        return _with_pruning(client, request, result, api_error)
 
     if not request.build:
         raise ImageError(
@@ -633,6 +668,17 @@ def ensure_image(
     result.size = image.attrs.get("Size")
     result.built = result.changed = result.latest_moved = True
     result.msg = f"built {tag} in {result.build_seconds}s (base {result.base_source})"
+    return _with_pruning(client, request, result, api_error)
+
+
+def _with_pruning(client: Any, request: ImageRequest, result: ImageResult, api_error: type[Exception]) -> ImageResult:
+    result.removed = prune_previous(
+        client, request.repository, result.image_id, request.keep_previous, request.check_mode, api_error
+    )
+    if result.removed:
+        result.changed = True
+        verb = "would remove" if request.check_mode else "removed"
+        result.msg += f"; {verb} {len(result.removed)} older image tag(s): {', '.join(result.removed)}"
     return result
 
 

@@ -93,6 +93,14 @@ options:
         how to build it.
     type: bool
     default: true
+  keep_previous:
+    description:
+      - How many older fingerprint images of O(tag) to keep besides this one (newest first); the older
+        ones are removed. Each is several hundred MB and every change to the role makes a new one.
+      - An image a container still uses (a box, running or stopped, or a box made from a checkpoint of
+        it) is never removed, and nothing is forced. V(0) keeps only the current image.
+    type: int
+    default: 1
 requirements:
   - docker (Python SDK) >= 7.0
   - a reachable Docker engine
@@ -178,6 +186,12 @@ log:
   description: Path of the build log.
   returned: always
   type: str
+removed:
+  description: Tags of older fingerprint images removed (in check mode, that would be removed).
+  returned: always
+  type: list
+  elements: str
+  sample: [agentbox/box:77936677ee2506c2]
 msg:
   description: One line saying what happened.
   returned: always
@@ -219,6 +233,7 @@ def main() -> None:
             "force": {"type": "bool", "default": False},
             "allow_base_build": {"type": "bool", "default": True},
             "build": {"type": "bool", "default": True},
+            "keep_previous": {"type": "int", "default": 1},
         },
         required_one_of=[("dockerfile", "context")],
         mutually_exclusive=[("dockerfile", "context"), ("context", "programs"), ("context", "ca_certificates")],
@@ -240,6 +255,7 @@ def main() -> None:
         force=module.params["force"],
         allow_base_build=module.params["allow_base_build"],
         build=module.params["build"],
+        keep_previous=module.params["keep_previous"],
         check_mode=module.check_mode,
     )
     try:

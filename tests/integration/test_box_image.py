@@ -215,6 +215,46 @@ def test_module_builds_reuses_and_rebuilds_on_change(client: Any, repository: st
     assert unchanged["changed"] is False and unchanged["would_build"] is False
 
 
+def test_older_fingerprint_images_are_pruned_unless_a_container_uses_them(
+    client: Any, repository: str, tmp_path: Path
+) -> None:
+    context = make_context(tmp_path / "ctx", "one")
+    args = module_args(context, repository, tmp_path, keep_previous=1)
+    first = run_module(tmp_path, args)
+    assert first["built"] is True and first["removed"] == []
+    # A box (here a stopped container) made from the first image.
+    holder = client.containers.create(first["tag"], ["true"], name=f"agentbox-test-holder-{secrets.token_hex(3)}")
+    try:
+        make_context(context, "two")
+        second = run_module(tmp_path, args)
+        assert second["built"] is True and second["removed"] == []  # one previous image is kept
+        make_context(context, "three")
+        third = run_module(tmp_path, args)
+        # The first is beyond keep_previous but a container uses it: it stays.
+        assert third["built"] is True and third["removed"] == [], third["msg"]
+        assert image_id(client, first["tag"]) == first["image_id"]
+    finally:
+        holder.remove(force=True)
+    # A tag added by hand in the repository is not the module's to remove.
+    client.images.get(first["tag"]).tag(repository, "pinned-by-hand")
+
+    # Unchanged context, nothing to build: pruning still runs. Check mode only says what it would do.
+    preview = run_module(tmp_path, args, check=True)
+    assert preview["changed"] is True and preview["removed"] == [first["tag"]]
+    assert image_id(client, first["tag"]) == first["image_id"]
+    pruned = run_module(tmp_path, args)
+    assert pruned["built"] is False and pruned["changed"] is True and pruned["removed"] == [first["tag"]]
+    assert image_id(client, first["tag"]) is None
+    assert image_id(client, f"{repository}:pinned-by-hand") == first["image_id"]
+    assert image_id(client, second["tag"]) == second["image_id"]  # the one kept
+    assert image_id(client, third["tag"]) == image_id(client, f"{repository}:latest") == third["image_id"]
+
+    only_current = run_module(tmp_path, {**args, "keep_previous": 0})
+    assert only_current["removed"] == [second["tag"]] and image_id(client, second["tag"]) is None
+    negative = run_module(tmp_path, {**args, "keep_previous": -1})
+    assert negative.get("failed") and "keep_previous must be 0 or more" in negative["msg"]
+
+
 def test_build_disabled_while_missing_fails_with_advice(client: Any, repository: str, tmp_path: Path) -> None:
     context = make_context(tmp_path / "ctx", "never-built")
     result = run_module(tmp_path, module_args(context, repository, tmp_path, build=False))
