@@ -6,6 +6,7 @@ exists for: listing and running tasks import no docker SDK.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
@@ -16,6 +17,7 @@ import tarfile
 import textwrap
 import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -151,6 +153,58 @@ def test_unreachable_engine_says_what_to_do(monkeypatch, tmp_path):
     finally:
         hanger.join(timeout=5)
         listener.close()
+
+
+@contextlib.contextmanager
+def engine_over_tcp() -> Iterator[int]:
+    """The local engine's socket behind a 127.0.0.1 TCP port (a plain forwarder, half-close kept),
+    so DOCKER_HOST=tcp:// reaches the real engine."""
+    engine_path = (os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock").removeprefix("unix://")
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def pump(source: socket.socket, target: socket.socket, done: list[int]) -> None:
+        try:
+            while data := source.recv(1 << 16):
+                target.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                target.shutdown(socket.SHUT_WR)
+            done.append(1)
+            if len(done) == 2:
+                source.close()
+                target.close()
+
+    def serve() -> None:
+        while True:
+            try:
+                client, _peer = listener.accept()
+            except OSError:
+                return
+            engine = socket.socket(socket.AF_UNIX)
+            engine.connect(engine_path)
+            done: list[int] = []
+            for source, target in ((client, engine), (engine, client)):
+                threading.Thread(target=pump, args=(source, target, done), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        listener.close()
+
+
+def test_tcp_engine_is_reached_directly_too(monkeypatch, box_name):
+    payload = os.urandom(1 << 20)
+    with engine_over_tcp() as port:
+        monkeypatch.setenv("DOCKER_HOST", f"tcp://127.0.0.1:{port}")
+        provider = DockerProvider()
+        assert provider._direct is not None and provider._direct.where == f"tcp://127.0.0.1:{port}"
+        assert [facts.name for facts in provider.list_boxes(project="engineapi-test")] == [box_name]
+        result = provider.exec(box_name, ["sh", "-c", "cat; exit 5"], stdin=payload)
+        assert result.rc == 5 and result.stdout == payload
+        assert b"".join(provider.get_archive(box_name, "/etc/hostname"))
 
 
 def test_which_engines_the_direct_client_takes():
