@@ -343,7 +343,7 @@ def _filesystem_contains(client: Any, image: str, needles: list[bytes]) -> list[
             tail = window[-keep:]
         return sorted(found)
     finally:
-        container.remove(force=True)
+        container.remove(force=True, v=True)
 
 
 def test_secrets_are_in_neither_kind_of_checkpoint(lab: Lab) -> None:

@@ -74,7 +74,7 @@ def made() -> Iterator[dict[str, Any]]:
         yield {"client": client, "container": container, "refs": refs, "tag": tag}
     finally:
         if container is not None:
-            container.remove(force=True)
+            container.remove(force=True, v=True)
         for ref in refs.values():
             try:
                 client.images.remove(ref, force=True)
@@ -116,7 +116,7 @@ def test_flatten_replays_the_config_and_drops_run_agentbox(made: dict[str, Any])
     try:
         exported = b"".join(client.api.export(probe.id))
     finally:
-        probe.remove(force=True)
+        probe.remove(force=True, v=True)
     with tarfile.open(fileobj=io.BytesIO(exported)) as tar:
         names = tar.getnames()
         assert tar.extractfile("etc/hello").read() == b"hello from the image\n"
