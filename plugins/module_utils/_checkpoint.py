@@ -1540,6 +1540,34 @@ def overlay_host(job, cwd, conflicts):
                     keep("changed on both sides; the box's hunks kept, the host's others applied")
 
 
+def entry_id(cwd, commit, path):
+    """(mode, object id) of path in commit, or (None, None)."""
+    out = git(cwd, "ls-tree", "-z", commit, "--", path).stdout.split(b"\0")[0]
+    if not out:
+        return None, None
+    mode, _kind, oid = out.split(b"\t", 1)[0].decode().split(" ")
+    return mode, oid
+
+
+def stage_host_index(job, cwd, conflicts):
+    """Stage again what the host had staged (the stash's second parent is its index), partial
+    staging included, for each path the box kept nothing of its own and whose committed version in
+    the box is the host's: there staging means what it meant on the host."""
+    index = job["host_stash"] + "^2"
+    if git(cwd, "rev-parse", "-q", "--verify", index, check=False).returncode != 0:
+        return
+    kept = {conflict["path"] for conflict in conflicts}
+    raw = git(cwd, "diff", "--name-only", "--no-renames", "-z", job["host_head"], index).stdout
+    for path in [p for p in raw.decode("utf-8", "surrogateescape").split("\0") if p]:
+        if path in kept or entry_id(cwd, "HEAD", path) != entry_id(cwd, job["host_head"], path):
+            continue
+        mode, oid = entry_id(cwd, index, path)
+        if mode is None:
+            git(cwd, "rm", "-q", "--cached", "--ignore-unmatch", "--", path)
+        elif mode != "160000":
+            git(cwd, "update-index", "--add", "--cacheinfo", "%s,%s,%s" % (mode, oid, path))
+
+
 def untracked_report(job, cwd):
     existing, blocked = [], []
     for path in job["untracked"]:
@@ -1620,6 +1648,7 @@ def restore(job, home, box, checkpoint):
     lap("checkpoint_changes")
     if job["host_stash"]:
         overlay_host(job, cwd, conflicts)
+        stage_host_index(job, cwd, conflicts)
     existing, blocked = untracked_report(job, cwd)
     if clone:
         forget_clone_refs(job, cwd)

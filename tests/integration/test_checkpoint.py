@@ -238,9 +238,15 @@ def test_warm_state_survives_restore_and_source_is_untouched(lab: Lab) -> None:
 
     # The host moves on: a commit that touches the box's line too, new uncommitted work, a new untracked file.
     (workspace / "README.md").write_text("line 1\nline 2 (host)\nline 3\nline 4\nline 5 (host)\n")
-    lab.git(workspace, "add", "README.md")
+    (workspace / "lib.js").write_text("one\n")
+    lab.git(workspace, "add", "README.md", "lib.js")
     lab.git(workspace, "commit", "-q", "-m", "host work")
     (workspace / "later.txt").write_text("untracked on the host\n")
+    # Staged work on the host: a new file, and lib.js partly staged (first edit staged, second not).
+    (workspace / "staged.txt").write_text("staged on the host\n")
+    (workspace / "lib.js").write_text("one\ntwo (staged)\n")
+    lab.git(workspace, "add", "staged.txt", "lib.js")
+    (workspace / "lib.js").write_text("one\ntwo (staged)\nthree (not staged)\n")
     lab.chown(workspace)
 
     restored = lab.ok_box("dst", workspace, checkpoint=checkpoint["name"])
@@ -261,6 +267,12 @@ def test_warm_state_survives_restore_and_source_is_untouched(lab: Lab) -> None:
     assert "// box edit, uncommitted" in state and "// host edit in progress" in state
     assert "untracked on the host" in state and "host notes" in state
     assert any(c["path"] == "README.md" and c["kept"] == "box" for c in seed["conflicts"]), seed["conflicts"]
+    # What the host had staged is staged in the box, partial staging included; the rest is not.
+    staged = lab.sh(new_box, "cd /workspace && git diff --cached --name-only && echo -- && git show :lib.js")
+    assert staged.split("--")[0].split() == ["lib.js", "staged.txt"], staged
+    assert staged.split("--")[1].split("\n")[1:3] == ["one", "two (staged)"], staged
+    unstaged = lab.sh(new_box, "cd /workspace && git diff --name-only && tail -n 1 lib.js")
+    assert "app.js" in unstaged.split() and "lib.js" in unstaged.split() and "three (not staged)" in unstaged
     host_head = lab.git(workspace, "rev-parse", "main")
     new_head = lab.git(workspace, "rev-parse", f"agentbox/{new_box}")
     lab.git(workspace, "merge-base", "--is-ancestor", host_head, new_head)
