@@ -35,17 +35,23 @@ LOCAL_ENGINE = "local"
 _PROVIDERS: dict[tuple[Any, ...], Provider] = {}
 _LOCK = threading.Lock()
 _OWNER_PID = os.getpid()
+# In a forked child: the parent's providers and clients, kept referenced so they are never
+# garbage-collected here. Collecting them would run their finalizers (urllib3 closes its pooled
+# connections, paramiko's Channel.__del__ closes the channel), and closing an SSH channel from a
+# child waits forever on a transport whose reader thread stayed in the parent.
+_INHERITED: list[Any] = []
 
 
 def _forget_inherited_clients() -> None:
-    """Runs in a freshly forked child: drop (never close, never reuse) the parent's clients."""
+    """Runs in a freshly forked child: set aside (never close, never reuse) the parent's clients."""
     global _OWNER_PID
     _OWNER_PID = os.getpid()
+    _INHERITED.extend(_PROVIDERS.values())
     _PROVIDERS.clear()
     # Only if the parent loaded it: importing it here would cost every forked worker the import.
     docker_provider = sys.modules.get("ansible_collections.agentbox.box.plugins.module_utils._docker")
     if docker_provider is not None:
-        # Dropping the references closes only this child's copies of the sockets.
+        _INHERITED.extend(docker_provider._CLIENTS.values())
         docker_provider._CLIENTS.clear()
 
 

@@ -310,6 +310,42 @@ def _pid_alive(pid: int) -> bool:
         return False
 
 
+def test_forked_child_never_closes_the_parents_ssh_clients(fleet):
+    """Ansible forks workers (and start_forward_daemon forks) from a process that holds clients over
+    SSH. The child must set them aside: closing an inherited channel waits forever on a transport
+    whose reader thread stayed in the parent (this hung a test run once)."""
+    from ansible_collections.agentbox.box.plugins.plugin_utils._providers import provider_for
+
+    provider = provider_for("docker_ssh", fleet.engines[0].alias, {})
+    assert provider.list_boxes() == []  # the parent now holds a pooled dial-stdio channel
+    # Fork while the send lock is held, as when paramiko's reader thread is mid-packet: the child's
+    # copy of the lock is held for good, so any close of an inherited channel there would block.
+    send_lock = _ssh.connection_for(fleet.engines[0].alias).transport().clear_to_send_lock
+    send_lock.acquire()
+    pid = os.fork()
+    if pid != 0:
+        send_lock.release()
+    if pid == 0:  # child: collect everything it inherited, then use the engine with its own client
+        code = 1
+        try:
+            import gc
+
+            gc.collect()
+            child = provider_for("docker_ssh", fleet.engines[0].alias, {})
+            code = 0 if child is not provider and child.list_boxes() == [] else 2
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 30
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung on the clients it inherited")
+    assert os.waitstatus_to_exitcode(done[1]) == 0
+    assert provider.list_boxes() == []  # the parent's client still works
+
+
 def test_disk_full_during_upload_leaves_nothing(fleet, tmp_path):
     engine = fleet.engines[0]
     repo = tmp_path / "big"
