@@ -156,19 +156,24 @@ class RequestHandler(BaseHTTPRequestHandler):
             reply = Reply(500, error_body(500, f"emulator error: {exc}", method=self.command, path=path))
         entry["status"] = reply.status
         raw = self._encode(reply)
-        if rule is not None and rule.action == "drop_after":
+        action = rule.action if rule is not None else None
+        if action == "drop_after":
             entry["outcome"] = "fault:drop_after"
             entry["status"] = None
-            self._drop()
-        elif rule is not None and rule.action == "truncate":
+        elif action == "truncate":
             entry["outcome"] = "fault:truncate"
+        # Logged before the answer goes out: a client that reads the log as soon as it has its
+        # answer must find its request there (logging after the write raced with such a client).
+        entry["duration"] = round(time.monotonic() - began, 4)
+        self._log(emulator, entry)
+        if action == "drop_after":
+            self._drop()
+        elif action == "truncate":
             head, _blank, payload = raw.partition(b"\r\n\r\n")
             self.wfile.write(head + b"\r\n\r\n" + payload[: max(1, len(payload) // 2)])
             self._drop()
         else:
             self.wfile.write(raw)
-        entry["duration"] = round(time.monotonic() - began, 4)
-        self._log(emulator, entry)
 
     def _websocket(self, emulator: Emulator, client_key: str) -> None:
         """Take the connection over for Socket.IO; it ends when either side closes."""
