@@ -9,13 +9,12 @@ the controller, so the task runs here. A task sent to another host runs the modu
 
 from __future__ import annotations
 
-import traceback
 from typing import Any
 
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.agentbox.box.plugins.module_utils._box_task import BOX_ARGUMENT_SPEC, run_box_task
-from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
+from ansible_collections.agentbox.box.plugins.module_utils._module import failure
 
 LOCAL_TRANSPORTS = ("local", "ansible.builtin.local")
 
@@ -31,10 +30,8 @@ class ActionModule(ActionBase):
         _validation, params = self.validate_argument_spec(argument_spec=BOX_ARGUMENT_SPEC)
         try:
             outcome, warnings = run_box_task(params, bool(self._task.check_mode))
-        except (ProviderError, ValueError, RuntimeError) as exc:
-            return {**result, "failed": True, "changed": False, "msg": str(exc)}
-        except Exception as exc:  # noqa: BLE001 - report like a module would
-            return {**result, "failed": True, "changed": False, "msg": f"unexpected error: {exc}", "exception": traceback.format_exc()}
+        except Exception as exc:  # noqa: BLE001 - report like the module would
+            return {**result, "failed": True, "changed": False, **failure(exc)}
         result.update(outcome)
         if warnings:
             result["warnings"] = warnings

@@ -109,8 +109,7 @@ def run_box_task(params: dict[str, Any], check_mode: bool) -> tuple[dict[str, An
             result["box"] = created.facts.to_dict()
             result["seed"] = created.seed.to_dict() if created.seed else None
             result["boot"] = created.boot
-            for warning in created.seed.warnings if created.seed else []:
-                warnings.append(warning)
+            warnings.extend(created.seed.warnings if created.seed else [])
     else:
         wanted = {"present": existing.state, "started": "running", "stopped": "stopped", "paused": "paused"}[state]
         if existing.state != wanted:

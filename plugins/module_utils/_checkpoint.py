@@ -1540,32 +1540,27 @@ def overlay_host(job, cwd, conflicts):
                     keep("changed on both sides; the box's hunks kept, the host's others applied")
 
 
-def entry_id(cwd, commit, path):
-    """(mode, object id) of path in commit, or (None, None)."""
-    out = git(cwd, "ls-tree", "-z", commit, "--", path).stdout.split(b"\0")[0]
-    if not out:
-        return None, None
-    mode, _kind, oid = out.split(b"\t", 1)[0].decode().split(" ")
-    return mode, oid
-
-
 def stage_host_index(job, cwd, conflicts):
     """Stage again what the host had staged (the stash's second parent is its index), partial
     staging included, for each path the box kept nothing of its own and whose committed version in
-    the box is the host's: there staging means what it meant on the host."""
+    the box is the host's: there staging means what it meant on the host. Four git calls, however
+    many paths."""
     index = job["host_stash"] + "^2"
     if git(cwd, "rev-parse", "-q", "--verify", index, check=False).returncode != 0:
         return
-    kept = {conflict["path"] for conflict in conflicts}
-    raw = git(cwd, "diff", "--name-only", "--no-renames", "-z", job["host_head"], index).stdout
-    for path in [p for p in raw.decode("utf-8", "surrogateescape").split("\0") if p]:
-        if path in kept or entry_id(cwd, "HEAD", path) != entry_id(cwd, job["host_head"], path):
-            continue
-        mode, oid = entry_id(cwd, index, path)
-        if mode is None:
-            git(cwd, "rm", "-q", "--cached", "--ignore-unmatch", "--", path)
-        elif mode != "160000":
-            git(cwd, "update-index", "--add", "--cacheinfo", "%s,%s,%s" % (mode, oid, path))
+    # --raw -z: ":<old mode> <new mode> <old oid> <new oid> <status>" NUL <path> NUL, per staged path;
+    # a path the host deleted from its index has mode 000000, which --index-info takes as removal.
+    staged = git(cwd, "diff", "--raw", "-z", "--no-renames", "--no-abbrev", job["host_head"], index).stdout
+    fields = staged.split(b"\0")
+    moved = set(git(cwd, "diff", "--name-only", "-z", "--no-renames", job["host_head"], "HEAD").stdout.split(b"\0"))
+    kept = {conflict["path"].encode("utf-8", "surrogateescape") for conflict in conflicts}
+    entries = []
+    for meta, path in zip(fields[0:-1:2], fields[1::2]):
+        _old_mode, mode, _old_oid, oid, _status = meta.decode().lstrip(":").split(" ")
+        if path not in kept and path not in moved and mode != "160000":
+            entries.append(b"%s %s\t%s\0" % (mode.encode(), oid.encode(), path))
+    if entries:
+        git(cwd, "update-index", "-z", "--index-info", data=b"".join(entries))
 
 
 def untracked_report(job, cwd):

@@ -107,8 +107,11 @@ def _unreachable(engine: str, exc: Exception) -> EngineUnreachable:
     )
 
 
-def _engine_error(status: int | None, text: str, name: str, operation: str, engine: str) -> ProviderError:
-    """One ProviderError for an engine's error answer, whichever client got it."""
+def _engine_error(
+    status: int | None, text: str, name: str, operation: str, engine: str, missing: str | None = None
+) -> ProviderError:
+    """One ProviderError for an engine's error answer, whichever client got it. `missing` is the
+    message for a 404 about something other than the container (a path in it)."""
     if "is paused" in text:
         return ProviderError(
             "the box is paused: resume it (playbooks/box_state.yml -e state=started) and try again",
@@ -123,6 +126,8 @@ def _engine_error(status: int | None, text: str, name: str, operation: str, engi
         )
     if status == 404 and "no such container" in text.lower():
         return BoxNotFound(f"no box called {name!r} on engine {engine}", box=name, operation=operation)
+    if status == 404 and missing:
+        return ProviderError(missing, box=name, operation=operation)
     return ProviderError(text, box=name, operation=operation)
 
 
@@ -201,7 +206,7 @@ class DockerProvider(Provider):
         return self.client.api
 
     @contextlib.contextmanager
-    def _direct_call(self, name: str, operation: str) -> Iterator[EngineAPI]:
+    def _direct_call(self, name: str, operation: str, missing: str | None = None) -> Iterator[EngineAPI]:
         """The direct client, with its failures turned into the provider's errors."""
         if self._direct is None:
             raise AssertionError("_direct_call needs the direct client; check self._direct first")
@@ -210,7 +215,7 @@ class DockerProvider(Provider):
         except EngineUnanswered as exc:
             raise _unreachable(self._engine, exc) from exc
         except EngineAPIError as exc:
-            raise _engine_error(exc.status, exc.message, name, operation, self._engine) from exc
+            raise _engine_error(exc.status, exc.message, name, operation, self._engine, missing) from exc
 
     def _container(self, name: str, operation: str) -> Any:
         try:
@@ -547,22 +552,15 @@ class DockerProvider(Provider):
             raise ProviderError("the engine refused the archive", box=name, operation=f"copy into {path}")
 
     def get_archive(self, name: str, path: str) -> Iterator[bytes]:
+        missing = f"{path} does not exist in the box"
         if self._direct is not None:
-            try:
-                with self._direct_call(name, "copy out") as engine:
-                    return engine.get_archive(container_name(name), path)
-            except BoxNotFound:
-                raise
-            except ProviderError as exc:
-                if isinstance(exc.__cause__, EngineAPIError) and exc.__cause__.status == 404:
-                    raise ProviderError(f"{path} does not exist in the box", box=name, operation="copy out") from exc
-                raise
+            with self._direct_call(name, "copy out", missing) as engine:
+                return engine.get_archive(container_name(name), path)
         try:
             stream, _stat = self.api.get_archive(container_name(name), path, chunk_size=1 << 16)
-        except NotFound as exc:
-            raise ProviderError(f"{path} does not exist in the box", box=name, operation="copy out") from exc
         except APIError as exc:
-            raise ProviderError(str(exc.explanation or exc), box=name, operation="copy out") from exc
+            text = str(exc.explanation or exc)
+            raise _engine_error(exc.status_code, text, name, "copy out", self._engine, missing) from exc
         return stream
 
     # -- images and checkpoints -----------------------------------------------------------------

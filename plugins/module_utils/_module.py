@@ -39,16 +39,18 @@ def provider_from_params(params: dict[str, Any]) -> Provider:
     return get_provider(name, **options)
 
 
-def run_module(module: Any, run: Callable[[Any], dict[str, Any]]) -> None:
-    """Exit `module` with run(module)'s result: every module's one way of answering.
+def failure(exc: Exception) -> dict[str, Any]:
+    """How a task reports exc. A provider, naming or git error is its message (which says what to
+    do); anything else is reported with its traceback, never as a crash without JSON."""
+    if isinstance(exc, (ProviderError, ValueError, RuntimeError)):
+        return {"msg": str(exc)}
+    return {"msg": f"unexpected error: {exc}", "exception": traceback.format_exc()}
 
-    A provider, naming or git error becomes a fail_json with its message (which says what to
-    do); anything else is reported with its traceback, never as a crash without JSON.
-    """
+
+def run_module(module: Any, run: Callable[[Any], dict[str, Any]]) -> None:
+    """Exit `module` with run(module)'s result: every module's one way of answering."""
     try:
         result = run(module)
-    except (ProviderError, ValueError, RuntimeError) as exc:
-        module.fail_json(msg=str(exc))
     except Exception as exc:  # noqa: BLE001 - a module must always answer with JSON
-        module.fail_json(msg=f"unexpected error: {exc}", exception=traceback.format_exc())
+        module.fail_json(**failure(exc))
     module.exit_json(**result)

@@ -9,7 +9,7 @@ Note that this plugin util is PRIVATE to the collection: it can change at any ti
   slow part, so the connection asks here.
 - Ansible forks a worker per task from a controller that may already hold engine clients (the
   inventory plugin listed the boxes through them). A client's pooled socket must never be used
-  by two processes at once, so a forked child forgets every inherited client and opens its own.
+  by two processes at once, so a forked child opens its own (and leaves the inherited ones be).
 - The host variables that carry a box's address from the inventory to the connection.
 """
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import threading
 from typing import Any
 
@@ -32,43 +31,23 @@ VAR_DAYTONA_TARGET = "agentbox_daytona_target"
 CONNECTION_PLUGIN = "agentbox.box.box"
 LOCAL_ENGINE = "local"
 
+# Keyed by process id, like the Docker clients in _docker: Ansible forks a worker per task, and a
+# child must neither reuse its parent's providers (their pooled sockets) nor drop them. Dropping
+# would run their finalizers, and closing an inherited SSH channel waits forever on a transport
+# whose reader thread stayed in the parent. The parent's entries just stay in the dict, unused.
 _PROVIDERS: dict[tuple[Any, ...], Provider] = {}
 _LOCK = threading.Lock()
-_OWNER_PID = os.getpid()
-# In a forked child: the parent's providers and clients, kept referenced so they are never
-# garbage-collected here. Collecting them would run their finalizers (urllib3 closes its pooled
-# connections, paramiko's Channel.__del__ closes the channel), and closing an SSH channel from a
-# child waits forever on a transport whose reader thread stayed in the parent.
-_INHERITED: list[Any] = []
-
-
-def _forget_inherited_clients() -> None:
-    """Runs in a freshly forked child: set aside (never close, never reuse) the parent's clients."""
-    global _OWNER_PID
-    _OWNER_PID = os.getpid()
-    _INHERITED.extend(_PROVIDERS.values())
-    _PROVIDERS.clear()
-    # Only if the parent loaded it: importing it here would cost every forked worker the import.
-    docker_provider = sys.modules.get("ansible_collections.agentbox.box.plugins.module_utils._docker")
-    if docker_provider is not None:
-        _INHERITED.extend(docker_provider._CLIENTS.values())
-        docker_provider._CLIENTS.clear()
-
-
-os.register_at_fork(after_in_child=_forget_inherited_clients)
 
 
 def provider_key(provider: str, engine: str | None, options: dict[str, Any] | None = None) -> tuple[Any, ...]:
     settings = tuple(sorted((k, repr(v)) for k, v in (options or {}).items() if v is not None))
-    return (provider, engine or LOCAL_ENGINE, settings)
+    return (os.getpid(), provider, engine or LOCAL_ENGINE, settings)
 
 
 def provider_for(provider: str, engine: str | None = None, options: dict[str, Any] | None = None) -> Provider:
     """The process-wide Provider for this provider, engine and settings (made on first use)."""
     key = provider_key(provider, engine, options)
     with _LOCK:
-        if os.getpid() != _OWNER_PID:  # a fork without the at-fork hook (should not happen)
-            _forget_inherited_clients()
         found = _PROVIDERS.get(key)
         if found is not None:
             return found

@@ -186,15 +186,19 @@ def test_compose_groups_keyed_groups_see_full_facts(fleet):
 def test_connection_plugin_is_loaded_before_workers_fork(fleet, monkeypatch):
     """With configure_connection the inventory loads the box connection plugin in the controller."""
     plugin_module = sys.modules[type(inventory_loader.get("agentbox.box.boxes")).__module__]
-    asked: list[tuple[str, dict]] = []
+    loader = plugin_module.connection_loader
+    real_get = loader.get
+    asked: list[tuple[str, dict, object]] = []
 
-    class RecordingLoader:
-        def get(self, name: str, **kwargs):
-            asked.append((name, kwargs))
+    def get_and_record(name: str, **kwargs):  # the real loader does the work
+        loaded = real_get(name, **kwargs)
+        asked.append((name, kwargs, loaded))
+        return loaded
 
-    monkeypatch.setattr(plugin_module, "connection_loader", RecordingLoader())
+    monkeypatch.setattr(loader, "get", get_and_record)
     fleet({"plugin": "agentbox.box.boxes"})
-    assert asked == [("agentbox.box.box", {"class_only": True})]
+    assert [(name, kwargs) for name, kwargs, _loaded in asked] == [("agentbox.box.box", {"class_only": True})]
+    assert asked[0][2].transport == "agentbox.box.box"  # the plugin's class, loaded in this process
     asked.clear()
     fleet({"plugin": "agentbox.box.boxes", "configure_connection": False}, name="off.agentbox.yml")
     assert asked == []
