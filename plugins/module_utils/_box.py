@@ -14,7 +14,7 @@ import dataclasses
 import json
 from typing import Any
 
-from . import _git, _naming, _seed
+from . import _git, _naming, _preflight, _seed
 from ._provider import BoxFacts, BoxSpec, Provider, ProviderError
 
 DEFAULT_IMAGE = "agentbox/box:latest"
@@ -68,8 +68,14 @@ def check_owner(facts: BoxFacts, project: str) -> None:
 
 def create_box(provider: Provider, request: CreateRequest) -> Created:
     workspace = _naming.workspace_path(request.workspace)
+    _preflight.check_workspace_path(workspace)
     name, box_id = resolve_name(request.name, workspace)
     project = _naming.project_id(workspace)
+    _preflight.check_not_bare(workspace)
+    repos = _git.find_repos(workspace)
+    _preflight.check_no_operation_in_progress([repo.root for repo in repos])
+    if request.seed:
+        _preflight.check_project_file(workspace)
     image = request.image
     restore = None
     checkpoint = request.checkpoint
@@ -100,7 +106,6 @@ def create_box(provider: Provider, request: CreateRequest) -> Created:
             operation="create",
         )
     fingerprint = image_labels.get(_naming.label("image_fingerprint"), "")
-    repos = _git.find_repos(workspace)
     # Local engine: the box works on the host's own .git, on a branch reserved here.
     # Elsewhere the repository is shipped (_ship) and the branch lives in the box's clone.
     shares_git = bool(repos) and provider.shares_host_filesystem

@@ -58,6 +58,9 @@ def run_box_task(params: dict[str, Any], check_mode: bool) -> tuple[dict[str, An
     warnings: list[str] = []
     state = params["state"]
     name = params["name"]
+    if name == "":
+        # An empty -e box= is a mistake, not a request for a generated name (leave it out for that).
+        raise ValueError("the box name is empty: pass one (-e box=NAME), or leave it out for <workspace>-<id>")
     if name:
         _naming.validate_box_name(name)
     elif state not in ("present", "started"):

@@ -28,16 +28,23 @@ class NameError_(ValueError):
 
 
 def validate_box_name(name: str) -> str:
-    if not isinstance(name, str) or not BOX_NAME_PATTERN.match(name):
+    # fullmatch: `$` alone would let a trailing newline through.
+    if not isinstance(name, str) or not BOX_NAME_PATTERN.fullmatch(name):
         raise NameError_(
             f"invalid box name {name!r}: use 1-63 characters from a-z, 0-9, '_', '.', '-', "
             "starting with a letter or digit (for example 'myrepo-fix-login')"
+        )
+    # The name becomes the branch agentbox/<name>: git refuses these in a ref name.
+    if ".." in name or name.endswith((".lock", ".")):
+        raise NameError_(
+            f"invalid box name {name!r}: it names the git branch {BRANCH_PREFIX}{name}, and git refuses a "
+            "branch name containing '..' or ending in '.lock' or '.'; pick another name"
         )
     return name
 
 
 def validate_checkpoint_name(name: str) -> str:
-    if not isinstance(name, str) or not CHECKPOINT_NAME_PATTERN.match(name):
+    if not isinstance(name, str) or not CHECKPOINT_NAME_PATTERN.fullmatch(name):
         raise NameError_(
             f"invalid checkpoint name {name!r}: use 1-63 characters from a-z, 0-9, '_', '.', '-', "
             "starting with a letter or digit"
@@ -66,6 +73,7 @@ def new_box_id() -> str:
 
 def default_box_name(workspace: str, box_id: str) -> str:
     stem = re.sub(r"[^a-z0-9_.-]+", "-", os.path.basename(workspace.rstrip("/")).lower()).strip("-._")
+    stem = re.sub(r"\.{2,}", ".", stem)  # '..' is not allowed in the branch name
     stem = stem[:DEFAULT_NAME_STEM_MAX].rstrip("-._") or "box"
     return validate_box_name(f"{stem}-{box_id}")
 

@@ -111,9 +111,16 @@ def test_every_error_of_a_file_is_reported_not_only_the_first():
     text = "services:\n  web:\n    command: ./web\n    restart: sometimes\n    autostart: maybe\n    needs: [nope]\n"
     config, issues = ctl.parse_config(text, "agentbox.yaml")
     assert config is None
+    # The needs of a unit with errors of its own are checked in the same pass: one run, every problem.
     assert {(i.key, i.line) for i in errors(issues)} == {
-        ("services.web.restart", 4), ("services.web.autostart", 5)}
-    # needs of a unit that did not parse cannot be checked; the type errors come first
+        ("services.web.restart", 4), ("services.web.autostart", 5), ("services.web.needs[0]", 6)}
+
+
+def test_a_bad_command_is_one_error_not_also_a_missing_one():
+    text = "tasks:\n  build:\n    command: 5\n    needs: [ghost]\n"
+    config, issues = ctl.parse_config(text, "agentbox.yaml")
+    assert config is None
+    assert [(i.key, i.line) for i in errors(issues)] == [("tasks.build.command", 3), ("tasks.build.needs[0]", 4)]
 
 
 def test_unknown_keys_warn_with_line_and_suggestion_but_the_file_stays_valid():
