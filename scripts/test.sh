@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: set-up, quality gates, then every test against the real
-# engine. Usage: scripts/test.sh [pytest args...]   (AGENTBOX_SKIP_GATES=1 runs only pytest)
+# engine. Usage: scripts/test.sh [pytest args...]   (AGENTBOX_SKIP_GATES=1 runs only pytest, and then
+# the run never reports "all steps passed": the quality gates did not run)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH=$PWD/.venv/bin:$PATH ANSIBLE_CONFIG=$PWD/ansible.cfg ANSIBLE_NOCOLOR=1 PY_COLORS=0
@@ -30,6 +31,7 @@ done
 # Set-up: without these nothing else can run, so a failure stops here.
 bash scripts/setup-venv.sh || exit 1
 bash scripts/ensure-docker.sh || exit 1
+bash scripts/ensure-browser.sh || exit 1
 echo "=== box image"
 ansible-playbook playbooks/build_image.yml || exit 1
 
@@ -49,5 +51,9 @@ step "pytest" pytest -p no:cacheprovider "$@"
 if [ ${#failed[@]} -gt 0 ]; then
   echo "FAILED steps: ${failed[*]}"
   exit 1
+fi
+if [ "${AGENTBOX_SKIP_GATES:-0}" = 1 ]; then
+  echo "pytest passed; NOT a full pass: AGENTBOX_SKIP_GATES=1 skipped ruff, ansible-lint, sanity and molecule"
+  exit 0
 fi
 echo "all steps passed"

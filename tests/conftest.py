@@ -1,14 +1,19 @@
-"""Shared by every test: the collection on sys.path, and real git workspaces to build boxes from."""
+"""Shared by every test: the collection on sys.path, the engine and box image (a failure when missing,
+never a skip), real git workspaces to build boxes from, and the skip gate (see docs/testing.md)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import docker
 import pytest
 from ansible.plugins.loader import init_plugin_loader
 
@@ -20,6 +25,7 @@ if str(REPO / ".collections") not in sys.path:
 init_plugin_loader([str(REPO / ".collections")])
 
 BOX_UID = 1000
+BOX_IMAGE = os.environ.get("AGENTBOX_TEST_BOX_IMAGE", "agentbox/box:latest")
 # Root running git in a repo owned by uid 1000 needs safe.directory; set it for every git we run.
 GIT_ENV = {
     "GIT_OPTIONAL_LOCKS": "0",
@@ -33,14 +39,131 @@ GIT_ENV = {
 }
 
 
+# -- the skip gate ------------------------------------------------------------------------------
+# A skip is a pass that proved nothing, so every skip fails the run unless it is listed here: a
+# pattern its reason must contain, and the condition under which that skip is legitimate right now.
+# Name the variable (or "needs root") in the reason of a skip that belongs to one of these.
+ALLOWED_SKIPS: tuple[tuple[str, Callable[[], bool], str], ...] = (
+    (r"\bDAYTONA_API_KEY\b", lambda: not os.environ.get("DAYTONA_API_KEY"),
+     "live Daytona tests, when DAYTONA_API_KEY is not set"),
+    (r"\bAGENTBOX_DAYTONA_LIVE_CHECKPOINT\b", lambda: os.environ.get("AGENTBOX_DAYTONA_LIVE_CHECKPOINT") != "1",
+     "the live Daytona snapshot round trip, unless AGENTBOX_DAYTONA_LIVE_CHECKPOINT=1"),
+    (r"\bBOXD_API_KEY\b", lambda: not os.environ.get("BOXD_API_KEY"),
+     "live boxd tests, when BOXD_API_KEY is not set"),
+    (r"^needs root\b", lambda: os.geteuid() != 0, "root-only tests (reason starting 'needs root'), when not root"),
+)  # fmt: skip
+
+
+def skip_refusal(reason: str) -> str | None:
+    """Why this skip may not count (None when the allow-list lets it through)."""
+    for pattern, legitimate_now, _what in ALLOWED_SKIPS:
+        if re.search(pattern, reason):
+            return None if legitimate_now() else f"the allow-list entry {pattern!r} does not apply on this machine"
+    return "it is not on the allow-list (ALLOWED_SKIPS in tests/conftest.py)"
+
+
+def _skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+def _gate(report: pytest.TestReport | pytest.CollectReport) -> None:
+    """Turn a skip (or an xfail) that is not allowed into a failure that says why."""
+    if not report.skipped:
+        return
+    if hasattr(report, "wasxfail"):
+        reason, refusal = f"xfail {report.wasxfail}".strip(), "expected failures are not allowed in this suite"
+    else:
+        reason = _skip_reason(report)
+        refusal = skip_refusal(reason)
+        if refusal is None:
+            return
+    report.outcome = "failed"
+    report.longrepr = (
+        f"skip gate: this test skipped ({reason}) and the skip does not count as a pass: {refusal}. "
+        "Fix what is missing (engine, image, package, set-up script) instead of skipping."
+    )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    report = yield
+    _gate(report)
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
+    report = yield
+    _gate(report)
+    return report
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    allowed = len(terminalreporter.stats.get("skipped", []))
+    terminalreporter.section("skip allow-list (tests/conftest.py ALLOWED_SKIPS)")
+    for pattern, legitimate_now, what in ALLOWED_SKIPS:
+        state = "applies here" if legitimate_now() else "does not apply here"
+        terminalreporter.write_line(f"  {pattern}: {what} ({state})")
+    terminalreporter.write_line(f"  {allowed} allowed skip(s) in this run; any other skip failed the run")
+
+
+# -- temp base ------------------------------------------------------------------------------------
+BASETEMP_PREFIX = "/tmp/agentbox-pytest-"
+made_basetemp = pytest.StashKey[Path]()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # Repos under test belong to uid 1000 and the controller's git acts as their owner, so the
     # temp root must be traversable by that user (pytest's default /tmp/pytest-of-root is 0700).
-    if config.option.basetemp is None and os.geteuid() == 0:
-        base = Path(f"/tmp/agentbox-pytest-{os.getpid()}")
+    # xdist workers get their own directory under the controller's (given to them as basetemp).
+    if config.option.basetemp is None and os.geteuid() == 0 and not hasattr(config, "workerinput"):
+        remove_dead_runs_basetemp()
+        base = Path(f"{BASETEMP_PREFIX}{os.getpid()}")
         base.mkdir(mode=0o755, exist_ok=True)
         base.chmod(0o755)
         config.option.basetemp = str(base)
+        config.stash[made_basetemp] = base
+
+
+def remove_dead_runs_basetemp() -> None:
+    """A run that was killed leaves its base directory behind: remove those whose pytest is gone."""
+    for leftover in Path(BASETEMP_PREFIX).parent.glob(Path(BASETEMP_PREFIX).name + "*"):
+        pid = leftover.name.removeprefix(Path(BASETEMP_PREFIX).name)
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # The base directory this run made goes with it (a base given with --basetemp is the caller's).
+    base = config.stash.get(made_basetemp, None)
+    if base is not None:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+# -- the engine and the box image ---------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def docker_client() -> Iterator[docker.DockerClient]:
+    """The Docker engine (DOCKER_HOST honoured). No engine fails every test that needs it."""
+    try:
+        client = docker.from_env()
+        client.ping()
+    except docker.errors.DockerException as exc:
+        pytest.fail(f"no Docker engine answers ({exc}); start one with scripts/ensure-docker.sh", pytrace=False)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def box_image(docker_client: docker.DockerClient) -> str:
+    """The box image's reference; not on the engine fails every test that needs it."""
+    try:
+        docker_client.images.get(BOX_IMAGE)
+    except docker.errors.ImageNotFound:
+        pytest.fail(f"the box image {BOX_IMAGE} is not on the engine; build it: "
+                    "ansible-playbook playbooks/build_image.yml", pytrace=False)  # fmt: skip
+    return BOX_IMAGE
 
 
 def git(repo: Path | str, *args: str, check: bool = True) -> str:

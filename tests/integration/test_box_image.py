@@ -18,9 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import docker
 import pytest
-
-docker = pytest.importorskip("docker")
 
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO / ".collections") not in sys.path:
@@ -34,14 +33,8 @@ BASE = "debian:bookworm"
 
 
 @pytest.fixture(scope="module")
-def client() -> Iterator[Any]:
-    try:
-        engine = docker.from_env()
-        engine.ping()
-    except docker.errors.DockerException as exc:
-        pytest.skip(f"no Docker engine: {exc}")
-    yield engine
-    engine.close()
+def client(docker_client: docker.DockerClient) -> docker.DockerClient:
+    return docker_client
 
 
 @pytest.fixture
@@ -304,7 +297,7 @@ def test_bad_repository_fails_before_anything(repository: str, tmp_path: Path) -
     assert result.get("failed") is True and "repository without a tag" in result["msg"]
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="debootstrap needs root")
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: debootstrap")
 def test_debootstrap_base_imports_a_clean_debian(client: Any, repository: str, tmp_path: Path) -> None:
     workdir = tmp_path / "work"
     workdir.mkdir()

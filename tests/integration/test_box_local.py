@@ -419,7 +419,7 @@ def test_playbooks_create_list_switch_destroy(engine, tmp_path):
 def test_root_owned_repository_is_made_writable_for_the_box(engine, boxes, tmp_path):
     """A checkout owned by root (as on a CI machine): the box still commits, through ACLs on .git only."""
     if os.geteuid() != 0:
-        pytest.skip("needs root to own the test repository")
+        pytest.skip("needs root: to own the test repository")
     repo = make_repo(tmp_path / "ws", {"a.txt": "a\n"})
     (repo / "wip.txt").write_text("root's untracked work\n")
     mode_before = (repo / "a.txt").stat().st_mode

@@ -19,9 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import docker
 import pytest
-
-docker = pytest.importorskip("docker")
 
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO / ".collections") not in sys.path:
@@ -35,17 +34,9 @@ GIT = ["git", "-c", "safe.directory=*", "-c", "user.name=Host", "-c", "user.emai
 
 
 @pytest.fixture(scope="module")
-def client() -> Iterator[Any]:
-    try:
-        engine = docker.from_env()
-        engine.ping()
-        engine.images.get(IMAGE)
-    except docker.errors.ImageNotFound:
-        pytest.skip(f"the box image {IMAGE} is not on the engine (build it with the box_image role)")
-    except docker.errors.DockerException as exc:
-        pytest.skip(f"no Docker engine: {exc}")
-    yield engine
-    engine.close()
+def client(docker_client: docker.DockerClient, box_image: str) -> docker.DockerClient:
+    """The engine, with the box image on it (conftest fails the test when either is missing)."""
+    return docker_client
 
 
 class Lab:

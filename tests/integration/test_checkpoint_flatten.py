@@ -11,9 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import docker
 import pytest
-
-docker = pytest.importorskip("docker")
 
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO / ".collections") not in sys.path:
@@ -38,12 +37,8 @@ def _rootfs() -> bytes:
 
 
 @pytest.fixture
-def made() -> Iterator[dict[str, Any]]:
-    try:
-        client = docker.from_env()
-        client.ping()
-    except docker.errors.DockerException as exc:
-        pytest.skip(f"no Docker engine: {exc}")
+def made(docker_client: docker.DockerClient) -> Iterator[dict[str, Any]]:
+    client = docker_client
     tag = secrets.token_hex(4)
     repository = f"agentbox-test/ckpt-flat-{tag}"
     refs = {"base": f"{repository}:base", "flat": f"{repository}:flat"}

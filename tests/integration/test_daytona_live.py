@@ -39,7 +39,7 @@ def live() -> Iterator[dict]:
 
     provider = DaytonaProvider()
     if not provider.image_exists(IMAGE):
-        pytest.skip(f"no Daytona snapshot {IMAGE!r} and it is not a registry image: set AGENTBOX_DAYTONA_LIVE_IMAGE")
+        pytest.fail(f"no Daytona snapshot {IMAGE!r} and it is not a registry image: set AGENTBOX_DAYTONA_LIVE_IMAGE")
     name = f"agentbox-live-{uuid.uuid4().hex[:6]}"
     box_id = uuid.uuid4().hex[:8]
     labels = _naming.box_labels(box=name, box_id=box_id, project="1" * 16, workspace="/live-smoke", branch="",

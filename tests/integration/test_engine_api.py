@@ -36,6 +36,8 @@ from ansible_collections.agentbox.box.plugins.module_utils._provider import (  #
 pytestmark = pytest.mark.integration
 
 IMAGE = "agentbox/box:latest"
+# A project label of this run only: a container left by a killed run must not show up in these listings.
+PROJECT = f"engineapi-test-{uuid.uuid4().hex[:8]}"
 
 
 def docker(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -43,12 +45,12 @@ def docker(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def box_name():
+def box_name(box_image: str):
     """A plain labelled container (the client needs no seeded workspace)."""
     name = f"engineapi-{uuid.uuid4().hex[:8]}"
     docker(
         "run", "-d", "--name", f"agentbox-{name}", "--label", "io.agentbox.kind=box", "--label", f"io.agentbox.box={name}",
-        "--label", "io.agentbox.project=engineapi-test", "--entrypoint", "sleep", IMAGE, "infinity",
+        "--label", f"io.agentbox.project={PROJECT}", "--entrypoint", "sleep", IMAGE, "infinity",
     )  # fmt: skip
     yield name
     docker("rm", "-f", "-v", f"agentbox-{name}", check=False)
@@ -106,7 +108,7 @@ def test_archives_round_trip_and_missing_paths(provider, box_name):
 
 
 def test_listing_and_find(provider, box_name):
-    listed = [facts.name for facts in provider.list_boxes(project="engineapi-test")]
+    listed = [facts.name for facts in provider.list_boxes(project=PROJECT)]
     assert listed == [box_name]
     facts = provider.find(box_name)
     assert facts is not None and facts.state == "running" and facts.container == f"agentbox-{box_name}"
@@ -201,7 +203,7 @@ def test_tcp_engine_is_reached_directly_too(monkeypatch, box_name):
         monkeypatch.setenv("DOCKER_HOST", f"tcp://127.0.0.1:{port}")
         provider = DockerProvider()
         assert provider._direct is not None and provider._direct.where == f"tcp://127.0.0.1:{port}"
-        assert [facts.name for facts in provider.list_boxes(project="engineapi-test")] == [box_name]
+        assert [facts.name for facts in provider.list_boxes(project=PROJECT)] == [box_name]
         result = provider.exec(box_name, ["sh", "-c", "cat; exit 5"], stdin=payload)
         assert result.rc == 5 and result.stdout == payload
         assert b"".join(provider.get_archive(box_name, "/etc/hostname"))
@@ -246,7 +248,7 @@ def test_task_calls_import_no_docker_sdk(box_name):
         sys.path.insert(0, {str(REPO / ".collections")!r})
         from ansible_collections.agentbox.box.plugins.plugin_utils._providers import provider_for
         provider = provider_for("docker", "local")
-        assert [f.name for f in provider.list_boxes(project="engineapi-test")] == [{box_name!r}]
+        assert [f.name for f in provider.list_boxes(project={PROJECT!r})] == [{box_name!r}]
         assert provider.exec({box_name!r}, ["true"]).rc == 0
         provider.put_archive({box_name!r}, "/tmp", [bytes(10240)])
         b"".join(provider.get_archive({box_name!r}, "/etc/hostname"))
