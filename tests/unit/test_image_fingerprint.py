@@ -199,7 +199,7 @@ def _render(**variables: object) -> str:
     environment = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     environment.filters["quote"] = shlex.quote  # Ansible's shell-quoting filter
     environment.filters["bool"] = bool
-    values = {"box_image_base": "debian:bookworm", "box_image_vnc": False, "box_image_agents": [], "box_image_files": []}
+    values = {"box_image_base": "debian:bookworm", "box_image_vnc": False, "box_image_agent_specs": [], "box_image_files": []}
     values.update(variables)
     return environment.from_string(TEMPLATE.read_text()).render(**values)
 
@@ -215,12 +215,20 @@ def test_template_copes_with_no_files_no_agents_no_vnc() -> None:
 def test_template_copies_every_file_and_adds_optional_layers() -> None:
     text = _render(
         box_image_files=["agentbox-ctl", "agentbox-checkpoint-cleanup"],
-        box_image_agents=["@anthropic-ai/claude-code", "left pad"],
+        box_image_agent_specs=[
+            {"name": "claude", "package": "@anthropic-ai/claude-code@2.1.328"},
+            {"name": "odd", "package": "left pad"},
+        ],
         box_image_vnc=True,
         box_image_base="debian:bookworm-slim",
     )
     assert 'COPY ["bin/agentbox-checkpoint-cleanup", "bin/agentbox-ctl", "/usr/local/bin/"]' in text
-    assert "npm install --global --no-audit --no-fund --no-update-notifier @anthropic-ai/claude-code 'left pad'" in text
+    # One layer per agent, in the given order, each package quoted for the shell.
+    claude = "npm install --global --no-audit --no-fund --no-update-notifier @anthropic-ai/claude-code@2.1.328;"
+    odd = "npm install --global --no-audit --no-fund --no-update-notifier 'left pad';"
+    assert claude in text and odd in text and text.index(claude) < text.index(odd)
+    assert text.count("hardlink --quiet --ignore-time /usr/local/lib/node_modules") == 2
+    assert "NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt" in text
     assert "tigervnc-standalone-server novnc websockify" in text
     assert "FROM debian:bookworm-slim\n" in text
     # Optional layers come before the COPY so a change to an in-box script keeps them cached.
