@@ -14,7 +14,7 @@ import dataclasses
 import json
 from typing import Any
 
-from . import _git, _naming, _preflight, _seed
+from . import _git, _naming, _preflight, _relay_state, _seed
 from ._provider import BoxFacts, BoxSpec, Provider, ProviderError
 
 DEFAULT_IMAGE = "agentbox/box:latest"
@@ -159,6 +159,9 @@ def create_box(provider: Provider, request: CreateRequest) -> Created:
         _forget_branch(plans)
         raise
     try:
+        if provider.shares_host_filesystem:
+            # The host relay's socket directory for this box (docs/relay.md); the relay starts if need be.
+            spec.mounts.update(_relay_state.attach_box(name, box_id, provider.name, provider.engine))
         facts = provider.create(spec)
         if request.boot:
             # dockerd takes about as long to come up as seeding takes: start it now, in the background.
@@ -170,6 +173,7 @@ def create_box(provider: Provider, request: CreateRequest) -> Created:
             seed_result = _seed_workspace(provider, name, workspace, repos, plans, branch, carry, request.ship_depth)
         boot = boot_box(provider, name) if request.boot else None
     except BaseException:
+        _relay_state.forget_box(box_id)
         _undo_create(provider, name, plans)
         raise
     return Created(facts=facts, seed=seed_result, boot=boot, image_transfer=image_transfer)
@@ -273,6 +277,8 @@ def worktree_records(facts: BoxFacts) -> list[dict[str, str]]:
 def destroy_box(provider: Provider, facts: BoxFacts, delete_branch: bool = False) -> dict[str, Any]:
     """Remove the box, its volumes and its worktree registrations; the branch stays unless asked."""
     provider.destroy(facts.name)
+    if facts.id:
+        _relay_state.forget_box(facts.id)
     removed_worktrees = []
     deleted_branches = []
     if provider.shares_host_filesystem:

@@ -321,6 +321,8 @@ class DockerProvider(Provider):
             volumes = {volume: {"bind": "/var/lib/docker", "mode": "rw"}}
             for path in spec.bind_paths:
                 volumes[path] = {"bind": path, "mode": "rw"}
+            for host_path, box_path in spec.mounts.items():
+                volumes[host_path] = {"bind": box_path, "mode": "ro"}
             ports = {f"{port}/tcp": ("127.0.0.1", None) for port in sorted(set(spec.ports))}
             env = {
                 "AGENTBOX": "1",

@@ -75,6 +75,8 @@ class BoxSpec:
     resources: dict[str, Any] = dataclasses.field(default_factory=dict)
     # Host directories bind-mounted at the same path (local engine only: the workspace .git dirs).
     bind_paths: list[str] = dataclasses.field(default_factory=list)
+    # Host directory -> path in the box, bound read-only (local engine only: the relay's socket directory).
+    mounts: dict[str, str] = dataclasses.field(default_factory=dict)
     # Per-box secrets: written to a tmpfs in the box (/run/agentbox/secrets), never in env/labels.
     secrets: dict[str, str] = dataclasses.field(default_factory=dict)
 

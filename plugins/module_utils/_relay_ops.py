@@ -1,0 +1,221 @@
+# Copyright (c) agentbox.box contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What the relay does on the host for a box: push, fetch, pull, checkpoint, open, gh pr.
+
+Blocking code, run by the server in a worker thread. Every git command goes through the one
+host git entry point (`_git.git`: the repository owner's identity, never root on a user's
+repository, hardened against repository-planted configuration); every argv is a list, never a
+shell line. Which box asks is decided by the server (the socket the request came on); this file
+only ever acts on that box's own repository and branch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+from typing import Any
+
+from . import _git
+from ._provider import BoxFacts, Provider, ProviderError, get_provider
+from ._relay_protocol import Request
+
+GH_TIMEOUT = 120
+
+
+@dataclasses.dataclass
+class Outcome:
+    """The host operation's answer: its exit status and what it printed, plus data for the client."""
+
+    rc: int
+    stdout: str = ""
+    stderr: str = ""
+    data: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        """What the audit log keeps: the status and the output's tail."""
+        tail = (self.stderr or self.stdout).strip()[-500:]
+        return {"rc": self.rc, "output": tail, **({"data": self.data} if self.data else {})}
+
+
+class BoxGone(ProviderError):
+    """The box a socket belonged to no longer exists (or its name now belongs to another box)."""
+
+
+def box_of(registration: dict[str, Any]) -> tuple[Provider, BoxFacts]:
+    """The provider and current facts of a registered box, checked against its id label."""
+    provider = get_provider(registration["provider"], **_provider_options(registration))
+    facts = provider.find(registration["name"])
+    if facts is None or facts.id != registration["id"]:
+        raise BoxGone(
+            f"box {registration['name']!r} (id {registration['id']}) no longer exists on engine {registration['engine']}",
+            box=registration["name"],
+        )
+    return provider, facts
+
+
+def _provider_options(registration: dict[str, Any]) -> dict[str, Any]:
+    if registration["provider"] == "docker":
+        return {}
+    return {"engine": registration.get("engine"), **registration.get("options", {})}
+
+
+def _text(result: subprocess.CompletedProcess) -> tuple[str, str]:
+    return result.stdout.decode("utf-8", "replace"), result.stderr.decode("utf-8", "replace")
+
+
+def _own_branch(facts: BoxFacts) -> str:
+    if not facts.branch:
+        raise ProviderError("this box has no git workspace (it was seeded as a plain copy): nothing to push or fetch",
+                            box=facts.name)
+    return facts.branch
+
+
+def _remotes(repo: str) -> list[str]:
+    return _git.git_out(repo, "remote").split()
+
+
+def _check_remote(repo: str, remote: str) -> Outcome | None:
+    remotes = _remotes(repo)
+    if remote in remotes:
+        return None
+    listed = ", ".join(remotes) or "none"
+    return Outcome(2, stderr=f"the host repository {repo} has no remote {remote!r} (its remotes: {listed})")
+
+
+def push(provider: Provider, facts: BoxFacts, request: Request) -> Outcome:
+    """Push the box's own branch from the host repository, as itself or (approved) as another name."""
+    branch = _own_branch(facts)
+    args = request.args
+    repo = facts.workspace
+    refused = _check_remote(repo, args["remote"])
+    if refused:
+        return refused
+    notes = ""
+    if not provider.shares_host_filesystem:
+        # The box's commits live in its own clone: bring them into the host repository first.
+        from ._ship import fetch_box_branch
+
+        fetched = fetch_box_branch(provider, facts, force=bool(args["force"]))
+        new = sum(item["new_commits"] for item in fetched["repos"])
+        notes = f"fetched {new} new commit(s) of {branch} from the box into {repo}\n"
+    target = args["as"] or branch
+    if args["delete"]:
+        refspec = f":refs/heads/{target}"
+    else:
+        refspec = f"{'+' if args['force'] else ''}refs/heads/{branch}:refs/heads/{target}"
+    result = _git.git(repo, "push", "--no-verify", args["remote"], refspec, check=False)
+    stdout, stderr = _text(result)
+    return Outcome(result.returncode, stdout=stdout, stderr=notes + stderr,
+                   data={"remote": args["remote"], "branch": branch, "target": target})
+
+
+def fetch(provider: Provider, facts: BoxFacts, request: Request) -> Outcome:
+    """Fetch the remote's branches into the host repository (which a local box shares)."""
+    _own_branch(facts)
+    repo = facts.workspace
+    remote = request.args["remote"]
+    refused = _check_remote(repo, remote)
+    if refused:
+        return refused
+    if not provider.shares_host_filesystem:
+        return Outcome(1, stderr="fetch into a box on a remote engine or Daytona is not supported yet: see docs/relay.md")
+    # Only remote-tracking refs move; --no-write-fetch-head keeps the shared FETCH_HEAD untouched.
+    result = _git.git(repo, "fetch", "--no-write-fetch-head", "--no-recurse-submodules", remote, check=False)
+    stdout, stderr = _text(result)
+    return Outcome(result.returncode, stdout=stdout, stderr=stderr, data={"remote": remote})
+
+
+def pull(provider: Provider, facts: BoxFacts, request: Request) -> Outcome:
+    """Fetch on the host; the box merges `<remote>/<branch>` itself (no credentials needed there)."""
+    fetched = fetch(provider, facts, request)
+    if fetched.rc != 0:
+        return fetched
+    remote = request.args["remote"]
+    branch = request.args["branch"] or facts.labels.get("base_branch") or "main"
+    tracking = f"refs/remotes/{remote}/{branch}"
+    probe = _git.git(facts.workspace, "rev-parse", "--verify", "-q", f"{tracking}^{{commit}}", check=False)
+    if probe.returncode != 0:
+        return Outcome(1, stdout=fetched.stdout, stderr=fetched.stderr + f"{remote} has no branch {branch!r} to merge\n")
+    fetched.data = {"merge": f"{remote}/{branch}", "commit": probe.stdout.decode().strip()}
+    return fetched
+
+
+def checkpoint(provider: Provider, facts: BoxFacts, request: Request) -> Outcome:
+    """Capture the box as playbooks/checkpoint.yml would (same planning, same capture)."""
+    from . import _checkpoint
+
+    if provider.name == "daytona":
+        return Outcome(1, stderr="a Daytona checkpoint stops the box, which would end this command: "
+                                 "run playbooks/checkpoint.yml on the host instead")
+    plan = _checkpoint.plan_capture(provider, facts, request.args["name"])
+    made = _checkpoint.capture(provider, plan)
+    warnings = "".join(f"warning: {text}\n" for text in made.get("warnings", []))
+    text = f"checkpoint {made['name']} ({made['type']}) saved as {made['image']}\n"
+    return Outcome(0, stdout=text, stderr=warnings, data={"checkpoint": made["name"], "image": made["image"]})
+
+
+def open_url(provider: Provider, facts: BoxFacts, request: Request) -> Outcome:
+    """Show the URL on the host; open it in the host's browser when the relay runs on a desktop."""
+    url = request.args["url"]
+    desktop = os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
+    opener = shutil.which("xdg-open") or shutil.which("open")
+    if desktop and opener:
+        subprocess.Popen([opener, url], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True)
+        return Outcome(0, stdout=f"opened on the host: {url}\n", data={"opened": True})
+    return Outcome(0, stdout=f"the host has no desktop to open it on; the URL is in the relay's log: {url}\n",
+                   data={"opened": False})
+
+
+def gh_pr(provider: Provider, facts: BoxFacts, request: Request) -> Outcome:
+    """gh pr create|view|list|merge in the host repository, always about the box's own branch."""
+    branch = _own_branch(facts)
+    gh = shutil.which("gh")
+    if gh is None:
+        return Outcome(1, stderr="gh is not installed on the host: install GitHub's gh CLI there and sign in (gh auth login)")
+    args = request.args
+    action = args["action"]
+    argv = [gh, "pr", action]
+    if action == "create":
+        argv += ["--head", branch, "--title", args["title"] or branch, "--body", args["body"] or ""]
+        argv += ["--base", args["base"]] if args["base"] else []
+        argv += ["--draft"] if args["draft"] else []
+    elif action == "view":
+        argv += [str(args["number"]) if args["number"] else branch]
+    elif action == "list":
+        argv += ["--head", branch]
+    else:
+        argv += [str(args["number"])]
+    identity = _git.owner_identity(facts.workspace)
+    env = {**os.environ, "GH_PROMPT_DISABLED": "1", "GIT_TERMINAL_PROMPT": "0"}
+    if identity:
+        env["HOME"] = identity[2]
+    try:
+        result = subprocess.run(
+            argv, cwd=facts.workspace, env=env, capture_output=True, check=False, timeout=GH_TIMEOUT,
+            user=identity[0] if identity else None, group=identity[1] if identity else None,
+        )
+    except subprocess.TimeoutExpired:
+        return Outcome(1, stderr=f"gh pr {action} did not finish within {GH_TIMEOUT} s")
+    stdout, stderr = _text(result)
+    return Outcome(result.returncode, stdout=stdout, stderr=stderr)
+
+
+HANDLERS = {
+    "git.push": push,
+    "git.fetch": fetch,
+    "git.pull": pull,
+    "checkpoint": checkpoint,
+    "open": open_url,
+    "gh.pr": gh_pr,
+}
+
+
+def carry_out(provider: Provider, facts: BoxFacts, request: Request) -> Outcome:
+    """Run one checked request for the box; provider and git failures become an Outcome."""
+    try:
+        return HANDLERS[request.operation](provider, facts, request)
+    except (ProviderError, _git.GitError, ValueError) as exc:
+        return Outcome(1, stderr=f"{exc}\n")

@@ -1,0 +1,344 @@
+# Copyright (c) agentbox.box contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The relay daemon: one asyncio loop serving every box's socket, the approvals, the control socket.
+
+A request arrives on the socket of one box (sock/<id>/relay.sock): that socket is the box's
+identity, so nothing the box sends can name another box. The server reads one bounded line,
+rate-limits per box, checks the request (_relay_protocol), looks the box up on its engine (its id
+label must match), asks the user when the policy says so, runs the operation in a worker thread
+(_relay_ops, one at a time per box) and writes the answer back. Every request ends as one line of
+audit.jsonl. A bad request gets an error answer; the loop never stops for one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import fcntl
+import json
+import logging
+import os
+import secrets
+import signal
+import time
+from typing import Any
+
+from . import _relay_ops, _relay_state
+from ._relay_protocol import (
+    MAX_REQUEST_BYTES,
+    RateLimiter,
+    Request,
+    RequestError,
+    approval_reason,
+    encode,
+    parse_request,
+)
+
+LOG = logging.getLogger("agentbox-relay")
+READ_TIMEOUT = 30.0  # a box that connects must send its request within this
+RESCAN_INTERVAL = 2.0  # registrations made while the relay could not be told
+MAX_CONNECTIONS_PER_BOX = 8
+
+
+@dataclasses.dataclass
+class Pending:
+    """A request waiting for the user."""
+
+    id: str
+    box: str
+    box_id: str
+    request: Request
+    reason: str
+    asked: float
+    deadline: float
+    decision: asyncio.Future
+
+    def line(self) -> str:
+        return f"{self.id} {self.box} {self.request.operation} {self.request.describe()}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "box": self.box,
+            "operation": self.request.operation,
+            "arguments": self.request.args,
+            "reason": self.reason,
+            "waiting_seconds": round(time.monotonic() - self.asked, 1),
+            "expires_in_seconds": round(self.deadline - time.monotonic(), 1),
+            "line": self.line(),
+        }
+
+
+class Relay:
+    def __init__(self) -> None:
+        self.registrations: dict[str, dict[str, Any]] = {}
+        self.servers: dict[str, asyncio.base_events.Server] = {}
+        self.pending: dict[str, Pending] = {}
+        self.limiter = RateLimiter()
+        self.box_locks: dict[str, asyncio.Lock] = {}
+        self.connections: dict[str, int] = {}
+        self.stopping = asyncio.Event()
+        self.started = time.time()
+
+    # -- boxes' sockets ---------------------------------------------------------------------------
+    async def sync(self) -> None:
+        """Serve every registered box; close the sockets of boxes no longer registered."""
+        self.registrations = await asyncio.to_thread(_relay_state.registered_boxes)
+        for box_id in list(self.servers):
+            if box_id not in self.registrations:
+                server = self.servers.pop(box_id)
+                server.close()
+                LOG.info("box %s forgotten: its socket is closed", box_id)
+        for box_id, registration in self.registrations.items():
+            if box_id in self.servers or registration.get("provider") != "docker":
+                continue
+            await self._listen(box_id)
+
+    async def _listen(self, box_id: str) -> None:
+        path = _relay_state.box_socket(box_id)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # a previous relay's socket: nothing listens on it any more
+        try:
+            server = await asyncio.start_unix_server(
+                lambda reader, writer: self.serve_box(box_id, reader, writer), path=path, limit=MAX_REQUEST_BYTES + 1
+            )
+        except OSError as exc:
+            LOG.error("cannot listen on %s: %s", path, exc)
+            return
+        os.chmod(path, 0o666)  # the box's user connects through the bind mount; the host side is 0700 above
+        self.servers[box_id] = server
+        LOG.info("serving box %s (%s) on %s", self.registrations[box_id]["name"], box_id, path)
+
+    async def serve_box(self, box_id: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        registration = self.registrations.get(box_id)
+        try:
+            if registration is None:
+                await self._send(writer, _error("this box is not registered with the relay any more", rc=1))
+                return
+            if self.connections.get(box_id, 0) >= MAX_CONNECTIONS_PER_BOX:
+                await self._send(writer, _error(f"more than {MAX_CONNECTIONS_PER_BOX} requests at once from this box"))
+                return
+            self.connections[box_id] = self.connections.get(box_id, 0) + 1
+            try:
+                await self._serve_one(registration, reader, writer)
+            finally:
+                self.connections[box_id] -= 1
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except Exception:
+            LOG.exception("request from box %s failed", box_id)
+            with contextlib.suppress(Exception):
+                await self._send(writer, _error("the relay failed on this request; see relay.log on the host"))
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _serve_one(
+        self, registration: dict[str, Any], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        box, box_id = registration["name"], registration["id"]
+        entry: dict[str, Any] = {"box": box, "box_id": box_id, "provider": registration["provider"]}
+        try:
+            line = await asyncio.wait_for(reader.readline(), READ_TIMEOUT)
+        except ValueError:  # the line is longer than the stream's limit
+            self._audit(entry, "rejected", {"error": f"request over {MAX_REQUEST_BYTES} bytes"})
+            await self._send(writer, _error(f"request over {MAX_REQUEST_BYTES} bytes: refused"))
+            return
+        except TimeoutError:
+            await self._send(writer, _error(f"no request within {READ_TIMEOUT:.0f} s"))
+            return
+        if not line.strip():
+            return
+        if not self.limiter.allow(box_id):
+            self._audit(entry, "rejected", {"error": "rate limit"})
+            await self._send(writer, _error("too many requests from this box: wait a minute and try again"))
+            return
+        try:
+            request = parse_request(line.rstrip(b"\n"))
+        except RequestError as exc:
+            self._audit(entry, "rejected", {"error": str(exc)})
+            await self._send(writer, _error(str(exc), rc=2))
+            return
+        entry.update(operation=request.operation, arguments=request.args)
+        try:
+            provider, facts = await asyncio.to_thread(_relay_ops.box_of, registration)
+        except Exception as exc:  # noqa: BLE001 - the engine's answer, whatever it is, goes back to the box
+            self._audit(entry, "rejected", {"error": str(exc)})
+            await self._send(writer, _error(str(exc)))
+            return
+        try:
+            decision = "allowed"
+            reason = approval_reason(request, facts.branch)
+            if reason:
+                entry["reason"] = reason
+                decision = await self._ask_user(registration, request, reason, reader, writer, entry)
+                if decision != "approved":
+                    message = {"denied": "denied on the host", "timeout": "no answer on the host in time: denied",
+                               "abandoned": "the box stopped waiting"}[decision]
+                    self._audit(entry, decision, {"rc": 1})
+                    await self._send(writer, _error(message, rc=1))
+                    return
+            lock = self.box_locks.setdefault(box_id, asyncio.Lock())
+            started = time.monotonic()
+            async with lock:
+                outcome = await asyncio.to_thread(_relay_ops.carry_out, provider, facts, request)
+            entry["seconds"] = round(time.monotonic() - started, 3)
+            self._audit(entry, decision, outcome.summary())
+            if request.operation == "open":
+                LOG.info("box %s asks to open %s", box, request.args["url"])
+            await self._send(
+                writer,
+                {"type": "result", "rc": outcome.rc, "stdout": outcome.stdout, "stderr": outcome.stderr,
+                 "data": outcome.data},
+            )
+        finally:
+            await asyncio.to_thread(provider.close)
+
+    async def _ask_user(
+        self,
+        registration: dict[str, Any],
+        request: Request,
+        reason: str,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        entry: dict[str, Any],
+    ) -> str:
+        """Park the request until the user answers, the timeout passes or the box hangs up."""
+        loop = asyncio.get_running_loop()
+        approval_id = secrets.token_hex(3)
+        while approval_id in self.pending:
+            approval_id = secrets.token_hex(3)
+        now = time.monotonic()
+        pending = Pending(
+            id=approval_id, box=registration["name"], box_id=registration["id"], request=request, reason=reason,
+            asked=now, deadline=now + request.timeout, decision=loop.create_future(),
+        )
+        self.pending[approval_id] = pending
+        entry["approval"] = approval_id
+        LOG.info("waiting for approval %s: %s (%s)", approval_id, pending.line(), reason)
+        try:
+            await self._send(writer, {"type": "waiting", "approval": approval_id, "reason": reason,
+                                      "timeout": request.timeout})
+            hangup = asyncio.ensure_future(reader.read(1))
+            try:
+                done, _pending = await asyncio.wait({pending.decision, hangup}, timeout=request.timeout,
+                                                    return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                hangup.cancel()
+            if pending.decision in done:
+                return pending.decision.result()
+            return "abandoned" if hangup in done else "timeout"
+        finally:
+            self.pending.pop(approval_id, None)
+
+    def answer(self, approval_id: str, approve: bool) -> dict[str, Any]:
+        pending = self.pending.get(approval_id)
+        if pending is None or pending.decision.done():
+            waiting = ", ".join(sorted(self.pending)) or "none"
+            raise RequestError(f"no pending request {approval_id!r} (pending: {waiting})")
+        pending.decision.set_result("approved" if approve else "denied")
+        return pending.to_dict()
+
+    # -- the control socket (the host user only) --------------------------------------------------
+    async def serve_control(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            line = await asyncio.wait_for(reader.readline(), READ_TIMEOUT)
+            command = json.loads(line)
+            answer = await self._control(command)
+        except Exception as exc:  # noqa: BLE001 - answer every control request
+            answer = {"ok": False, "error": str(exc)}
+        with contextlib.suppress(Exception):
+            await self._send(writer, answer)
+        writer.close()
+
+    async def _control(self, command: dict[str, Any]) -> dict[str, Any]:
+        name = command.get("cmd")
+        if name == "status":
+            return {"ok": True, "pid": os.getpid(), "started": self.started, "boxes": len(self.servers),
+                    "pending": len(self.pending)}
+        if name == "list":
+            return {"ok": True, "pending": [p.to_dict() for p in sorted(self.pending.values(), key=lambda p: p.asked)]}
+        if name in ("approve", "deny"):
+            return {"ok": True, "answered": self.answer(str(command.get("id", "")), name == "approve")}
+        if name == "reload":
+            await self.sync()
+            return {"ok": True, "boxes": sorted(self.servers)}
+        if name == "stop":
+            self.stopping.set()
+            return {"ok": True}
+        return {"ok": False, "error": f"unknown command {name!r}"}
+
+    # -- helpers ----------------------------------------------------------------------------------
+    @staticmethod
+    async def _send(writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:
+        writer.write(encode(message))
+        await writer.drain()
+
+    @staticmethod
+    def _audit(entry: dict[str, Any], decision: str, result: dict[str, Any]) -> None:
+        try:
+            _relay_state.audit({**entry, "decision": decision, "result": result})
+        except OSError:
+            LOG.exception("cannot write the audit log")
+
+    async def rescan_forever(self) -> None:
+        while not self.stopping.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), RESCAN_INTERVAL)
+            if not self.stopping.is_set():
+                try:
+                    await self.sync()
+                except Exception:
+                    LOG.exception("rescan of the registrations failed")
+
+
+def _error(message: str, rc: int = 1) -> dict[str, Any]:
+    return {"type": "error", "rc": rc, "message": message}
+
+
+async def serve() -> int:
+    """Run until stopped (control 'stop', SIGTERM, SIGINT). Returns 0, or 0 at once if one runs."""
+    _relay_state.ensure_home()
+    lock = os.open(_relay_state.path("relay.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        LOG.info("another relay already runs (see relay.pid): nothing to do")
+        os.close(lock)
+        return 0
+    relay = Relay()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, relay.stopping.set)
+    control_path = _relay_state.path("control.sock")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(control_path)
+    old_umask = os.umask(0o177)
+    try:
+        control = await asyncio.start_unix_server(relay.serve_control, path=control_path)
+    finally:
+        os.umask(old_umask)
+    await relay.sync()
+    with open(_relay_state.path("relay.pid"), "w", encoding="utf-8") as handle:
+        handle.write(f"{os.getpid()}\n")
+    LOG.info("relay %d serving %d box(es)", os.getpid(), len(relay.servers))
+    rescan = asyncio.ensure_future(relay.rescan_forever())
+    try:
+        await relay.stopping.wait()
+    finally:
+        rescan.cancel()
+        control.close()
+        for server in relay.servers.values():
+            server.close()
+        for pending in relay.pending.values():
+            if not pending.decision.done():
+                pending.decision.set_result("abandoned")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(control_path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(_relay_state.path("relay.pid"))
+        LOG.info("relay %d stopped", os.getpid())
+        os.close(lock)
+    return 0

@@ -1,0 +1,276 @@
+# Copyright (c) agentbox.box contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The relay's files under ~/.agentbox/relay/ and the host side's way of talking to the relay.
+
+    ~/.agentbox/relay/            0700, the host user's only
+        relay.lock  relay.pid     the running daemon holds an flock on relay.lock for its lifetime
+        relay.log                 its log
+        audit.jsonl               append-only: one JSON object per request
+        control.sock              0600: status, approvals, reload, stop (the host user only)
+        boxes/<id>.json           one registration per box: name, id, provider, engine
+        sock/<id>/relay.sock      the box's socket; sock/<id>/ is bind-mounted into the box
+
+A box's directory, not its socket file, is bind-mounted: a relay that restarts makes a new socket
+in the same directory and the box sees it, where a bind of the old socket file would go stale.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+from ._naming import now_iso
+
+BOX_SOCKET_DIR = "/run/agentbox/relay"  # where the box sees its sock/<id>/ directory
+SOCKET_NAME = "relay.sock"
+CONTROL_TIMEOUT = 10.0
+START_TIMEOUT = 15.0
+STOP_TIMEOUT = 15.0
+MAX_SOCKET_PATH = 107
+REGISTRATION_GRACE = 600.0  # a registration younger than this may belong to a create in progress
+
+
+class RelayError(RuntimeError):
+    pass
+
+
+def relay_home() -> str:
+    return os.path.join(os.path.expanduser("~"), ".agentbox", "relay")
+
+
+def path(*parts: str) -> str:
+    return os.path.join(relay_home(), *parts)
+
+
+def ensure_home() -> str:
+    home = relay_home()
+    os.makedirs(home, mode=0o700, exist_ok=True)
+    os.chmod(home, 0o700)
+    for sub in ("boxes", "sock"):
+        os.makedirs(os.path.join(home, sub), mode=0o700, exist_ok=True)
+    return home
+
+
+def box_socket_dir(box_id: str) -> str:
+    return path("sock", box_id)
+
+
+def box_socket(box_id: str) -> str:
+    return os.path.join(box_socket_dir(box_id), SOCKET_NAME)
+
+
+def check_socket_path(file: str) -> str:
+    # sun_path holds 107 bytes and a NUL: a longer path cannot be bound at all.
+    if len(os.fsencode(file)) > MAX_SOCKET_PATH:
+        raise RelayError(
+            f"the relay's socket path {file} is longer than {MAX_SOCKET_PATH} bytes, which unix sockets allow: "
+            "use a shorter home directory (HOME) for the user who runs the relay"
+        )
+    return file
+
+
+# -- registrations --------------------------------------------------------------------------------
+def register_box(name: str, box_id: str, provider: str, engine: str) -> str:
+    """Record a box and make its socket directory; returns the directory to bind into the box."""
+    ensure_home()
+    check_socket_path(box_socket(box_id))
+    directory = box_socket_dir(box_id)
+    # 0755: the box user must reach the socket through the bind mount; the parent stays 0700.
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    os.chmod(directory, 0o755)
+    record = {"name": name, "id": box_id, "provider": provider, "engine": engine, "registered": now_iso(),
+              "registered_at": time.time()}
+    write_json(path("boxes", f"{box_id}.json"), record)
+    return directory
+
+
+def forget_box(box_id: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path("boxes", f"{box_id}.json"))
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(box_socket(box_id))
+    with contextlib.suppress(OSError):
+        os.rmdir(box_socket_dir(box_id))
+
+
+def registered_boxes() -> dict[str, dict[str, Any]]:
+    """{box id: registration} of every box the relay serves."""
+    found: dict[str, dict[str, Any]] = {}
+    directory = path("boxes")
+    for entry in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
+        if not entry.endswith(".json"):
+            continue
+        record = read_json(os.path.join(directory, entry))
+        if record and record.get("id") == entry[: -len(".json")]:
+            found[record["id"]] = record
+    return found
+
+
+def read_json(file: str) -> dict[str, Any] | None:
+    try:
+        with open(file, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def write_json(file: str, data: dict[str, Any]) -> None:
+    temporary = f"{file}.{os.getpid()}.tmp"
+    with open(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as handle:
+        json.dump(data, handle, sort_keys=True)
+    os.replace(temporary, file)
+
+
+# -- audit log ------------------------------------------------------------------------------------
+def audit(entry: dict[str, Any]) -> None:
+    """Append one line to audit.jsonl. One write of one line with O_APPEND: lines never interleave."""
+    line = (json.dumps({"time": now_iso(), **entry}, sort_keys=True, separators=(",", ":")) + "\n").encode("utf-8")
+    descriptor = os.open(path("audit.jsonl"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        os.write(descriptor, line)
+    finally:
+        os.close(descriptor)
+
+
+def read_audit() -> list[dict[str, Any]]:
+    try:
+        with open(path("audit.jsonl"), encoding="utf-8") as handle:
+            return [json.loads(line) for line in handle if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+# -- talking to the running relay -----------------------------------------------------------------
+def control(command: str, timeout: float = CONTROL_TIMEOUT, **fields: Any) -> dict[str, Any]:
+    """One request on the control socket; RelayError when no relay answers."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(path("control.sock"))
+        sock.sendall((json.dumps({"cmd": command, **fields}) + "\n").encode("utf-8"))
+        line = sock.makefile("rb").readline()
+    except OSError as exc:
+        raise RelayError(f"the relay does not answer on {path('control.sock')} ({exc})") from exc
+    finally:
+        sock.close()
+    if not line:
+        raise RelayError("the relay closed the control connection without answering")
+    answer = json.loads(line)
+    if not answer.get("ok"):
+        raise RelayError(answer.get("error", "the relay refused the request"))
+    return answer
+
+
+def running_pid() -> int | None:
+    """The pid of the relay that answers, or None."""
+    try:
+        return int(control("status", timeout=2.0)["pid"])
+    except (RelayError, ValueError, KeyError):
+        return None
+
+
+def lock_is_held() -> bool:
+    """True while a relay holds relay.lock (released when its process exits, zombie or not)."""
+    try:
+        descriptor = os.open(path("relay.lock"), os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(descriptor)
+    return False
+
+
+def code_root() -> str | None:
+    """The directory holding ansible_collections/, when this file is on disk (not in a module's zip)."""
+    here = os.path.abspath(__file__)
+    root = here
+    for _level in range(6):  # _relay_state.py, module_utils, plugins, box, agentbox, ansible_collections
+        root = os.path.dirname(root)
+    if not os.path.isfile(here) or not os.path.isdir(os.path.join(root, "ansible_collections")):
+        return None
+    return root
+
+
+def start(python: str | None = None, root: str | None = None, wait: float = START_TIMEOUT) -> dict[str, Any]:
+    """Start the daemon unless one answers; {'changed', 'pid'}. A second start is a no-op."""
+    pid = running_pid()
+    if pid is not None:
+        return {"changed": False, "pid": pid}
+    root = root or code_root()
+    if root is None:
+        raise RelayError("cannot find the collection's files to run the relay from; run playbooks/relay.yml on the host")
+    ensure_home()
+    env = {**os.environ, "PYTHONPATH": root, "PYTHONDONTWRITEBYTECODE": "1"}
+    env.pop("ANSIBLE_MODULE_ARGS", None)
+    log = os.open(path("relay.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        # A new session: the daemon outlives the playbook and its process group's signals.
+        subprocess.Popen(
+            [python or sys.executable, "-m", "ansible_collections.agentbox.box.plugins.module_utils._relay_main", "serve"],
+            env=env,
+            cwd="/",
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            close_fds=True,
+        )
+    finally:
+        os.close(log)
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        pid = running_pid()
+        if pid is not None:
+            return {"changed": True, "pid": pid}
+        time.sleep(0.05)
+    raise RelayError(f"the relay did not come up within {wait:.0f} s: see {path('relay.log')}")
+
+
+def stop(wait: float = STOP_TIMEOUT) -> dict[str, Any]:
+    """Ask the relay to stop and wait until it is gone; {'changed', 'pid'}."""
+    pid = running_pid()
+    if pid is None:
+        return {"changed": False, "pid": None}
+    with contextlib.suppress(RelayError):
+        control("stop")
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        if not lock_is_held():
+            return {"changed": True, "pid": pid}
+        time.sleep(0.05)
+    raise RelayError(f"the relay (pid {pid}) did not stop within {wait:.0f} s")
+
+
+def notify(box_id: str) -> bool:
+    """Tell a running relay about a new box so its socket exists before the box needs it."""
+    try:
+        control("reload", box=box_id)
+    except RelayError:
+        return False
+    return True
+
+
+def attach_box(name: str, box_id: str, provider: str, engine: str) -> dict[str, str]:
+    """At create: register the box, make sure a relay serves it; {host dir: path in the box} to bind.
+
+    Creating a box never fails for the relay's sake: when the relay cannot be started here (the
+    collection runs from a module's zip), the box's commands say how to start it, and a relay
+    started later serves the box (it scans the registrations).
+    """
+    directory = register_box(name, box_id, provider, engine)
+    if not notify(box_id) and code_root() is not None:
+        with contextlib.suppress(RelayError, OSError):
+            start()
+    return {directory: BOX_SOCKET_DIR}
