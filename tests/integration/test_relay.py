@@ -22,7 +22,7 @@ from typing import Any
 import docker
 import pytest
 
-from tests.conftest import REPO, chown_tree, git, make_repo, run_module
+from tests.conftest import GIT_ENV, REPO, chown_tree, git, make_repo, run_module
 
 pytestmark = pytest.mark.integration
 
@@ -150,6 +150,16 @@ def commit_in_box(engine: docker.DockerClient, box: str, message: str) -> str:
     return in_box(engine, box, ["git", "rev-parse", "HEAD"])[1].strip()
 
 
+def git_as_owner(repo: Path, *args: str) -> str:
+    """git as the repositories' owner (uid 1000): git refuses root in another user's origin over file://."""
+    result = subprocess.run(
+        ["git", "-C", str(repo), *args], capture_output=True, text=True, check=False, user=1000, group=1000,
+        env={**os.environ, **GIT_ENV, "HOME": str(repo)},
+    )
+    assert result.returncode == 0, f"git {' '.join(args)}: {result.stderr}"
+    return result.stdout
+
+
 def origin_ref(project: dict[str, Path], ref: str) -> str:
     return git(project["origin"], "rev-parse", "--verify", "-q", ref, check=False).strip()
 
@@ -249,12 +259,12 @@ def test_fetch_and_pull_bring_a_new_origin_main_commit(
     box: str, project: dict[str, Path], engine: docker.DockerClient
 ) -> None:
     other = project["other"]
-    git(other, "pull", "-q", "--ff-only", "origin", "main")
+    git_as_owner(other, "pull", "-q", "--ff-only", "origin", "main")
     (other / "upstream.txt").write_text("from upstream\n")
-    git(other, "add", "upstream.txt")
-    git(other, "commit", "-q", "-m", "upstream change")
-    git(other, "push", "-q", "origin", "HEAD:main")
-    upstream = git(other, "rev-parse", "HEAD").strip()
+    git_as_owner(other, "add", "upstream.txt")
+    git_as_owner(other, "commit", "-q", "-m", "upstream change")
+    git_as_owner(other, "push", "-q", "origin", "HEAD:main")
+    upstream = git_as_owner(other, "rev-parse", "HEAD").strip()
     rc, _out, err = ctl(engine, box, "git", "fetch")
     assert rc == 0, err
     assert in_box(engine, box, ["git", "rev-parse", "origin/main"])[1].strip() == upstream

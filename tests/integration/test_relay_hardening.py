@@ -1,0 +1,123 @@
+"""The relay against a hostile box: raw requests on its socket, from inside the box, on the real engine.
+
+Malformed, oversized, wrong-shaped and badly named requests each get an error answer and the relay
+keeps serving; a flood is cut by the per-box rate limit and the box is served again afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+
+import docker
+import pytest
+
+from tests.integration import test_relay as shared
+from tests.integration.test_relay import DEADLINE, ctl, in_box
+
+# The same module-scoped fixtures as test_relay (a private HOME and relay, one origin, boxes).
+engine = shared.engine
+host = shared.host
+project = shared.project
+make_box = shared.make_box
+box = shared.box
+
+pytestmark = pytest.mark.integration
+
+# Runs in the box: send each argument raw on the relay socket (hex, or "@N": a request of N bytes),
+# print each answer's last line.
+RAW_CLIENT = r"""
+import json, socket, sys
+for raw in sys.argv[1:]:
+    s = socket.socket(socket.AF_UNIX)
+    s.connect("/run/agentbox/relay/relay.sock")
+    if raw.startswith("@"):
+        data = b'{"v": 1, "op": "open", "args": {"url": "https://x.invalid/' + b"a" * int(raw[1:]) + b'"}}\n'
+    else:
+        data = bytes.fromhex(raw)
+    try:
+        s.sendall(data)
+    except OSError:
+        pass
+    reader = s.makefile("rb")
+    last = b""
+    for line in reader:
+        last = line
+    print(last.decode().strip() or "{}")
+    s.close()
+"""
+
+
+def raw(engine: docker.DockerClient, box: str, *lines: bytes | str) -> list[dict]:
+    args = [line if isinstance(line, str) else line.hex() for line in lines]
+    rc, out, err = in_box(engine, box, ["python3", "-c", RAW_CLIENT, *args])
+    assert rc == 0, err
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def request(op: str, **args: object) -> bytes:
+    return (json.dumps({"v": 1, "op": op, "args": args}) + "\n").encode()
+
+
+def test_malformed_and_bad_requests_get_errors_and_the_relay_keeps_serving(
+    host: shared.Host, box: str, engine: docker.DockerClient
+) -> None:
+    answers = raw(
+        engine,
+        box,
+        b"{not json\n",
+        b'{"v": 1, "op": "exec", "args": {"argv": ["sh"]}}\n',
+        b'{"v": 1, "op": "git.push", "args": {"refspec": "+HEAD:main"}}\n',
+        request("git.push", **{"as": "a..b"}),
+        request("git.push", **{"as": "--force"}),
+        request("git.push", **{"as": "x.lock"}),
+        request("git.push", remote="ext::sh -c touch% /tmp/pwned"),
+        request("git.fetch", remote="/etc"),
+        request("open", url="file:///etc/shadow"),
+        request("checkpoint", name="../../escape"),
+    )
+    assert [a["type"] for a in answers] == ["error"] * 10
+    assert all(a["rc"] == 2 for a in answers), answers
+    assert "not one JSON object" in answers[0]["message"]
+    assert "unknown operation" in answers[1]["message"]
+    assert "unknown arguments: refspec" in answers[2]["message"]
+    assert all("not a valid branch name" in a["message"] or "not a branch name" in a["message"] for a in answers[3:6])
+    assert "not a remote name" in answers[6]["message"] and "not a remote name" in answers[7]["message"]
+    # Still serving.
+    rc, out, _err = ctl(engine, box, "open", "https://example.invalid/after")
+    assert rc == 0 and "https://example.invalid/after" in out
+    rejected = [e for e in host.audit() if e["box"] == box and e["decision"] == "rejected"]
+    assert len(rejected) >= 10
+
+
+def test_oversized_request_is_refused_and_the_relay_keeps_serving(box: str, engine: docker.DockerClient) -> None:
+    [answer] = raw(engine, box, "@200000")
+    assert answer["type"] == "error" and "bytes" in answer["message"]
+    rc, _out, _err = ctl(engine, box, "open", "https://example.invalid/still")
+    assert rc == 0
+
+
+def test_unknown_remote_is_refused_with_the_remotes_listed(box: str, engine: docker.DockerClient) -> None:
+    rc, _out, err = ctl(engine, box, "git", "push", "--remote", "upstream")
+    assert rc == 2 and "has no remote 'upstream'" in err and "origin" in err
+
+
+def test_a_flood_is_rate_limited_then_served_again(
+    box: str, make_box: Callable[[], str], engine: docker.DockerClient
+) -> None:
+    flooder = make_box()
+    answers = raw(engine, flooder, *[request("open", url=f"https://example.invalid/{n}") for n in range(40)])
+    limited = [a for a in answers if a["type"] == "error" and "too many requests" in a["message"]]
+    served = [a for a in answers if a["type"] == "result"]
+    assert limited and served
+    # The limit is per box: another box is served at once.
+    assert ctl(engine, box, "open", "https://example.invalid/other-box")[0] == 0
+    # The bucket refills: the flooder is served again (waiting on the answer itself, with a deadline).
+    deadline = time.monotonic() + DEADLINE
+    while True:
+        [answer] = raw(engine, flooder, request("open", url="https://example.invalid/later"))
+        if answer["type"] == "result":
+            break
+        assert time.monotonic() < deadline, answer
+        time.sleep(0.2)
