@@ -39,6 +39,7 @@ LOG = logging.getLogger("agentbox-relay")
 READ_TIMEOUT = 30.0  # a box that connects must send its request within this
 RESCAN_INTERVAL = 2.0  # registrations made while the relay could not be told
 MAX_CONNECTIONS_PER_BOX = 8
+PRUNE_EVERY = 30  # rescans between two checks for removed boxes (about a minute)
 
 
 @dataclasses.dataclass
@@ -284,14 +285,45 @@ class Relay:
             LOG.exception("cannot write the audit log")
 
     async def rescan_forever(self) -> None:
+        rounds = 0
         while not self.stopping.is_set():
+            if rounds % PRUNE_EVERY == 0:
+                try:
+                    await asyncio.to_thread(prune_registrations, self.registrations)
+                except Exception:  # an engine that does not answer now is asked again later
+                    LOG.exception("pruning the registrations of removed boxes failed")
+            rounds += 1
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), RESCAN_INTERVAL)
             if not self.stopping.is_set():
                 try:
                     await self.sync()
-                except Exception:
+                except Exception:  # a failed rescan is retried at the next interval
                     LOG.exception("rescan of the registrations failed")
+
+
+def prune_registrations(registrations: dict[str, dict[str, Any]]) -> list[str]:
+    """Forget local boxes removed without destroy_box (docker rm, another HOME): one engine listing.
+
+    A registration younger than REGISTRATION_GRACE may belong to a create in progress; it stays.
+    """
+    local = {box_id: r for box_id, r in registrations.items() if r.get("provider") == "docker"}
+    old = {box_id for box_id, r in local.items()
+           if time.time() - float(r.get("registered_at", 0)) > _relay_state.REGISTRATION_GRACE}
+    if not old:
+        return []
+    from ._docker import DockerProvider
+
+    provider = DockerProvider()
+    try:
+        alive = {facts.id for facts in provider.list_boxes()}
+    finally:
+        provider.close()
+    gone = sorted(old - alive)
+    for box_id in gone:
+        LOG.info("box %s (%s) no longer exists: forgetting it", local[box_id]["name"], box_id)
+        _relay_state.forget_box(box_id)
+    return gone
 
 
 def _error(message: str, rc: int = 1) -> dict[str, Any]:

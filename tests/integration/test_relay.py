@@ -311,3 +311,32 @@ def test_relay_restart_and_box_stop_start_keep_commands_working(
     assert host.module("agentbox_box", {"name": box, "state": "stopped"})["box"]["state"] == "stopped"
     assert host.module("agentbox_box", {"name": box, "state": "started"})["box"]["state"] == "running"
     assert ctl(engine, box, "git", "fetch")[0] == 0
+
+
+def test_gh_pr_runs_on_the_host_or_says_how_to_get_gh(box: str, engine: docker.DockerClient) -> None:
+    rc, _out, err = ctl(engine, box, "gh", "pr", "list")
+    if shutil.which("gh") is None:
+        assert rc == 1 and "gh is not installed on the host" in err
+    else:  # the host's own gh answered (signed in or not); the relay did not refuse it
+        assert "gh is not installed" not in err
+    # A merge is outside the box's own branch: it waits (and is refused here by its timeout).
+    rc, _out, err = ctl(engine, box, "gh", "pr", "merge", "7", "--timeout", "1")
+    assert rc == 1 and "waiting for approval on the host" in err
+
+
+def test_registrations_of_removed_boxes_are_pruned(
+    host: Host, box: str, engine: docker.DockerClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ansible_collections.agentbox.box.plugins.module_utils import _relay_server, _relay_state
+
+    monkeypatch.setenv("HOME", host.home)
+    gone_id = secrets.token_hex(4)
+    _relay_state.register_box("removed-by-hand", gone_id, "docker", "local")
+    registrations = _relay_state.registered_boxes()
+    registrations[gone_id]["registered_at"] = 0  # made long ago (not a create in progress)
+    live_id = engine.containers.get(f"agentbox-{box}").labels["io.agentbox.id"]
+    registrations[live_id]["registered_at"] = 0
+    assert _relay_server.prune_registrations(registrations) == [gone_id]
+    assert gone_id not in _relay_state.registered_boxes()
+    assert not Path(_relay_state.box_socket_dir(gone_id)).exists()
+    assert live_id in _relay_state.registered_boxes()
