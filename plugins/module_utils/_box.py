@@ -14,7 +14,7 @@ import dataclasses
 import json
 from typing import Any
 
-from . import _git, _naming, _preflight, _relay_state, _seed
+from . import _git, _journal, _naming, _preflight, _relay_state, _rollback, _seed
 from ._provider import BoxFacts, BoxSpec, Provider, ProviderError
 
 DEFAULT_IMAGE = "agentbox/box:latest"
@@ -35,6 +35,7 @@ class CreateRequest:
     seed: bool = True
     boot: bool = True
     ship_depth: int | None = None  # history shipped to remote boxes (None: adaptive default, 0: all)
+    journal: _journal.Journal | None = None  # the caller's claimed journal (else create claims one)
 
 
 @dataclasses.dataclass
@@ -109,19 +110,65 @@ def create_box(provider: Provider, request: CreateRequest) -> Created:
     # Local engine: the box works on the host's own .git, on a branch reserved here.
     # Elsewhere the repository is shipped (_ship) and the branch lives in the box's clone.
     shares_git = bool(repos) and provider.shares_host_filesystem
+    journal = request.journal
+    if journal is None:
+        journal = _journal.Journal(provider.name, provider.engine, name)
+        stale = journal.claim()
+        try:
+            if stale:
+                _rollback.roll_back(provider, stale)
+                journal.forget()
+            return _create_claimed(provider, request, journal, name, box_id, workspace, project, repos,
+                                   image, fingerprint, checkpoint, restore, shares_git, image_transfer)
+        finally:
+            journal.release()
+    return _create_claimed(provider, request, journal, name, box_id, workspace, project, repos,
+                           image, fingerprint, checkpoint, restore, shares_git, image_transfer)
 
-    # Side effects start here; everything below is undone on failure.
-    if shares_git:
-        branch = _git.reserve_branch(repos, name)
-    else:
-        branch = _naming.box_branch(name) if repos else ""
-    plans = [_seed.WorktreePlan.for_repo(repo, name, branch) for repo in repos] if shares_git else []
-    for plan in plans:
-        # A .git the box user does not own (root's checkout): grant it access rather than make a box
-        # whose agent cannot commit. Without ACL support the seeding warns instead.
-        if plan.owner_uid == 0 and _git.grant_box_access(plan.common_dir, _seed.BOX_UID):
-            plan.owner_uid = _seed.BOX_UID
+
+def _create_claimed(
+    provider: Provider,
+    request: CreateRequest,
+    journal: _journal.Journal,
+    name: str,
+    box_id: str,
+    workspace: str,
+    project: str,
+    repos: list[_git.Repo],
+    image: str,
+    fingerprint: str,
+    checkpoint: str | None,
+    restore: Any,
+    shares_git: bool,
+    image_transfer: dict[str, Any] | None,
+) -> Created:
+    """The side effects of a create, each recorded in the journal first, all undone on failure."""
+    journal.write(
+        box=name,
+        box_id=box_id,
+        provider=provider.name,
+        engine=provider.engine,
+        workspace=workspace,
+        stage="reserving",
+        repos=[
+            {"root": r.root, "common_dir": r.common_dir, "sub": r.sub, "head": r.head,
+             "path": _seed.worktree_path(name, r.sub)}
+            for r in repos
+        ] if shares_git else [],
+    )
     try:
+        if shares_git:
+            branch = _git.reserve_branch(repos, name, reason=f"agentbox: reserved for box {name} id {box_id}")
+        else:
+            branch = _naming.box_branch(name) if repos else ""
+        journal.write(stage="reserved", branch=branch if shares_git else "")
+        _journal.pause_point("reserved")
+        plans = [_seed.WorktreePlan.for_repo(repo, name, branch) for repo in repos] if shares_git else []
+        for plan in plans:
+            # A .git the box user does not own (root's checkout): grant it access rather than make a box
+            # whose agent cannot commit. Without ACL support the seeding warns instead.
+            if plan.owner_uid == 0 and _git.grant_box_access(plan.common_dir, _seed.BOX_UID):
+                plan.owner_uid = _seed.BOX_UID
         carry = _seed.capture_all(repos) if repos and (request.seed or restore) else {}
         labels = _naming.box_labels(
             box=name,
@@ -139,6 +186,8 @@ def create_box(provider: Provider, request: CreateRequest) -> Created:
                 [{"git_dir": p.common_dir, "path": p.path, "sub": p.sub} for p in plans], separators=(",", ":")
             )
         labels[_naming.label("image")] = image  # the name it was made from (a listing shows only the id)
+        # Whether a seed record must exist once the create finished (labels cannot change later).
+        labels[_naming.label("seed")] = "true" if (request.seed or restore is not None) else "false"
         if repos:
             labels[_naming.label("base_commit")] = repos[0].head
             labels[_naming.label("base_branch")] = repos[0].head_branch or ""
@@ -155,14 +204,13 @@ def create_box(provider: Provider, request: CreateRequest) -> Created:
             bind_paths=sorted({plan.common_dir for plan in plans}),
             secrets=dict(request.secrets),
         )
-    except BaseException:
-        _forget_branch(plans)
-        raise
-    try:
+        journal.write(stage="creating")
         if provider.shares_host_filesystem:
             # The host relay's socket directory for this box (docs/relay.md); the relay starts if need be.
             spec.mounts.update(_relay_state.attach_box(name, box_id, provider.name, provider.engine))
         facts = provider.create(spec)
+        journal.write(stage="seeding")
+        _journal.pause_point("created")
         if request.boot:
             # dockerd takes about as long to come up as seeding takes: start it now, in the background.
             early_boot(provider, name)
@@ -170,12 +218,21 @@ def create_box(provider: Provider, request: CreateRequest) -> Created:
         if restore is not None:
             seed_result = restore.restore_workspace(provider, name, repos, plans, carry)
         elif request.seed:
-            seed_result = _seed_workspace(provider, name, workspace, repos, plans, branch, carry, request.ship_depth)
+            seed_result = _seed_workspace(
+                provider, name, workspace, repos, plans, branch, carry, request.ship_depth, box_id
+            )
+        journal.write(stage="booting")
+        _journal.pause_point("seeded")
         boot = boot_box(provider, name) if request.boot else None
     except BaseException:
-        _relay_state.forget_box(box_id)
-        _undo_create(provider, name, plans)
+        try:
+            _relay_state.forget_box(box_id)
+            _rollback.roll_back(provider, journal.record)
+            journal.forget()
+        except Exception:  # noqa: BLE001 - the journal stays: the next create or destroy finishes the undo
+            pass
         raise
+    journal.forget()
     return Created(facts=facts, seed=seed_result, boot=boot, image_transfer=image_transfer)
 
 
@@ -188,10 +245,11 @@ def _seed_workspace(
     branch: str,
     carry: dict[str, _git.CarryOver],
     ship_depth: int | None = None,
+    box_id: str = "",
 ) -> _seed.SeedResult:
     """The one dispatch between the three ways of seeding /workspace."""
     if plans:
-        return _seed.seed_worktrees(provider, name, plans, carry)
+        return _seed.seed_worktrees(provider, name, plans, carry, box_id)
     if repos:
         from . import _ship
 
@@ -228,20 +286,6 @@ def seed_existing(provider: Provider, facts: BoxFacts) -> tuple[bool, dict[str, 
             _git.remove_worktree_registration(plan.common_dir, plan.path)
         raise
     return True, result.to_dict()
-
-
-def _forget_branch(plans: list[_seed.WorktreePlan]) -> None:
-    for plan in plans:
-        _git.delete_branch(plan.host_root, plan.branch)
-
-
-def _undo_create(provider: Provider, name: str, plans: list[_seed.WorktreePlan]) -> None:
-    try:
-        provider.destroy(name)
-    finally:
-        for plan in plans:
-            _git.remove_worktree_registration(plan.common_dir, plan.path)
-        _forget_branch(plans)
 
 
 def early_boot(provider: Provider, name: str) -> None:

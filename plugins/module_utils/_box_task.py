@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _box, _naming
+from . import _box, _journal, _naming, _rollback, _seed
 from ._module import PROVIDER_ARGUMENT_SPEC, provider_from_params
 
 BOX_ARGUMENT_SPEC: dict[str, Any] = {
@@ -66,6 +66,39 @@ def run_box_task(params: dict[str, Any], check_mode: bool) -> tuple[dict[str, An
     elif state not in ("present", "started"):
         raise ValueError(f"'name' is required with state={state}")
     provider = provider_from_params(params)
+    if not name or state in ("stopped", "paused"):
+        return _run(provider, params, name, state, check_mode, None, warnings)
+    # Create and destroy of a named box hold its journal's lock: a run killed half-way is found
+    # (and rolled back) here, and a run that is creating the box right now makes this one stop.
+    journal = _journal.Journal(provider.name, provider.engine, name)
+    stale = journal.claim()
+    try:
+        recovered = None
+        if stale and not check_mode:
+            recovered = _rollback.roll_back(provider, stale)
+            journal.forget()
+            warnings.append(
+                f"an interrupted create of box {name!r} (pid {stale.get('pid')}, stopped at {stale.get('stage')}) "
+                "was rolled back"
+            )
+        result, warnings = _run(provider, params, name, state, check_mode, journal, warnings)
+        if recovered is not None:
+            result["recovered"] = recovered
+            result["changed"] = True
+        return result, warnings
+    finally:
+        journal.release()
+
+
+def _run(
+    provider: Any,
+    params: dict[str, Any],
+    name: str | None,
+    state: str,
+    check_mode: bool,
+    journal: _journal.Journal | None,
+    warnings: list[str],
+) -> tuple[dict[str, Any], list[str]]:
     existing = provider.find(name) if name else None
     # The workspace defaults to the current directory only for a box about to be made; an
     # existing box is checked against a workspace only when one was given.
@@ -83,6 +116,12 @@ def run_box_task(params: dict[str, Any], check_mode: bool) -> tuple[dict[str, An
             result["box"] = {}
             if not check_mode:
                 result["destroyed"] = _box.destroy_box(provider, existing, delete_branch=params["delete_branch"])
+        elif not check_mode and name:
+            # The container went (docker rm -f) but its volume, registrations and branch may not have.
+            leftovers = _rollback.destroy_leftovers(provider, name, params["delete_branch"])
+            if leftovers is not None:
+                result["changed"] = True
+                result["destroyed"] = leftovers
     elif existing is None:
         if state in ("stopped", "paused"):
             raise ValueError(f"no box called {name!r} on engine {provider.engine}: create it first (state=started)")
@@ -91,6 +130,9 @@ def run_box_task(params: dict[str, Any], check_mode: bool) -> tuple[dict[str, An
             planned_name = name or _naming.default_box_name(workspace, "0" * 8)
             result["box"] = _planned(planned_name, workspace, params["image"], provider.name, provider.engine)
         else:
+            if name:
+                # A box removed by hand leaves a locked worktree registration at the path this one needs.
+                _rollback.destroy_leftovers(provider, name, delete_branch=False)
             created = _box.create_box(
                 provider,
                 _box.CreateRequest(
@@ -105,6 +147,7 @@ def run_box_task(params: dict[str, Any], check_mode: bool) -> tuple[dict[str, An
                     seed=params["seed"],
                     ship_depth=params["ship_depth"],
                     boot=params["boot"],
+                    journal=journal,
                 ),
             )
             if created.image_transfer:
@@ -114,6 +157,10 @@ def run_box_task(params: dict[str, Any], check_mode: bool) -> tuple[dict[str, An
             result["boot"] = created.boot
             warnings.extend(created.seed.warnings if created.seed else [])
     else:
+        if state in ("present", "started") and existing.labels.get("seed") == "true" and existing.state == "running":
+            # Its create was interrupted (on another controller, or before the journal existed).
+            if _seed.read_seed_record(provider, existing.name) is None:
+                raise _rollback.half_made_error(existing.name)
         wanted = {"present": existing.state, "started": "running", "stopped": "stopped", "paused": "paused"}[state]
         if existing.state != wanted:
             result["changed"] = True

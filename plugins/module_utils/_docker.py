@@ -313,11 +313,10 @@ class DockerProvider(Provider):
         try:
             # Only a volume made here is removed on failure: one with this name may belong to a box
             # that another run is creating at this moment.
-            try:
-                self.client.volumes.get(volume)
-            except NotFound:
-                self.client.volumes.create(name=volume, labels=volume_labels)
-                created_volume = True
+            # `volume create` of an existing name answers with that volume: it is ours only when it
+            # carries this box's id (a run racing for the name may have made it a moment ago).
+            made = self.client.volumes.create(name=volume, labels=volume_labels)
+            created_volume = (made.attrs.get("Labels") or {}).get(label("id")) == spec.box_id
             volumes = {volume: {"bind": "/var/lib/docker", "mode": "rw"}}
             for path in spec.bind_paths:
                 volumes[path] = {"bind": path, "mode": "rw"}
@@ -481,6 +480,45 @@ class DockerProvider(Provider):
             pass
         except APIError as exc:
             raise ProviderError(str(exc.explanation or exc), box=name, operation="destroy") from exc
+
+    def destroy_if_id(self, name: str, box_id: str) -> bool:
+        """Remove the container and volume of box `box_id` only: by the engine's id once the label
+        matched, so a container someone else made under this name in between is never hit."""
+        removed = False
+        try:
+            container = self.client.containers.get(container_name(name))
+        except NotFound:
+            container = None
+        except APIError as exc:
+            raise ProviderError(str(exc.explanation or exc), box=name, operation="undo create") from exc
+        if container is not None and (container.attrs.get("Config", {}).get("Labels") or {}).get(label("id")) == box_id:
+            try:
+                self.api.remove_container(container.id, force=True, v=True)
+                removed = True
+            except NotFound:
+                pass
+        try:
+            volume = self.client.volumes.get(docker_volume_name(name))
+            if (volume.attrs.get("Labels") or {}).get(label("id")) == box_id:
+                volume.remove(force=True)
+        except (NotFound, APIError):
+            pass  # gone, or in use by the container of the run that won the name
+        return removed
+
+    def remove_leftover_volumes(self, name: str) -> list[dict[str, Any]]:
+        if self.find(name) is not None:
+            return []
+        filters = {"label": [f"{label('box')}={name}", f"{label('kind')}=volume"]}
+        removed = []
+        for volume in self.client.volumes.list(filters=filters):
+            try:
+                volume.remove(force=True)
+            except NotFound:
+                continue
+            except APIError as exc:
+                raise ProviderError(str(exc.explanation or exc), box=name, operation="destroy") from exc
+            removed.append({"name": volume.name, "labels": volume.attrs.get("Labels") or {}})
+        return removed
 
     # -- inside the box -------------------------------------------------------------------------
     def exec(

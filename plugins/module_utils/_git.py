@@ -16,7 +16,10 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from ._journal import pause_point
 from ._naming import box_branch
+
+INDEX_COPY_PREFIX = "agentbox-index-"
 
 
 class GitError(RuntimeError):
@@ -98,7 +101,9 @@ def private_index(repo: Repo) -> Iterator[dict[str, str]]:
     """Env that points git at a throwaway copy of the index, so reads never rewrite the real one."""
     index = git_out(repo.root, "rev-parse", "--git-path", "index")
     index = index if os.path.isabs(index) else os.path.join(repo.root, index)
-    scratch = tempfile.mkdtemp(prefix="agentbox-index-")
+    # The pid in the name lets a later run remove the copy of a run that was killed holding it.
+    sweep_dead_index_copies()
+    scratch = tempfile.mkdtemp(prefix=f"{INDEX_COPY_PREFIX}{os.getpid()}-")
     try:
         copy = os.path.join(scratch, "index")
         if os.path.exists(index):
@@ -108,9 +113,33 @@ def private_index(repo: Repo) -> Iterator[dict[str, str]]:
             for path in (scratch, copy):
                 if os.path.exists(path):
                     os.chown(path, identity[0], identity[1])
+        pause_point("index-copied")
         yield {"GIT_INDEX_FILE": copy}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def sweep_dead_index_copies() -> None:
+    """Remove index copies left in the temp directory by runs that were killed (SIGKILL, os._exit)."""
+    base = tempfile.gettempdir()
+    try:
+        names = [n for n in os.listdir(base) if n.startswith(INDEX_COPY_PREFIX)]
+    except OSError:
+        return
+    for entry in names:
+        pid = entry[len(INDEX_COPY_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(os.path.join(base, entry), ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _repo_at(path: str, sub: str) -> Repo | None:
@@ -214,17 +243,18 @@ def capture_carry_over(repo: Repo, skip_dirs: list[str] | None = None) -> CarryO
     return carry
 
 
-def reserve_branch(repos: list[Repo], box: str, limit: int = 100) -> str:
+def reserve_branch(repos: list[Repo], box: str, limit: int = 100, reason: str = "") -> str:
     """Create agentbox/<box> (or -2, -3...) at each repo's HEAD, free in every repo.
 
     `update-ref` with an empty old value creates the ref only if absent, so two boxes racing
-    for one name cannot both get it.
+    for one name cannot both get it. `reason` goes to the branch's reflog (which create made it).
     """
+    message = ["-m", reason] if reason else []
     for suffix in range(1, limit + 1):
         name = box_branch(box, suffix)
         made: list[Repo] = []
         for repo in repos:
-            result = git(repo.root, "update-ref", f"refs/heads/{name}", repo.head, "", check=False)
+            result = git(repo.root, "update-ref", *message, f"refs/heads/{name}", repo.head, "", check=False)
             if result.returncode != 0:
                 break
             made.append(repo)

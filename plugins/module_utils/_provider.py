@@ -149,6 +149,22 @@ class Provider(abc.ABC):
     def destroy(self, name: str) -> None:
         """Remove the box and its per-box volumes. A missing box is not an error."""
 
+    def destroy_if_id(self, name: str, box_id: str) -> bool:
+        """Remove the box only if it is the one with id `box_id` (undo of a create: another run may
+        own the name by now). True when it was removed."""
+        try:
+            facts = self.find(name)
+        except ProviderError:
+            return False  # something not made by agentbox carries the name: not ours to touch
+        if facts is None or facts.id != box_id:
+            return False
+        self.destroy(name)
+        return True
+
+    def remove_leftover_volumes(self, name: str) -> list[dict[str, Any]]:
+        """Per-box volumes of a box whose container is gone, removed: [{name, labels}]."""
+        return []
+
     # -- inside the box ---------------------------------------------------------------------
     @abc.abstractmethod
     def exec(

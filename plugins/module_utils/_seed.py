@@ -22,6 +22,7 @@ import shlex
 from typing import Any
 
 from ._git import CarryOver, Repo, capture_carry_over
+from ._journal import pause_point, pausing_stream
 from ._provider import Provider, ProviderError
 from ._tarstream import tar_of_paths, tar_of_tree
 
@@ -101,6 +102,7 @@ while [ $# -gt 0 ]; do
 done
 rmdir /workspace 2>/dev/null || rm -f /workspace
 ln -sfn "$link" /workspace
+[ -n "$record" ] || exit 0  # untracked files follow: the record is written after them
 install -d -o vscode -g vscode /etc/agentbox
 printf '%s\n' "$record" > /etc/agentbox/seed.json
 """
@@ -116,8 +118,10 @@ def seed_worktrees(
     box: str,
     plans: list[WorktreePlan],
     carry: dict[str, CarryOver],
+    box_id: str = "",
 ) -> SeedResult:
-    """Register each worktree in the box, apply the carried stash, stream untracked files."""
+    """Register each worktree in the box, apply the carried stash, stream untracked files; the
+    seed record last, so a box without one is known to be half-made."""
     root = plans[0]
     result = SeedResult(mode="worktree", branch=root.branch, base_commit=root.base)
     arguments: list[str] = []
@@ -136,14 +140,21 @@ def seed_worktrees(
         result.renamed += state.renamed
         result.untracked += len(state.untracked)
         result.worktrees.append(dataclasses.asdict(plan))
-    record = json.dumps(result.to_dict(), sort_keys=True)
-    run = provider.exec(box, ["sh", "-c", _WORKTREE_SCRIPT, "seed", box, record, *arguments], user="root")
+    streams = any(carry[plan.sub].untracked for plan in plans)
+    record = "" if streams else json.dumps(result.to_dict(), sort_keys=True)
+    # The lock reason names the box's id: destroy finds the registration by it.
+    owner = f"{box} id {box_id}" if box_id else box
+    run = provider.exec(box, ["sh", "-c", _WORKTREE_SCRIPT, "seed", owner, record, *arguments], user="root")
     run.check(f"git worktree add for {root.host_root}", box)
     result.warnings += [line for line in run.stderr.decode("utf-8", "replace").splitlines() if line.strip()]
+    pause_point("seeding")
     for plan in plans:
         untracked = carry[plan.sub].untracked
         if untracked:
-            provider.put_archive(box, plan.path, tar_of_paths(plan.host_root, untracked))
+            stream = pausing_stream(tar_of_paths(plan.host_root, untracked), "streaming")
+            provider.put_archive(box, plan.path, stream)
+    if streams:
+        _finish(provider, box, None, result)
     return result
 
 
