@@ -226,7 +226,6 @@ def _create_claimed(
         boot = boot_box(provider, name) if request.boot else None
     except BaseException:
         try:
-            _relay_state.forget_box(box_id)
             _rollback.roll_back(provider, journal.record)
             journal.forget()
         except Exception:  # noqa: BLE001 - the journal stays: the next create or destroy finishes the undo

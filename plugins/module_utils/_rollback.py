@@ -106,6 +106,8 @@ def destroy_leftovers(provider: Provider, name: str, delete_branch: bool) -> dic
     for volume in volumes:
         labels = volume["labels"]
         box_id = labels.get(label("id"), "")
+        if box_id:
+            _relay_state.forget_box(box_id)
         branch = labels.get(label("branch"), "")
         workspace = labels.get(label("workspace"), "")
         base = labels.get(label("base_commit"), "")
