@@ -34,6 +34,7 @@ twice, and the host manifest maps the checkpoint name to it (`DaytonaCheckpoints
 from __future__ import annotations
 
 import base64
+import contextlib
 import math
 import os
 import re
@@ -46,6 +47,20 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any
 
+from ._daytona_state import (
+    FAILED_STATES,
+    SNAPSHOT_FAILED,
+    TRANSITIONAL,
+    box_state,
+    box_state_of,
+    changing,
+    desired_name,
+    is_ghost,
+    live_sandboxes,
+    settled,
+    snapshot_usable,
+    state_name,
+)
 from ._naming import CHECKPOINT_IMAGE_PREFIX, label, strip_labels
 from ._provider import (
     BoxFacts,
@@ -114,12 +129,17 @@ IDLE_LABEL = "idle_timeout"
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 DEFAULT_RETRIES = 3  # retries after the first attempt
 BACKOFF_SECONDS = (0.5, 1.0, 2.0, 4.0)
-MAX_RETRY_AFTER = 10.0
+# Daytona's rate-limit windows are a minute long: a Retry-After up to that (and a margin) is honoured...
+MAX_RETRY_AFTER = 65.0
+# ...but all the retries of one call stay within this many seconds.
+RETRY_DEADLINE_SECONDS = 150.0
 API_TIMEOUT = 30.0
 CREATE_TIMEOUT = 600.0
 START_TIMEOUT = 300.0
 STOP_TIMEOUT = 120.0
 SNAPSHOT_TIMEOUT = 600.0
+# How long a finished capture's snapshot may take to be found before the capture counts as failed.
+SNAPSHOT_APPEAR_SECONDS = 60.0
 TRANSFER_TIMEOUT = 1800
 # A waiter returns after this many seconds even when the command still runs (below the proxy cut).
 DEFAULT_EXEC_SLICE = 50
@@ -130,47 +150,6 @@ POLL_SECONDS = 1.0
 # How long an accepted launch may take to show up in the box before the command counts as never started.
 LAUNCH_GRACE_SECONDS = 30.0
 
-STATE_MAP = {
-    "started": "running",
-    "starting": "running",
-    "creating": "running",
-    "restoring": "running",
-    "pending_build": "running",
-    "building_snapshot": "running",
-    "pulling_snapshot": "running",
-    "resuming": "running",
-    "snapshotting": "running",
-    "resizing": "running",
-    "forking": "running",
-    "stopped": "stopped",
-    "stopping": "stopped",
-    "error": "stopped",
-    "build_failed": "stopped",
-    "archived": "paused",
-    "archiving": "paused",
-    "paused": "paused",
-    "pausing": "paused",
-    "destroying": "missing",
-    "destroyed": "missing",
-}
-TRANSITIONAL = frozenset(
-    {
-        "creating",
-        "restoring",
-        "starting",
-        "stopping",
-        "pending_build",
-        "building_snapshot",
-        "pulling_snapshot",
-        "snapshotting",
-        "resizing",
-        "forking",
-        "pausing",
-        "resuming",
-        "destroying",
-    }
-)
-FAILED_STATES = frozenset({"error", "build_failed"})
 
 # sh -c LAUNCH agentbox-exec DIR CMDLINE STDIN_PATH
 # Runs in the box's session shell; returns at once. A second delivery finds DIR and starts nothing.
@@ -285,16 +264,26 @@ def is_retryable(exc: BaseException) -> bool:
 
 
 def retry_after(exc: BaseException) -> float | None:
+    """Seconds the server asked us to wait: the longest of `Retry-After` and Daytona's per-throttler
+    `Retry-After-<name>` headers (@nestjs/throttler: authenticated, sandbox-create, sandbox-lifecycle; each a
+    window of up to a minute), capped at MAX_RETRY_AFTER."""
     headers = getattr(exc, "headers", None)
     if headers is None:
         headers = getattr(getattr(exc, "response", None), "headers", None)
     if not headers:
         return None
+    waits: list[float] = []
     try:
-        value = headers.get("Retry-After") or headers.get("retry-after")
-        return min(float(value), MAX_RETRY_AFTER) if value is not None else None
-    except (TypeError, ValueError, AttributeError):
+        for key, value in headers.items():
+            lowered = str(key).lower()
+            if lowered == "retry-after" or lowered.startswith("retry-after-"):
+                try:
+                    waits.append(float(value))
+                except (TypeError, ValueError):
+                    continue  # an HTTP date, or garbage: the default backoff applies
+    except AttributeError:
         return None
+    return min(max(waits), MAX_RETRY_AFTER) if waits else None
 
 
 def backoff_delay(attempt: int, exc: BaseException | None = None) -> float:
@@ -305,25 +294,29 @@ def backoff_delay(attempt: int, exc: BaseException | None = None) -> float:
     return BACKOFF_SECONDS[min(attempt, len(BACKOFF_SECONDS) - 1)]
 
 
-def box_state(daytona_state: str | None) -> str:
-    return STATE_MAP.get((daytona_state or "").lower(), "stopped")
-
-
-def state_name(state: Any) -> str:
-    value = getattr(state, "value", state)
-    return str(value or "").lower()
+# Runs "$@" as $1 whoever the toolbox daemon runs as: Daytona's daemon runs as the image's USER (root when
+# the image has none), not as the create's os_user, so the switch is decided in the box, per command.
+AS_USER_SCRIPT = (
+    'u=$1; shift; [ "$(id -un 2>/dev/null)" = "$u" ] && exec "$@"; '
+    'command -v sudo >/dev/null 2>&1 || { echo "agentbox: running as $u needs sudo in the box (the toolbox runs '
+    'as $(id -un))" >&2; exit 126; }; exec sudo -n -E -H -u "$u" -- "$@"'
+)
 
 
 def command_line(
     argv: list[str],
     *,
     user: str | None,
-    sandbox_user: str,
+    sandbox_user: str | None = None,
     workdir: str | None = None,
     env: dict[str, str] | None = None,
     timeout: float | None = None,
 ) -> str:
-    """One shell line running argv as `user` (sudo when it is not the sandbox's own user)."""
+    """One shell line running argv as `user`.
+
+    With `sandbox_user` (the user the daemon is known to run as) sudo is added when they differ; without
+    it the line checks in the box and switches only when needed (AS_USER_SCRIPT).
+    """
     if not argv:
         raise ProviderError("exec needs a command (argv is empty)")
     inner = " ".join(shlex.quote(str(arg)) for arg in argv)
@@ -337,7 +330,9 @@ def command_line(
     words = ["sh", "-c", inner]
     if timeout:
         words = ["timeout", "-s", "KILL", str(max(1, math.ceil(timeout))), *words]
-    if user and user != sandbox_user:
+    if user and sandbox_user is None:
+        words = ["sh", "-c", AS_USER_SCRIPT, "agentbox-as", user, *words]
+    elif user and user != sandbox_user:
         words = ["sudo", "-n", "-E", "-H", *([] if user == "root" else ["-u", user]), "--", *words]
     return " ".join(shlex.quote(word) for word in words)
 
@@ -452,6 +447,26 @@ def _forget_inherited_clients() -> None:
 os.register_at_fork(after_in_child=_forget_inherited_clients)
 
 
+@contextlib.contextmanager
+def _neutral_cwd() -> Iterator[None]:
+    """Run the body in an empty private directory (no .env to read), then go back to where we were."""
+    try:
+        previous: str | None = os.getcwd()
+    except OSError:  # the directory we were in is gone: nothing to go back to
+        previous = None
+    neutral = tempfile.mkdtemp(prefix="agentbox-daytona-")
+    try:
+        os.chdir(neutral)
+        yield
+    finally:
+        if previous is not None:
+            try:
+                os.chdir(previous)
+            except OSError:
+                os.chdir(tempfile.gettempdir())
+        shutil.rmtree(neutral, ignore_errors=True)
+
+
 def _client_for(api_url: str, api_key: str | None, target: str | None) -> Any:
     if not HAS_DAYTONA:
         raise ProviderError(
@@ -463,7 +478,11 @@ def _client_for(api_url: str, api_key: str | None, target: str | None) -> Any:
         client = _CLIENTS.get(key)
         if client is None:
             try:
-                client = Daytona(DaytonaConfig(api_key=api_key or None, api_url=api_url, target=target or None))
+                # The SDK fills what the config leaves empty (the key, the target: without DAYTONA_TARGET it is
+                # always so) from ./.env and ./.env.local of the current directory: the workspace an agent
+                # writes. Our settings come from the module and the process environment only.
+                with _neutral_cwd():
+                    client = Daytona(DaytonaConfig(api_key=api_key or None, api_url=api_url, target=target or None))
             except DaytonaAuthenticationError as exc:
                 raise ProviderError(
                     "no Daytona API key: set DAYTONA_API_KEY (or the module option daytona_api_key)"
@@ -548,6 +567,16 @@ class DaytonaProvider(Provider):
                 operation=operation,
             )
             return error
+        if status == 429:
+            wait = retry_after(exc)
+            return DaytonaCallError(
+                f"Daytona answered 429{tries}: {detail}. Its rate limit refused the call"
+                + (f" (it asks to wait {wait:.0f} s)" if wait else "")
+                + "; try again later, or make fewer calls at once",
+                box=box,
+                operation=operation,
+                status=status,
+            )
         if status in RETRY_STATUSES:
             return DaytonaCallError(
                 f"Daytona answered {status}{tries}: {detail}. The service is overloaded or unreachable behind its "
@@ -571,6 +600,7 @@ class DaytonaProvider(Provider):
     ) -> Any:
         """fn() with bounded retries (idempotent calls only) and errors turned into ProviderError."""
         attempt = 0
+        deadline = time.monotonic() + RETRY_DEADLINE_SECONDS
         while True:
             try:
                 return fn()
@@ -580,8 +610,9 @@ class DaytonaProvider(Provider):
                 if not _is_api_error(exc):
                     raise
                 retry = (retry_on or is_retryable)(exc) and idempotent
-                if retry and attempt < self._retries:
-                    time.sleep(backoff_delay(attempt, exc))
+                delay = backoff_delay(attempt, exc)
+                if retry and attempt < self._retries and time.monotonic() + delay <= deadline:
+                    time.sleep(delay)
                     attempt += 1
                     continue
                 raise self._fail(exc, box, operation, attempt + 1) from exc
@@ -594,7 +625,7 @@ class DaytonaProvider(Provider):
         except BoxNotFound:
             self._sandboxes.pop(name, None)
             return None
-        if state_name(sandbox.state) == "destroyed":
+        if is_ghost(sandbox):
             self._sandboxes.pop(name, None)
             return None
         self._sandboxes[name] = sandbox
@@ -616,7 +647,7 @@ class DaytonaProvider(Provider):
             id=labels.get("id", ""),
             provider=self.name,
             engine=self._api_url,
-            state=box_state(state_name(sandbox.state)),
+            state=box_state_of(sandbox),
             container=sandbox.id,
             image=labels.get("image") or getattr(sandbox, "snapshot", None) or "",
             project=labels.get("project", ""),
@@ -652,7 +683,7 @@ class DaytonaProvider(Provider):
 
     def _facts_with_url(self, sandbox: Any, name: str) -> BoxFacts:
         url = None
-        if state_name(sandbox.state) == "started":
+        if state_name(sandbox.state) == "started" and settled("started", desired_name(sandbox)):
             try:
                 url = self.web_url(name)
             except ProviderError:
@@ -675,7 +706,7 @@ class DaytonaProvider(Provider):
             box=None,
             operation="list boxes",
         )
-        boxes = [self._facts(s) for s in found if state_name(s.state) not in ("destroyed", "destroying")]
+        boxes = [self._facts(s) for s in live_sandboxes(found)]
         return sorted(boxes, key=lambda facts: facts.name)
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -710,7 +741,7 @@ class DaytonaProvider(Provider):
                 box=spec.name,
                 operation="create",
             )
-        if self._snapshot_exists(spec.image):
+        if self._ready_snapshot(spec.image, spec.name) is not None:
             if resources:
                 raise ProviderError(
                     f"resources cannot be set for a box started from the Daytona snapshot {spec.image!r} (its size "
@@ -729,7 +760,13 @@ class DaytonaProvider(Provider):
 
     def create(self, spec: BoxSpec) -> BoxFacts:
         params = self._create_params(spec)
-        sandbox = self._create_once(spec, params)
+        try:
+            sandbox = self._create_once(spec, params)
+        except BaseException:
+            # A create that failed leaves nothing: e.g. the SDK's wait saw build_failed (an error without a
+            # status), after which the sandbox is adopted, found failed, and must not stay behind.
+            self._discard_own(spec)
+            raise
         try:
             if parse_snapshot_name(spec.image) is not None:
                 self._after_restore(spec.name)
@@ -774,9 +811,18 @@ class DaytonaProvider(Provider):
                     if adopted is not None:
                         return adopted
                     raise self._fail(exc, spec.name, "create") from exc
-                # A definite refusal (4xx) or a sandbox that reached an error state: nothing usable stays.
-                self._destroy_quietly(spec.name)
+                # A definite refusal (4xx) or a sandbox that reached an error state: nothing usable stays
+                # (create() deletes what carries this box's id).
                 raise self._fail(exc, spec.name, "create") from exc
+
+    def _discard_own(self, spec: BoxSpec) -> None:
+        """Delete the sandbox called spec.name when it is this box's (its io.agentbox.id), never another's."""
+        try:
+            sandbox = self._get(spec.name, "create")
+            if sandbox is not None and (sandbox.labels or {}).get(label("id")) == spec.box_id:
+                self.destroy(spec.name)
+        except ProviderError:
+            pass
 
     def _adopt(self, spec: BoxSpec, wait: float) -> Any | None:
         """The sandbox a lost create answer made, when it is this box's (same io.agentbox.id)."""
@@ -831,7 +877,12 @@ class DaytonaProvider(Provider):
             self.exec(name, ["sh", "-c", 'umask 077; cat > "$1"', "secret", path], stdin=data).check(
                 f"writing secret {key}", name
             )
-        self.exec(name, ["sh", "-c", f"chmod 0600 {SECRETS_DIR}/*"], user="root")
+        # Uploaded files belong to the daemon's user (root on Daytona): hand them to the box user.
+        self.exec(
+            name,
+            ["sh", "-c", f'chown "$1:" {SECRETS_DIR}/*; chmod 0600 {SECRETS_DIR}/*', "secrets", BOX_USER],
+            user="root",
+        ).check("handing the secrets to the box user", name)
 
     def _converge(
         self,
@@ -844,12 +895,16 @@ class DaytonaProvider(Provider):
         """Drive the sandbox to one of `wanted` states: read, act once, read again (never blind re-POSTs)."""
         deadline = time.monotonic() + timeout
         failures = 0
+        recoveries = 0
         while True:
             sandbox = self._get(name, operation)
             if sandbox is None:
                 raise BoxNotFound(f"no box called {name!r} on Daytona ({self._api_url})", box=name, operation=operation)
             state = state_name(sandbox.state)
-            if state in wanted:
+            desired = desired_name(sandbox)
+            # Reached only when the sandbox is also heading there: `started` with desired `stopped` (a stop or
+            # an auto-stop under way) is about to stop, not started.
+            if state in wanted and settled(state, desired):
                 return sandbox
             if time.monotonic() > deadline:
                 raise ProviderError(
@@ -860,12 +915,21 @@ class DaytonaProvider(Provider):
                 )
             if state in FAILED_STATES:
                 reason = getattr(sandbox, "error_reason", None) or "no reason given"
-                raise ProviderError(
-                    f"the sandbox is in state {state} ({reason}): destroy it and create it again",
-                    box=name,
-                    operation=operation,
-                )
-            action = actions.get(state)
+                if state != "error" or not getattr(sandbox, "recoverable", False) or recoveries:
+                    raise ProviderError(
+                        f"the sandbox is in state {state} ({reason}) and Daytona cannot recover it: destroy it "
+                        "and create it again",
+                        box=name,
+                        operation=operation,
+                    )
+                # Daytona says it can repair this one (a full disk, a lost runner): recover() starts it again.
+                recoveries += 1
+                action: Callable[[Any], Any] | None = _recover_action
+            elif changing(state, desired):
+                time.sleep(POLL_SECONDS)  # the service is moving it (desired state set): acting now would 409
+                continue
+            else:
+                action = actions.get(state)
             if action is None:
                 if state in TRANSITIONAL:
                     time.sleep(POLL_SECONDS)
@@ -922,7 +986,9 @@ class DaytonaProvider(Provider):
     def resume(self, name: str) -> BoxFacts:
         """Start again and re-run the in-box start sequence (the stop ended every process)."""
         before = self._get(name, "resume")
-        was_running = before is not None and state_name(before.state) == "started"
+        was_running = (
+            before is not None and state_name(before.state) == "started" and settled("started", desired_name(before))
+        )
         facts = self.start(name)
         if not was_running:
             from ._box import boot_box
@@ -932,23 +998,42 @@ class DaytonaProvider(Provider):
         return facts
 
     def destroy(self, name: str) -> None:
-        """Delete the sandbox and wait until get() no longer finds it. A missing box is not an error."""
+        """Delete the sandbox and wait until it is gone. A missing box is not an error.
+
+        A deleted sandbox lingers on Daytona renamed DESTROYED_<name>_<ms> (still in its old state, desired
+        state `destroyed`) until the runner removes it, so the wait follows its id, not its name.
+        """
         deadline = time.monotonic() + STOP_TIMEOUT
-        asked = False
-        while time.monotonic() < deadline:
-            sandbox = self._get(name, "destroy")
-            if sandbox is None:
-                return
+        sandbox = self._get(name, "destroy")
+        if sandbox is None:
+            return
+        while True:
             self._sessions.discard(sandbox.id)
-            if not asked and state_name(sandbox.state) != "destroying":
-                try:
-                    self._call(lambda sb=sandbox: sb.delete(timeout=API_TIMEOUT), box=name, operation="destroy")
-                    asked = True
-                except BoxNotFound:
-                    return
-                except DaytonaCallError as exc:
-                    if exc.status != 409:  # 409: a transition is in progress; delete once it settles
-                        raise
+            try:
+                self._call(lambda sb=sandbox: sb.delete(timeout=API_TIMEOUT), box=name, operation="destroy")
+                break
+            except BoxNotFound:
+                return
+            except DaytonaCallError as exc:
+                # 409: a transition is in progress; delete once it settles.
+                if exc.status != 409 or time.monotonic() > deadline:
+                    raise
+            time.sleep(POLL_SECONDS / 2)
+            current = self._get(name, "destroy")
+            if current is None:
+                break  # deleted meanwhile (by a timer or another client): wait for it below
+            sandbox = current
+        self._sandboxes.pop(name, None)
+        sandbox_id = sandbox.id
+        while time.monotonic() < deadline:
+            try:
+                current = self._call(
+                    lambda: self.sdk.get(sandbox_id, request_timeout=API_TIMEOUT), box=name, operation="destroy"
+                )
+            except BoxNotFound:
+                return
+            if state_name(current.state) == "destroyed":
+                return
             time.sleep(POLL_SECONDS / 2)
         raise ProviderError(
             f"the sandbox was still there {STOP_TIMEOUT:.0f} s after its delete", box=name, operation="destroy"
@@ -973,9 +1058,8 @@ class DaytonaProvider(Provider):
         timeout: float | None = None,
     ) -> ExecResult:
         sandbox = self._sandbox(name, "exec")
-        line = command_line(
-            argv, user=user, sandbox_user=sandbox.user or BOX_USER, workdir=workdir, env=env, timeout=timeout
-        )
+        # sandbox.user is only what the create asked for (os_user): the daemon runs as the image's USER.
+        line = command_line(argv, user=user, workdir=workdir, env=env, timeout=timeout)
         try:
             return self._exec(name, sandbox, line, stdin, timeout)
         except ProviderError as exc:
@@ -1222,12 +1306,39 @@ class DaytonaProvider(Provider):
             return None
 
     def _snapshot_exists(self, image: str) -> bool:
-        snapshot = self._snapshot(image)
-        return snapshot is not None and state_name(snapshot.state) == "active"
+        return snapshot_usable(self._snapshot(image))
 
     def image_exists(self, image: str) -> bool:
-        """A Daytona snapshot of that name, or a registry image Daytona can build from (host/path:tag)."""
+        """A Daytona snapshot of that name (an inactive one too: it is activated on use), or a registry image
+        Daytona can build from (host/path:tag)."""
         return self._snapshot_exists(image) or is_registry_reference(image)
+
+    def _ready_snapshot(self, image: str, box: str) -> Any | None:
+        """The snapshot `image` ready to start from, or None when there is no such snapshot. Daytona
+        deactivates snapshots unused for 14 days (a create from one is refused): activate it and wait."""
+        snapshot = self._snapshot(image)
+        if snapshot is None:
+            return None
+        state = state_name(snapshot.state)
+        if state == "inactive":
+            try:
+                self._call(
+                    lambda: _bounded(lambda: self.sdk.snapshot.activate(snapshot), API_TIMEOUT, "snapshot activate"),
+                    box=box,
+                    operation=f"activating snapshot {image!r}",
+                )
+            except DaytonaCallError as exc:
+                # Another client activated it meanwhile ("already active"); anything else says why not.
+                if exc.status != 400 or "already active" not in str(exc):
+                    raise
+        elif state in SNAPSHOT_FAILED:
+            raise ProviderError(
+                f"snapshot {image!r} is {state} ({getattr(snapshot, 'error_reason', None) or 'no reason given'}): "
+                "it cannot be started from",
+                box=box,
+                operation="create",
+            )
+        return self._wait_snapshot_active(box, image, operation="create")
 
     def image_labels(self, image: str) -> dict[str, str]:
         """Snapshots carry no labels: a checkpoint snapshot's name tells its project and checkpoint."""
@@ -1278,6 +1389,7 @@ class DaytonaProvider(Provider):
                 operation="checkpoint",
             )
         was_running = state == "started"
+        lost: ProviderError | None = None
         try:
             stopped = self._converge(name, "checkpoint", {"stopped"}, {"started": _stop_action}, STOP_TIMEOUT)
             try:
@@ -1287,12 +1399,15 @@ class DaytonaProvider(Provider):
                     operation="checkpoint",
                     idempotent=False,
                 )
-            except ProviderError:
-                # The answer may be lost after the capture started: the name tells.
-                if self._snapshot(image) is None:
-                    raise
+            except ProviderError as exc:
+                status = getattr(exc, "status", None)
+                if status is not None and 400 <= status < 500 and status not in (408, 429):
+                    raise  # refused: no capture started
+                # The answer may be lost after the capture started. The snapshot exists only once the capture
+                # has ended (Daytona persists it then), so its absence now says nothing: wait for the end.
+                lost = exc
             self._converge(name, "checkpoint", {"stopped"}, {}, SNAPSHOT_TIMEOUT)
-            snapshot = self._wait_snapshot_active(name, image)
+            snapshot = self._wait_snapshot_active(name, image, lost=lost)
         finally:
             if was_running:
                 self.start(name)
@@ -1302,17 +1417,32 @@ class DaytonaProvider(Provider):
         size = getattr(snapshot, "size", None) or 0
         return {"id": snapshot.id, "size": int(float(size) * (1 << 30)) if size else 0}
 
-    def _wait_snapshot_active(self, name: str, image: str) -> Any:
-        deadline = time.monotonic() + SNAPSHOT_TIMEOUT
+    def _wait_snapshot_active(
+        self, name: str, image: str, *, lost: ProviderError | None = None, operation: str = "checkpoint"
+    ) -> Any:
+        """The snapshot once `active`. A capture's snapshot appears only when the capture has ended, and may
+        take a moment more to be listed, so a missing one is waited for (SNAPSHOT_APPEAR_SECONDS) before the
+        capture counts as failed (a failed capture on Daytona leaves no snapshot and no error state)."""
+        now = time.monotonic()
+        deadline, appear_by = now + SNAPSHOT_TIMEOUT, now + SNAPSHOT_APPEAR_SECONDS
         while True:
             snapshot = self._snapshot(image)
             state = state_name(snapshot.state) if snapshot is not None else "missing"
             if state == "active":
                 return snapshot
-            if state in ("error", "build_failed", "missing") or time.monotonic() > deadline:
-                reason = getattr(snapshot, "error_reason", None) if snapshot is not None else "it does not exist"
+            if state in SNAPSHOT_FAILED:
+                reason = getattr(snapshot, "error_reason", None) or "no reason given"
+                raise ProviderError(f"snapshot {image!r} is {state} ({reason})", box=name, operation=operation)
+            if state == "missing" and time.monotonic() > appear_by:
+                why = f" (the capture request failed: {lost})" if lost is not None else ""
                 raise ProviderError(
-                    f"snapshot {image!r} did not become active ({state}: {reason})", box=name, operation="checkpoint"
+                    f"Daytona made no snapshot {image!r}: the capture failed on its side{why}; try again",
+                    box=name,
+                    operation=operation,
+                )
+            if time.monotonic() > deadline:
+                raise ProviderError(
+                    f"snapshot {image!r} is still {state} after {SNAPSHOT_TIMEOUT:.0f} s", box=name, operation=operation
                 )
             time.sleep(POLL_SECONDS)
 
@@ -1327,6 +1457,10 @@ def _start_action(sandbox: Any) -> None:
 
 def _stop_action(sandbox: Any) -> None:
     sandbox.stop(timeout=STOP_TIMEOUT)
+
+
+def _recover_action(sandbox: Any) -> None:
+    sandbox.recover(timeout=START_TIMEOUT)
 
 
 def _is_api_error(exc: BaseException) -> bool:
@@ -1379,7 +1513,7 @@ class DaytonaCheckpoints:
         from . import _checkpoint
 
         image = (record or {}).get("image") or (snapshot.name if snapshot is not None else "")
-        active = snapshot is not None and state_name(snapshot.state) == "active"
+        active = snapshot_usable(snapshot)  # an inactive snapshot is activated when restored from
         size = getattr(snapshot, "size", None) if snapshot is not None else None
         return _checkpoint.Checkpoint(
             name=name,

@@ -33,9 +33,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--default-snapshot", default="", help="name of the default snapshot (default: the image)")
     parser.add_argument("--default-user", default="",
                         help="user for toolbox calls when create names none (default: the image's USER, else root)")
+    parser.add_argument("--toolbox-as-os-user", action="store_true",
+                        help="run toolbox calls as the create's user (os_user); by default they run as the image's "
+                             "USER (root without one), as on Daytona, whose runner sets no container user")
     parser.add_argument("--instance-id", default=None, help="value of the io.agentbox.emulator label (random)")
     parser.add_argument("--transition-seconds", type=float, default=0.0,
                         help="hold starting/stopping/archiving/... this long (0: answer with the final state)")
+    parser.add_argument("--desired-state-seconds", type=float, default=0.0,
+                        help="create/start/stop/archive first only set the desired state; the state moves this "
+                             "many seconds later (a create sits in `unknown`), as on Daytona (0: at once)")
     parser.add_argument("--list-lag", type=float, default=0.0,
                         help="seconds before list() shows a new sandbox and after it drops a deleted one")
     parser.add_argument("--proxy-timeout", type=float, default=300.0,
@@ -75,7 +81,8 @@ def build_config(args: argparse.Namespace) -> tuple[EmulatorConfig, bool]:
     config = EmulatorConfig(
         host="127.0.0.1" if args.host == "localhost" else args.host, port=args.port,
         api_key=api_key or secrets.token_urlsafe(24), image=args.image, default_snapshot=args.default_snapshot,
-        default_user=args.default_user, transition_seconds=args.transition_seconds,
+        default_user=args.default_user, toolbox_as_image_user=not args.toolbox_as_os_user,
+        transition_seconds=args.transition_seconds, desired_state_seconds=args.desired_state_seconds,
         list_lag_seconds=args.list_lag, proxy_timeout_seconds=args.proxy_timeout,
         proxy_cut_mode=args.proxy_cut_mode, minute_seconds=args.minute_seconds,
         enforce_resources=args.enforce_resources, box_capabilities=not args.no_box_capabilities,

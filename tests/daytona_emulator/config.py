@@ -18,6 +18,12 @@ RUNTIME_SETTINGS = (
     "proxy_timeout_seconds",
     "proxy_cut_mode",
     "minute_seconds",
+    "desired_state_seconds",
+    "snapshot_activation_seconds",
+    "throttle_limits",
+    "rename_deleted",
+    "throttle_window_seconds",
+    "toolbox_as_image_user",
 )
 
 
@@ -29,14 +35,29 @@ class EmulatorConfig:
     image: str = DEFAULT_IMAGE
     # Name of the always-present general snapshot backed by `image`; empty means the image name itself.
     default_snapshot: str = ""
-    # User that toolbox calls run as when a create does not name one; empty means the image's USER, else root.
+    # The sandbox's reported `user` when a create does not name one; empty means the image's USER, else root.
     default_user: str = ""
+    # As on Daytona: the toolbox daemon (so every exec, session and upload) runs as the image's USER, root when
+    # the image has none, whatever `user` (os_user) the create named. False: run toolbox calls as `user`.
+    toolbox_as_image_user: bool = True
     instance_id: str = field(default_factory=lambda: secrets.token_hex(6))
     organization_id: str = "00000000-0000-4000-8000-00000000e0e0"
     target: str = "us"
     # >0: lifecycle calls answer at once with the transitional state, which lasts at least this long
     # (the SDK then polls every second). 0: the call does the work and answers with the final state.
     transition_seconds: float = 0.0
+    # As on Daytona: a deleted sandbox is renamed DESTROYED_<name>_<ms> at once (its name is free again) and
+    # lingers, desired state `destroyed`, until it is gone. False: it keeps its name until then.
+    rename_deleted: bool = True
+    # >0: create, start, stop and archive (auto-stop too) first only set the desired state, and the state
+    # moves this long later, as on Daytona (the runner acts on the desired state); a create sits in `unknown`.
+    desired_state_seconds: float = 0.0
+    # An activated snapshot is `pending` this long before it is `active` again (the runners pull it back).
+    snapshot_activation_seconds: float = 1.0
+    # Daytona's named rate limits, e.g. {"sandbox-lifecycle": 2}: calls per window, counted across the routes
+    # each covers (authenticated: every API call; sandbox-create; sandbox-lifecycle). Empty: no limits.
+    throttle_limits: dict[str, int] = field(default_factory=dict)
+    throttle_window_seconds: float = 60.0
     # A sandbox shows up in list() this long after create, and lingers there this long after delete.
     list_lag_seconds: float = 0.0
     # Toolbox calls running longer than this are cut by the "proxy", like Daytona's ~5 minute cut.
@@ -70,12 +91,24 @@ class EmulatorConfig:
 def validate_runtime_setting(name: str, value: Any) -> Any:
     if name not in RUNTIME_SETTINGS:
         raise ValueError(f"unknown setting {name!r}; settable at run time: {', '.join(RUNTIME_SETTINGS)}")
+    if name == "throttle_limits":
+        known = {"authenticated", "sandbox-create", "sandbox-lifecycle"}
+        if not isinstance(value, dict) or not all(
+            key in known and isinstance(limit, int) and not isinstance(limit, bool) and limit >= 0
+            for key, limit in value.items()
+        ):
+            raise ValueError(f"throttle_limits maps throttler names ({', '.join(sorted(known))}) to whole numbers")
+        return dict(value)
+    if name in ("toolbox_as_image_user", "rename_deleted"):
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be true or false")
+        return value
     if name == "proxy_cut_mode":
         if value not in ("504", "drop"):
             raise ValueError("proxy_cut_mode must be '504' or 'drop'")
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
         raise ValueError(f"{name} must be a non-negative number, got {value!r}")
-    if name in ("proxy_timeout_seconds", "minute_seconds") and value == 0:
+    if name in ("proxy_timeout_seconds", "minute_seconds", "throttle_window_seconds") and value == 0:
         raise ValueError(f"{name} must be greater than 0")
     return float(value)

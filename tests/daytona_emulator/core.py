@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import habits
 from .config import EmulatorConfig, validate_runtime_setting
 from .docker_backend import BackendError, DockerBackend, docker_name
 from .errors import ApiError
@@ -36,7 +37,10 @@ DEFAULT_ARCHIVE_MINUTES = 7 * 24 * 60
 DEFAULT_STOP_MINUTES = 15
 MAX_SIGNED_PREVIEW_SECONDS = 24 * 3600
 _HOSTNAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-_TRANSITIONAL = {"creating", "starting", "stopping", "archiving", "restoring", "destroying", "snapshotting",
+# List sort fields (SandboxListSortField) to the list item's keys.
+_SORT_FIELDS = {"name": "name", "cpu": "cpu", "memoryGib": "memory", "diskGib": "disk",
+                "lastActivityAt": "lastActivityAt", "createdAt": "createdAt"}
+_TRANSITIONAL = {"unknown", "creating", "starting", "stopping", "archiving", "restoring", "destroying", "snapshotting",
                  "pending_build", "building_snapshot"}
 
 
@@ -80,6 +84,9 @@ class SandboxRecord:
     error_reason: str | None = None
     recoverable: bool | None = None
     container_id: str | None = None
+    # Who the toolbox daemon runs as, hence every exec, session and upload: the image's USER (root when it
+    # has none). Daytona's runner sets no container user; `user` (os_user) only becomes DAYTONA_SANDBOX_USER.
+    process_user: str = ""
     uid: int = 0
     gid: int = 0
     preview_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
@@ -139,6 +146,7 @@ class Emulator:
         self.ssh_tokens: dict[str, tuple[str, float]] = {}
         self.events = EventHub()
         self.faults = FaultInjector()
+        self.throttler = habits.Throttler()
         for spec in config.faults:
             self.faults.add(spec)
         self.requests: collections.deque[dict[str, Any]] = collections.deque(maxlen=config.request_log_size)
@@ -189,6 +197,7 @@ class Emulator:
             self.ssh_tokens.clear()
             self.requests.clear()
         self.faults.clear()
+        self.throttler.reset()
         removed = self.backend.cleanup()
         with self.lock:
             self._add_general_snapshot()
@@ -304,25 +313,38 @@ class Emulator:
 
     # ---- the transition engine ----------------------------------------------------------------------------
     def _transition(self, sb: SandboxRecord, transitional: str, desired: str, work: Callable[[], None],
-                    finish: Callable[[], None], fail: Callable[[Exception], None] | None = None) -> dict[str, Any]:
+                    finish: Callable[[], None], fail: Callable[[Exception], None] | None = None,
+                    lifecycle: bool = False) -> dict[str, Any]:
         """Show `transitional` while `work` runs; `finish`/`fail` run under the lock afterwards.
 
         With transition_seconds > 0 this answers at once and the state settles later (the SDK polls);
-        otherwise the work is done before answering and the final state is returned.
+        otherwise the work is done before answering and the final state is returned. A `lifecycle` call
+        (create, start, stop, archive) with desired_state_seconds > 0 first only sets the desired state, as
+        the real API does: the state stays (a create's stays `unknown`) until the runner acts, later.
         """
+        lag = self.config.desired_state_seconds if lifecycle else 0.0
         with self.lock:
             sb.generation += 1
             generation = sb.generation
             old_state = sb.state
-            sb.state = transitional
+            if not lag:
+                sb.state = transitional
             sb.desired_state = desired
             sb.pending = True
             sb.touch()
             answer = self.sandbox_dto(sb)
-            self._publish_state(sb, old_state)
+            self.publish_state(sb, old_state)
         hold = self.config.transition_seconds
 
         def run() -> None:
+            if lag:
+                time.sleep(lag)
+                with self.lock:
+                    if sb.generation != generation:
+                        return
+                    before = sb.state
+                    sb.state = transitional
+                    self.publish_state(sb, before)
             began = time.monotonic()
             error: Exception | None = None
             try:
@@ -347,16 +369,16 @@ class Emulator:
                     sb.state = "error"
                     sb.error_reason = str(error)
                     sb.recoverable = False
-                self._publish_state(sb, before)
+                self.publish_state(sb, before)
 
-        if hold > 0:
+        if hold > 0 or lag > 0:
             threading.Thread(target=run, name=f"transition-{sb.id[:8]}", daemon=True).start()
             return answer
         run()
         with self.lock:
             return self.sandbox_dto(sb) if sb.id in self.sandboxes else {**answer, "state": sb.state}
 
-    def _publish_state(self, sb: SandboxRecord, old_state: str) -> None:
+    def publish_state(self, sb: SandboxRecord, old_state: str) -> None:
         if sb.state != old_state:
             self.events.publish("sandbox.state.updated",
                                 {"sandbox": self.sandbox_dto(sb), "oldState": old_state, "newState": sb.state})
@@ -446,6 +468,7 @@ class Emulator:
                 "createdAt": iso(now), "updatedAt": iso(now),
                 "snapshotRef": image or f"daytona-emulator-build/{_digest(dockerfile)}",
             }
+        record.state = "unknown"  # the entity's default until the runner picks it up
         with self.lock:
             if any(sb.name == record.name for sb in self.sandboxes.values()):
                 raise ApiError(409, f"Sandbox with name {record.name} already exists")
@@ -464,7 +487,7 @@ class Emulator:
             record.error_reason = str(error)
             record.recoverable = False
 
-        answer = self._transition(record, "creating", "started", work, finish, fail)
+        answer = self._transition(record, "creating", "started", work, finish, fail, lifecycle=True)
         # The list index catches up list_lag_seconds after the create answered (eventual consistency).
         record.listed_from = time.monotonic() + self.config.list_lag_seconds
         return answer
@@ -482,6 +505,7 @@ class Emulator:
         if info is None:
             raise BuildFailed(f"image {sb.image} is not in the local Docker engine and the emulator cannot pull it")
         sb.restore_changes = info.restore_changes()
+        sb.process_user = (info.user or "root") if self.config.toolbox_as_image_user else sb.user
         hostname = sb.name if _HOSTNAME_RE.match(sb.name) else f"sandbox-{sb.id[:8]}"
         env = {**sb.env, "DAYTONA_SANDBOX_ID": sb.id, "DAYTONA_SANDBOX_USER": sb.user}
         if sb.snapshot:
@@ -493,14 +517,15 @@ class Emulator:
 
     def _resolve_user(self, sb: SandboxRecord) -> None:
         assert sb.container_id
-        if sb.user.isdigit():
-            sb.uid = sb.gid = int(sb.user)
+        user = sb.process_user or sb.user
+        if user.isdigit():
+            sb.uid = sb.gid = int(user)
             return
-        ids = self.backend.exec_argv(sb.container_id, ["sh", "-c", 'id -u "$1" && id -g "$1"', "id", sb.user],
+        ids = self.backend.exec_argv(sb.container_id, ["sh", "-c", 'id -u "$1" && id -g "$1"', "id", user],
                                      user="0")
         numbers = ids.output.decode(errors="replace").split()
         if ids.exit_code != 0 or len(numbers) != 2 or not all(n.isdigit() for n in numbers):
-            raise BackendError(f"user {sb.user!r} does not exist in image {sb.image}")
+            raise BackendError(f"user {user!r} does not exist in image {sb.image}")
         sb.uid, sb.gid = int(numbers[0]), int(numbers[1])
 
     # ---- lifecycle ----------------------------------------------------------------------------------------
@@ -530,7 +555,7 @@ class Emulator:
             sb.preview_token = secrets.token_urlsafe(24)  # every start rotates the preview token
             sb.mark_activity()
 
-        return self._transition(sb, transitional, "started", work, finish)
+        return self._transition(sb, transitional, "started", work, finish, lifecycle=True)
 
     def stop_sandbox(self, id_or_name: str, force: bool = False) -> dict[str, Any]:
         sb = self.find(id_or_name)
@@ -554,7 +579,7 @@ class Emulator:
             sb.stopped_mono = time.monotonic()
             sb.mark_activity()
 
-        return self._transition(sb, "stopping", "stopped", work, finish)
+        return self._transition(sb, "stopping", "stopped", work, finish, lifecycle=True)
 
     def archive_sandbox(self, id_or_name: str) -> dict[str, Any]:
         sb = self.find(id_or_name)
@@ -571,7 +596,7 @@ class Emulator:
             sb.state = "archived"  # the container stays stopped; archived is a flag here
             sb.mark_activity()
 
-        return self._transition(sb, "archiving", "archived", lambda: None, finish)
+        return self._transition(sb, "archiving", "archived", lambda: None, finish, lifecycle=True)
 
     def delete_sandbox(self, id_or_name: str) -> dict[str, Any]:
         sb = self.find(id_or_name)
@@ -580,6 +605,12 @@ class Emulator:
         return self._destroy(sb)
 
     def _destroy(self, sb: SandboxRecord) -> dict[str, Any]:
+        if self.config.rename_deleted:
+            with self.lock:
+                # As Daytona's soft delete does: the name is freed at once, the sandbox lingers as a ghost
+                # (old state, desired state destroyed) until the runner has removed it.
+                sb.name = f"DESTROYED_{sb.name}_{int(time.time() * 1000)}"
+
         def work() -> None:
             self.toolbox.forget_sandbox(sb.id)
             if sb.container_id:
@@ -596,7 +627,7 @@ class Emulator:
             sb.state = "error"
             sb.error_reason = f"delete failed: {error}"
 
-        return self._transition(sb, "destroying", "destroyed", work, finish, fail)
+        return self._transition(sb, "destroying", "destroyed", work, finish, fail, lifecycle=True)
 
     def recover_sandbox(self, id_or_name: str) -> dict[str, Any]:
         sb = self.find(id_or_name)
@@ -646,7 +677,8 @@ class Emulator:
                 cpu=sb.cpu, gpu=sb.gpu, mem=sb.memory, disk=sb.disk, source_sandbox_id=sb.id,
                 entrypoint=sb.entrypoint, user=sb.user,
             )
-            self.snapshots[snap.id] = snap
+            # As on Daytona (v0.190): the snapshot exists only once the capture has ended (the runner's commit
+            # and push); until then get/list do not know it. A failed capture makes no snapshot at all.
 
         def work() -> None:
             assert sb.container_id
@@ -656,13 +688,14 @@ class Emulator:
         def finish() -> None:
             sb.state = previous_state
             snap.state = "active"
-            snap.updated = time.time()
+            snap.created = snap.updated = time.time()
+            self.snapshots[snap.id] = snap
             sb.mark_activity()
 
         def fail(error: Exception) -> None:
             sb.state = previous_state
-            snap.state = "error"
-            snap.error_reason = str(error)
+            self.used_snapshot_names.discard(name)
+            self.images_to_remove.add(snap.image_ref)
 
         return self._transition(sb, "snapshotting", sb.desired_state, work, finish, fail)
 
@@ -752,10 +785,10 @@ class Emulator:
         snap = self.find_snapshot(id_or_name)
         if snap is None:
             raise ApiError(404, f"Snapshot {id_or_name} not found")
+        if active:
+            return habits.activate_snapshot(self, snap)
         with self.lock:
-            if active and snap.state not in ("inactive", "active"):
-                raise ApiError(400, f"Snapshot {snap.name} is {snap.state}")
-            snap.state = "active" if active else "inactive"
+            snap.state = "inactive"
             snap.updated = time.time()
             return self.snapshot_dto(snap)
 
@@ -790,12 +823,20 @@ class Emulator:
             if not isinstance(labels, dict):
                 raise ApiError(400, "labels must be a JSON object")
         limit = min(_query_int(query, "limit", 100, minimum=1), 200)
-        offset = 0
+        # Keyset pages, as Daytona's search does: sorted by a field (default: last activity, newest first) and
+        # the id, the cursor is the (value, id) of the last item sent. A sandbox whose sort value changes
+        # between two pages moves: it can be missed, or come twice.
+        sort_field = _query_str(query, "sort") or "lastActivityAt"
+        if sort_field not in _SORT_FIELDS:
+            raise ApiError(400, f"sort must be one of {', '.join(sorted(_SORT_FIELDS))}")
+        descending = (_query_str(query, "order") or "desc").lower() != "asc"
+        after: tuple[Any, str] | None = None
         cursor = _query_str(query, "cursor")
         if cursor:
             try:
-                offset = int(base64.urlsafe_b64decode(cursor.encode()).decode())
-            except (ValueError, UnicodeDecodeError) as exc:
+                value, last_id = json.loads(base64.urlsafe_b64decode(cursor.encode()).decode())
+                after = (value, str(last_id))
+            except (ValueError, UnicodeDecodeError, TypeError) as exc:
                 raise ApiError(400, "invalid cursor") from exc
         id_prefix = _query_str(query, "id")
         name_prefix = _query_str(query, "name")
@@ -815,10 +856,20 @@ class Emulator:
             and (not states or item["state"] in states)
             and (not snapshots or item["snapshot"] in snapshots)
         ]
-        selected.sort(key=lambda item: (item["createdAt"], item["id"]), reverse=True)
-        page = selected[offset: offset + limit]
-        more = offset + limit < len(selected)
-        next_cursor = base64.urlsafe_b64encode(str(offset + limit).encode()).decode() if more else None
+        field_name = _SORT_FIELDS[sort_field]
+
+        def key(item: dict[str, Any]) -> tuple[Any, str]:
+            return (item.get(field_name) or 0 if field_name in ("cpu", "memory", "disk") else item.get(field_name)
+                    or "", item["id"])
+
+        selected.sort(key=key, reverse=descending)
+        if after is not None:
+            selected = [item for item in selected if (key(item) < after if descending else key(item) > after)]
+        page = selected[:limit]
+        more = len(selected) > limit
+        next_cursor = None
+        if more:
+            next_cursor = base64.urlsafe_b64encode(json.dumps(list(key(page[-1]))).encode()).decode()
         return {"items": page, "nextCursor": next_cursor}
 
     # ---- small mutations ----------------------------------------------------------------------------------
@@ -982,6 +1033,7 @@ class Emulator:
             for sb in self.sandboxes.values():
                 dto = self.sandbox_dto(sb)
                 dto["_emulator"] = {"containerId": sb.container_id, "image": sb.image, "pending": sb.pending,
+                                    "processUser": sb.process_user,
                                     "previewToken": sb.preview_token}
                 sandboxes.append(dto)
             return {

@@ -18,6 +18,7 @@ import subprocess
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -101,6 +102,15 @@ class EmulatorAdmin:
     def tick(self) -> None:
         """Run the auto-stop/archive/delete timers now instead of waiting for the next half second."""
         self._call("POST", "/tick")
+
+    def fail_sandbox(self, sandbox_id: str, reason: str = "no space left on device", recoverable: bool = True) -> dict:
+        """Break the sandbox as a runner would report it: state error, recoverable or not."""
+        return self._call("POST", f"/sandboxes/{sandbox_id}/fail", {"reason": reason, "recoverable": recoverable})
+
+    def deactivate_unused_snapshot(self, name: str, ago_minutes: float = 60) -> dict:
+        """Deactivate a snapshot as Daytona does after 14 days unused (that long ago, in emulated minutes)."""
+        quoted = urllib.parse.quote(name, safe="")
+        return self._call("POST", f"/snapshots/{quoted}/deactivate-unused", {"ago_minutes": ago_minutes})
 
     def sandbox_internal(self, sandbox_id: str) -> dict[str, Any] | None:
         """The sandbox as the admin state shows it, with `_emulator.containerId`, or None once deleted."""
@@ -190,7 +200,8 @@ def _in_thread(config: EmulatorConfig, startup_timeout: float) -> Iterator[Runni
 
 def _in_subprocess(config: EmulatorConfig, startup_timeout: float) -> Iterator[RunningEmulator]:
     argv = [str(LAUNCHER), "--port", "0", "--image", config.image, "--instance-id", config.instance_id,
-            "--transition-seconds", str(config.transition_seconds), "--list-lag", str(config.list_lag_seconds),
+            "--transition-seconds", str(config.transition_seconds),
+            "--desired-state-seconds", str(config.desired_state_seconds), "--list-lag", str(config.list_lag_seconds),
             "--proxy-timeout", str(config.proxy_timeout_seconds), "--proxy-cut-mode", config.proxy_cut_mode,
             "--minute-seconds", str(config.minute_seconds)]
     if config.default_snapshot:
@@ -199,6 +210,8 @@ def _in_subprocess(config: EmulatorConfig, startup_timeout: float) -> Iterator[R
         argv += ["--default-user", config.default_user]
     if not config.box_capabilities:
         argv.append("--no-box-capabilities")
+    if not config.toolbox_as_image_user:
+        argv.append("--toolbox-as-os-user")
     if not config.events:
         argv.append("--no-events")
     for rule in config.faults:

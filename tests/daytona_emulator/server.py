@@ -20,6 +20,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from . import habits
 from .core import Emulator
 from .errors import SOURCE_PROXY, ApiError, Reply, error_body, reason_phrase
 from .events import SocketIOSession, accept_key
@@ -203,6 +204,11 @@ class RequestHandler(BaseHTTPRequestHandler):
         if not path.startswith(("/api/", "/toolbox/")):
             raise ApiError(404, f"Cannot {method} {path}")
 
+        limited = emulator.throttler.check(emulator.config.throttle_limits, emulator.config.throttle_window_seconds,
+                                           method, path)
+        if limited is not None:
+            entry["outcome"] = "throttled"
+            raise limited
         rule = emulator.faults.pick(method, path)
         if rule is not None:
             entry["outcome"] = f"fault:{rule.action}"
@@ -444,4 +450,11 @@ def admin(emulator: Emulator, method: str, path: str, query: dict[str, list[str]
     if route == "/tick" and method == "POST":
         emulator.tick()
         return Reply(200, {"ticked": True})
+    match = re.fullmatch(r"/snapshots/([^/]+)/deactivate-unused", route)
+    if match and method == "POST":
+        name = urllib.parse.unquote(match.group(1))
+        return Reply(200, habits.deactivate_unused_snapshot(emulator, name, _body(raw)))
+    match = re.fullmatch(r"/sandboxes/([^/]+)/fail", route)
+    if match and method == "POST":
+        return Reply(200, habits.fail_sandbox(emulator, urllib.parse.unquote(match.group(1)), _body(raw)))
     raise ApiError(404, f"Cannot {method} {path}")

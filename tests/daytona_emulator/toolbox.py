@@ -147,7 +147,7 @@ class Toolbox:
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0):
             raise daemon_error(400, "timeout must be a non-negative integer")
         assert sb.container_id
-        result = self.backend.run_command(sb.container_id, body["command"], sb.user, cwd or None, envs,
+        result = self.backend.run_command(sb.container_id, body["command"], _runs_as(sb), cwd or None, envs,
                                           timeout or None, uuid.uuid4().hex)
         if result.timed_out:
             raise daemon_error(
@@ -198,7 +198,7 @@ class Toolbox:
                 raise daemon_error(409, f"session {session_id} already exists")
         assert sb.container_id
         marker = f"{sb.id}/{session_id}"
-        exec_id, sock = self.backend.shell(sb.container_id, sb.user, None, {SESSION_MARKER: marker})
+        exec_id, sock = self.backend.shell(sb.container_id, _runs_as(sb), None, {SESSION_MARKER: marker})
         directory = f"{SESSION_ROOT}/{hashlib.sha1(session_id.encode()).hexdigest()[:16]}"
         session = ShellSession(sb.id, session_id, sb.container_id, exec_id, sock, directory)
         with self.lock:
@@ -353,7 +353,7 @@ class Toolbox:
                 continue
             target = self._abs(sb, target)
             try:
-                self.backend.write_file(sb.container_id, target, data, sb.uid, sb.gid, sb.user)
+                self.backend.write_file(sb.container_id, target, data, sb.uid, sb.gid, _runs_as(sb))
                 written.append({"path": target, "bytes": len(data)})
             except BackendError as exc:
                 errors.append(f"{target}: {exc}")
@@ -392,7 +392,7 @@ class Toolbox:
     def _as_user(self, sb: SandboxRecord, script: str, *args: str, user: str | None = None) -> tuple[int, str]:
         assert sb.container_id
         result = self.backend.exec_argv(sb.container_id, ["/bin/sh", "-c", script, "daytona-fs", *args],
-                                        user=user or sb.user)
+                                        user=user or _runs_as(sb))
         return result.exit_code, result.output.decode("utf-8", "replace")
 
     def list_files(self, sb: SandboxRecord, path: str, raw_depth: str | None) -> Reply:
@@ -464,11 +464,16 @@ class Toolbox:
 
     def home_dir(self, sb: SandboxRecord) -> str:
         code, output = self._as_user(sb, 'printf %s "$HOME"')
-        return output.strip() if code == 0 and output.strip() else ("/root" if sb.user == "root" else "/")
+        return output.strip() if code == 0 and output.strip() else ("/root" if _runs_as(sb) == "root" else "/")
 
     def work_dir(self, sb: SandboxRecord) -> str:
         assert sb.container_id
         return self.backend.container_workdir(sb.container_id) or self.home_dir(sb)
+
+
+def _runs_as(sb: SandboxRecord) -> str:
+    """The daemon's user: toolbox calls run as it (the image's USER on Daytona, not the create's os_user)."""
+    return sb.process_user or sb.user
 
 
 def _json(body: bytes) -> Any:

@@ -3,8 +3,9 @@
 Runs only when DAYTONA_API_KEY is set; otherwise every test reports SKIPPED (never passed). It uses
 DAYTONA_API_URL / DAYTONA_TARGET when set, and starts boxes from the snapshot (or registry image) named
 by AGENTBOX_DAYTONA_LIVE_IMAGE (default agentbox/box:latest: make that snapshot first, see
-docs/providers/daytona.md). AGENTBOX_DAYTONA_LIVE_CHECKPOINT=1 adds a checkpoint round trip (a
-snapshot is created and deleted). Everything it makes is deleted at the end, even on failure.
+docs/providers/daytona.md). It checks that commands run as vscode (Daytona runs them as the image's
+USER), and makes a checkpoint round trip: a snapshot is captured, a second box restored from it, both
+deleted. Everything it makes is deleted at the end, even on failure.
 
     DAYTONA_API_KEY=... .venv/bin/pytest -rs tests/integration/test_daytona_live.py
 """
@@ -64,6 +65,8 @@ def test_create_exec_files_preview(live: dict) -> None:
     assert (run.rc, run.stdout, run.stderr) == (5, b"out", b"err")
     assert provider.exec(name, ["id", "-un"]).stdout == b"vscode\n"
     assert provider.exec(name, ["id", "-un"], user="root").stdout == b"root\n"
+    owned = provider.exec(name, ["sh", "-c", 'f=$HOME/.owner; : > "$f"; stat -c %U "$f"; echo "$HOME"; rm "$f"'])
+    assert owned.stdout == b"vscode\n/home/vscode\n"
     assert provider.exec(name, ["cat", "/run/agentbox/secrets/token"]).stdout == b"live-secret"
     env = provider.exec(name, ["env"]).stdout
     assert b"live-secret" not in env
@@ -95,11 +98,10 @@ def test_pause_resume(live: dict) -> None:
     assert provider.exec(name, ["true"]).rc == 0
 
 
-@pytest.mark.skipif(
-    os.environ.get("AGENTBOX_DAYTONA_LIVE_CHECKPOINT") != "1", reason="set AGENTBOX_DAYTONA_LIVE_CHECKPOINT=1"
-)
-def test_snapshot_round_trip(live: dict) -> None:
+def test_checkpoint_round_trip(live: dict) -> None:
+    from ansible_collections.agentbox.box.plugins.module_utils import _naming
     from ansible_collections.agentbox.box.plugins.module_utils._daytona import snapshot_name
+    from ansible_collections.agentbox.box.plugins.module_utils._provider import BoxSpec
 
     provider, name = live["provider"], live["name"]
     provider.exec(name, ["sh", "-c", "echo kept > /home/vscode/kept.txt"]).check("write")
@@ -110,3 +112,15 @@ def test_snapshot_round_trip(live: dict) -> None:
     print(f"live checkpoint: {time.monotonic() - started:.1f} s")
     assert provider.image_exists(snapshot)
     assert provider.exec(name, ["cat", "/home/vscode/kept.txt"]).stdout == b"kept\n"
+    restored, box_id = f"{name}-r", uuid.uuid4().hex[:8]
+    labels = _naming.box_labels(box=restored, box_id=box_id, project="1" * 16, workspace="/live-smoke", branch="",
+                                image_fingerprint="", provider="daytona", engine=provider.engine)  # fmt: skip
+    started = time.monotonic()
+    try:
+        provider.create(BoxSpec(name=restored, box_id=box_id, project="1" * 16, workspace="/live-smoke",
+                                image=snapshot, labels=labels))  # fmt: skip
+        print(f"live restore: {time.monotonic() - started:.1f} s")
+        assert provider.exec(restored, ["cat", "/home/vscode/kept.txt"]).stdout == b"kept\n"
+        assert provider.exec(restored, ["id", "-un"]).stdout == b"vscode\n"
+    finally:
+        provider.destroy(restored)

@@ -49,8 +49,10 @@ def fleet() -> Iterator[dict]:
                 ["sh", "-c", f"mkdir -p ~/.agentbox && touch -d @{old} ~/.agentbox/last-activity && "
                              f"echo x > /workspace/file && find /workspace -exec touch -h -d @{old} {{}} +"],
             ).check("idle box setup")  # fmt: skip
-            # The busy agent: a live tmux window (its activity is now).
-            provider.exec(names["busy"], ["tmux", "new-session", "-d", "-s", "agent", "sleep 600"]).check("tmux")
+            # The busy agent: a live tmux window that keeps printing (its activity stays recent however long
+            # the tests take: window_activity moves with the window's output).
+            provider.exec(names["busy"], ["tmux", "new-session", "-d", "-s", "agent",
+                                          "while :; do date; sleep 5; done"]).check("tmux")  # fmt: skip
             yield {"provider": provider, "names": names, "admin": admin, "api_url": api_url, "api_key": api_key}
         finally:
             for name in names.values():

@@ -105,7 +105,7 @@ def test_parse_wait_output_edge_cases() -> None:
 def test_retry_classification_on_sdk_errors() -> None:
     limited = DaytonaRateLimitError("slow down", status_code=429, headers={"Retry-After": "3"})
     assert dt.is_retryable(limited) and dt.backoff_delay(0, limited) == 3.0
-    assert dt.backoff_delay(0, DaytonaRateLimitError("x", status_code=429, headers={"Retry-After": "999"})) == 10.0
+    assert dt.backoff_delay(0, DaytonaRateLimitError("x", status_code=429, headers={"Retry-After": "999"})) == dt.MAX_RETRY_AFTER
     assert dt.is_retryable(DaytonaTimeoutError("gateway", status_code=504))
     assert not dt.is_retryable(DaytonaTimeoutError("our own wait ran out"))  # no status: not a gateway timeout
     assert not dt.is_retryable(DaytonaInternalServerError("boom", status_code=500))

@@ -1,0 +1,300 @@
+"""The daytona provider against the emulator behaving as the real Daytona service does (issue 19).
+
+Each test drives the provider (and, where it says so, the real SDK) the way the live service would be
+driven; the emulator's habits that make the difference are on by default (the toolbox runs as the image's
+USER) or switched on here through its run-time settings, with the real service's own behaviour as the model
+(daytonaio/daytona v0.190, SDK 0.226.1). Boxes are real containers from agentbox/box:latest.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+
+import docker
+import pytest
+
+from tests.daytona_emulator import running_emulator
+
+pytestmark = pytest.mark.integration
+
+IMAGE = "agentbox/box:latest"
+
+
+class Emu:
+    def __init__(self, api_url: str, api_key: str, admin) -> None:
+        self.api_url, self.api_key, self.admin = api_url, api_key, admin
+
+    def provider(self, **options):
+        from ansible_collections.agentbox.box.plugins.module_utils._daytona import DaytonaProvider
+
+        return DaytonaProvider(api_key=self.api_key, api_url=self.api_url, **options)
+
+    def sdk(self):
+        from daytona import Daytona, DaytonaConfig
+
+        return Daytona(DaytonaConfig(api_key=self.api_key, api_url=self.api_url))
+
+
+def spec(name: str, box_id: str | None = None, image: str = IMAGE):
+    from ansible_collections.agentbox.box.plugins.module_utils import _naming
+    from ansible_collections.agentbox.box.plugins.module_utils._provider import BoxSpec
+
+    box_id = box_id or uuid.uuid4().hex[:8]
+    project = "c" * 16
+    labels = _naming.box_labels(box=name, box_id=box_id, project=project, workspace="/nowhere", branch="",
+                                image_fingerprint="", provider="daytona", engine="test")  # fmt: skip
+    return BoxSpec(name=name, box_id=box_id, project=project, workspace="/nowhere", image=image, labels=labels)
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture(scope="module")
+def emu() -> Iterator[Emu]:
+    if not docker.from_env().images.list(name=IMAGE):
+        pytest.fail(f"{IMAGE} is missing: build it first (ansible-playbook playbooks/build_image.yml)")
+    with running_emulator(image=IMAGE) as (api_url, api_key, admin):
+        yield Emu(api_url, api_key, admin)
+
+
+@pytest.fixture(autouse=True)
+def _clean_settings(emu: Emu) -> Iterator[None]:
+    yield
+    emu.admin.clear_faults()
+
+
+def test_commands_files_secrets_and_idle_probe_are_the_box_users(emu: Emu) -> None:
+    """The daemon runs as the image's USER (root for the box image); the box user is still vscode."""
+    from ansible_collections.agentbox.box.plugins.modules.agentbox_reap import probe
+
+    provider = emu.provider()
+    name = unique("usr")
+    box = spec(name)
+    box.secrets = {"token": "t0ken"}
+    try:
+        facts = provider.create(box)
+        raw = emu.sdk().get(facts.container)
+        # What the daemon itself runs as (the same on Daytona: the box image has no USER).
+        assert raw.process.exec("id -un").result.strip() == "root"
+        assert provider.exec(name, ["id", "-un"]).text.strip() == "vscode"
+        assert provider.exec(name, ["sh", "-c", 'printf %s "$HOME"']).text == "/home/vscode"
+        assert provider.exec(name, ["id", "-un"], user="root").text.strip() == "root"
+        made = provider.exec(name, ["sh", "-c", "f=/workspace/.owner-check; : > $f && stat -c %U $f && rm $f"])
+        assert made.check("owner").text.strip() == "vscode"
+        piped = provider.exec(name, ["sh", "-c", "cat > /tmp/from-stdin; stat -c %U /tmp/from-stdin"], stdin=b"x")
+        assert piped.check("stdin").text.strip() == "vscode"
+        # Archives keep the owners they carry.
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as archive:
+            info = tarfile.TarInfo("owned.txt")
+            info.size, info.uid, info.gid, info.uname, info.gname = 2, 1000, 1000, "vscode", "vscode"
+            archive.addfile(info, io.BytesIO(b"ok"))
+        provider.put_archive(name, "/tmp", io.BytesIO(buffer.getvalue()))
+        assert provider.exec(name, ["stat", "-c", "%U", "/tmp/owned.txt"]).text.strip() == "vscode"
+        # The secret is the box user's to read.
+        assert provider.exec(name, ["cat", "/run/agentbox/secrets/token"]).check("secret").stdout == b"t0ken"
+        # The reaper's probe reads vscode's home, where agents leave their heartbeat.
+        provider.exec(name, ["sh", "-c", "mkdir -p ~/.agentbox && touch -d @1600000000 ~/.agentbox/last-activity"])
+        assert probe(provider, name, 30)["heartbeat"] == "1600000000"
+    finally:
+        provider.destroy(name)
+
+
+def _api(emu: Emu, method: str, path: str) -> dict:
+    """A plain API call, as any other client (or Daytona's own auto-stop timer) makes it."""
+    request = urllib.request.Request(f"{emu.api_url}{path}", data=b"" if method == "POST" else None, method=method)
+    request.add_header("Authorization", f"Bearer {emu.api_key}")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        body = response.read()
+    return json.loads(body) if body else {}
+
+
+def _settled(emu: Emu, sandbox_id: str, timeout: float = 120) -> dict:
+    """The sandbox once its state is its desired state (waited on with a deadline)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        sandbox = _api(emu, "GET", f"/sandbox/{sandbox_id}")
+        if sandbox["state"] == sandbox.get("desiredState") and not sandbox["state"].endswith("ing"):
+            return sandbox
+        assert time.monotonic() < deadline, f"sandbox {sandbox_id} did not settle: {sandbox['state']}"
+        time.sleep(0.2)  # polling the state, not synchronising on time
+
+
+@pytest.fixture
+def desired_state_lag(emu: Emu) -> Iterator[None]:
+    """Lifecycle calls only set the desired state; the state follows 2 s later (creates sit in `unknown`)."""
+    emu.admin.set_config(desired_state_seconds=2)
+    try:
+        yield
+    finally:
+        emu.admin.set_config(desired_state_seconds=0)
+
+
+def test_start_waits_out_a_stop_under_way(emu: Emu, desired_state_lag: None) -> None:
+    provider = emu.provider()
+    name = unique("dst")
+    try:
+        sandbox_id = provider.create(spec(name)).container
+        # A stop is under way (another client's, or Daytona's auto-stop): state still `started`, desired `stopped`.
+        answer = _api(emu, "POST", f"/sandbox/{sandbox_id}/stop?force=false")
+        assert (answer["state"], answer["desiredState"]) == ("started", "stopped")
+        assert provider.start(name).state == "running"
+        assert _settled(emu, sandbox_id)["state"] == "started"  # not stopped under the caller's feet
+        assert provider.exec(name, ["true"]).rc == 0
+    finally:
+        provider.destroy(name)
+
+
+def test_a_create_read_back_in_unknown_is_adopted(emu: Emu, desired_state_lag: None) -> None:
+    """The create's answer is lost; the sandbox, read back by name, is still `unknown`: wait, then adopt."""
+    provider = emu.provider()
+    name = unique("unk")
+    emu.admin.add_fault(method="POST", path="^/api/sandbox$", action="drop_after", times=1)
+    try:
+        facts = provider.create(spec(name))
+        assert facts.state == "running"
+        assert provider.exec(name, ["id", "-un"]).text.strip() == "vscode"
+        assert sum(1 for s in emu.admin.state()["sandboxes"] if s["name"] == name) == 1
+    finally:
+        provider.destroy(name)
+
+
+def test_a_failed_create_leaves_nothing(emu: Emu) -> None:
+    """The image cannot be had (the build fails): the SDK's wait raises without a status; nothing stays."""
+    from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
+
+    provider = emu.provider()
+    name = unique("bf")
+    with pytest.raises(ProviderError, match="build_failed"):
+        provider.create(spec(name, image="registry.invalid/agentbox/never-built:1"))
+    assert provider.find(name) is None
+    assert not [s for s in emu.sdk().list() if s.name == name]
+
+
+def test_a_recoverable_error_is_recovered(emu: Emu) -> None:
+    """A sandbox the runner reports broken but recoverable (a full disk) is recovered, not given up on."""
+    from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
+
+    provider = emu.provider()
+    name = unique("rec")
+    try:
+        sandbox_id = provider.create(spec(name)).container
+        emu.admin.fail_sandbox(sandbox_id, "no space left on device", recoverable=True)
+        assert provider.start(name).state == "running"
+        assert provider.exec(name, ["id", "-un"]).text.strip() == "vscode"
+        emu.admin.fail_sandbox(sandbox_id, "the runner is gone", recoverable=False)
+        with pytest.raises(ProviderError, match="cannot recover it: destroy it"):
+            provider.start(name)
+    finally:
+        provider.destroy(name)
+
+
+def test_a_capture_whose_answer_is_lost_waits_for_its_snapshot(emu: Emu) -> None:
+    """The snapshot exists only once the capture ends; a lost answer must not be read as a failed capture."""
+    from ansible_collections.agentbox.box.plugins.module_utils._daytona import snapshot_name
+
+    provider = emu.provider()
+    name = unique("cap")
+    image = snapshot_name("c" * 16, "lost")
+    try:
+        provider.create(spec(name))
+        provider.exec(name, ["sh", "-c", "echo kept > /workspace/kept.txt"]).check("write")
+        emu.admin.set_config(transition_seconds=2)  # captures (and the rest) take a while
+        emu.admin.add_fault(method="POST", path=r"^/api/sandbox/[^/]+/snapshot$", action="drop_after", times=1)
+        made = provider.commit(name, image, {})
+        assert made["id"]
+        assert provider.find(name).state == "running"
+    finally:
+        emu.admin.set_config(transition_seconds=0)
+        provider.destroy(name)
+        provider.delete_snapshot(image)
+
+
+def test_an_inactive_snapshot_is_activated_to_restore_from(emu: Emu) -> None:
+    """Daytona deactivates snapshots unused for 14 days; a restore activates it rather than calling it gone."""
+    from ansible_collections.agentbox.box.plugins.module_utils._daytona import snapshot_name
+
+    provider = emu.provider()
+    source, restored = unique("src"), unique("rst")
+    image = snapshot_name("c" * 16, "old")
+    try:
+        provider.create(spec(source))
+        provider.exec(source, ["sh", "-c", "echo kept > /workspace/kept.txt"]).check("write")
+        provider.commit(source, image, {})
+        emu.admin.deactivate_unused_snapshot(image)
+        assert provider.image_exists(image)  # not a broken checkpoint
+        provider.create(spec(restored, image=image))
+        assert provider.exec(restored, ["cat", "/workspace/kept.txt"]).check("read").stdout == b"kept\n"
+        assert emu.sdk().snapshot.get(image).state == "active"
+    finally:
+        provider.destroy(restored)
+        provider.destroy(source)
+        provider.delete_snapshot(image)
+
+
+def test_rate_limits_are_waited_out_as_the_throttler_asks(emu: Emu) -> None:
+    """Daytona's throttlers answer 429 with `Retry-After-<throttler>` (no plain Retry-After), per window."""
+    provider = emu.provider()
+    name = unique("thr")
+    try:
+        provider.create(spec(name))
+        emu.admin.set_config(throttle_limits={"sandbox-lifecycle": 1}, throttle_window_seconds=8)
+        since = emu.admin.requests()[-1]["seq"]
+        provider.stop(name)  # the window's one lifecycle call
+        assert provider.start(name).state == "running"  # refused until the window ends, then made
+        throttled = [r for r in emu.admin.requests(since) if r.get("outcome") == "throttled"]
+        assert throttled and all(r["path"].endswith("/start") for r in throttled)
+    finally:
+        emu.admin.set_config(throttle_limits={})
+        provider.destroy(name)
+
+
+def test_configuration_ignores_dotenv_files_in_the_working_directory(emu: Emu, tmp_path, monkeypatch) -> None:
+    """The SDK reads ./.env for what its config leaves empty; the workspace an agent writes is no config."""
+    from ansible_collections.agentbox.box.plugins.module_utils import _daytona as dt
+    from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
+
+    (tmp_path / ".env").write_text(f"DAYTONA_TARGET=elsewhere\nDAYTONA_API_KEY={emu.api_key}\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DAYTONA_TARGET", raising=False)
+    monkeypatch.delenv("DAYTONA_API_KEY", raising=False)
+    monkeypatch.setattr(dt, "_CLIENTS", {})  # clients made elsewhere in this process do not count
+    with pytest.raises(ProviderError, match="no Daytona API key"):
+        dt.DaytonaProvider(api_url=emu.api_url).find("anything")
+    provider = emu.provider()
+    name = unique("env")
+    try:
+        facts = provider.create(spec(name))
+        assert emu.admin.sandbox_internal(facts.container)["target"] != "elsewhere"
+    finally:
+        provider.destroy(name)
+    assert (tmp_path / ".env").exists() and tmp_path.samefile(".")  # back where it was
+
+
+def test_deleted_sandboxes_linger_as_ghosts_that_are_no_boxes(emu: Emu, desired_state_lag: None) -> None:
+    """Deleted elsewhere (another client, auto-delete): renamed DESTROYED_<name>_<ms>, still `started` for a
+    while, desired state `destroyed`. Listings skip it, and its name is free again at once."""
+    provider = emu.provider()
+    name = unique("gho")
+    try:
+        facts = provider.create(spec(name))
+        answer = _api(emu, "DELETE", f"/sandbox/{facts.container}")
+        assert answer["name"].startswith(f"DESTROYED_{name}_") and answer["desiredState"] == "destroyed"
+        ghost = _api(emu, "GET", f"/sandbox/{facts.container}")
+        assert ghost["state"] == "started"  # lingering
+        assert name not in [box.name for box in provider.list_boxes(project="c" * 16)]
+        assert provider.find(name) is None
+        again = provider.create(spec(name))  # the name is free while the ghost lingers
+        assert again.container != facts.container and again.state == "running"
+        assert [box.container for box in provider.list_boxes(project="c" * 16) if box.name == name] == [
+            again.container
+        ]
+    finally:
+        provider.destroy(name)

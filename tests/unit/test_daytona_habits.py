@@ -1,0 +1,81 @@
+"""Unit tests of the Daytona provider's reading of the real service's habits (issue 19): states with a
+desired state, ghosts of deleted sandboxes, per-throttler Retry-After headers, the in-box user switch."""
+
+from __future__ import annotations
+
+import getpass
+import subprocess
+from types import SimpleNamespace
+
+from daytona import DaytonaRateLimitError
+
+from ansible_collections.agentbox.box.plugins.module_utils import _daytona as dt
+from ansible_collections.agentbox.box.plugins.module_utils import _daytona_state as st
+
+
+def sandbox(state: str, desired: str | None = None, name: str = "box") -> SimpleNamespace:
+    return SimpleNamespace(state=state, desired_state=desired, name=name)
+
+
+def test_a_state_counts_only_once_the_sandbox_is_heading_there() -> None:
+    assert st.settled("started", "started") and st.settled("started", "")
+    assert not st.settled("started", "stopped")  # a stop (or auto-stop) is under way
+    assert st.settled("archiving", "archived")
+    assert st.changing("started", "stopped") and st.changing("unknown", "started")
+    assert not st.changing("stopped", "archived")  # start is still allowed there
+    assert not st.changing("stopped", "stopped")
+
+
+def test_unknown_reads_as_where_the_sandbox_is_heading() -> None:
+    assert st.box_state_of(sandbox("unknown", "started")) == "running"
+    assert st.box_state_of(sandbox("unknown", "stopped")) == "stopped"
+    assert st.box_state_of(sandbox("archived", "archived")) == "paused"
+    assert st.state_name(SimpleNamespace(value="UNKNOWN_DEFAULT_OPEN_API")) == "unknown"
+    assert "unknown" in st.TRANSITIONAL
+
+
+def test_ghosts_of_deleted_sandboxes_are_never_boxes() -> None:
+    assert st.is_ghost(sandbox("started", "destroyed"))  # deleted, not yet torn down
+    assert st.is_ghost(sandbox("stopped", "stopped", name="DESTROYED_box_1732900000000"))
+    assert st.is_ghost(sandbox("destroyed", "destroyed"))
+    assert not st.is_ghost(sandbox("started", "started"))
+    assert st.box_state_of(sandbox("started", "destroyed")) == "missing"
+
+
+def test_snapshots_inactive_are_usable_failed_are_not() -> None:
+    assert st.snapshot_usable(SimpleNamespace(state="inactive"))
+    assert st.snapshot_usable(SimpleNamespace(state="active"))
+    assert not st.snapshot_usable(SimpleNamespace(state="build_failed"))
+    assert not st.snapshot_usable(None)
+
+
+def test_per_throttler_retry_after_headers_are_honoured() -> None:
+    named = DaytonaRateLimitError(
+        "slow down", status_code=429, headers={"Retry-After-sandbox-lifecycle": "42", "X-RateLimit-Limit-x": "1"}
+    )
+    assert dt.retry_after(named) == 42.0 and dt.backoff_delay(0, named) == 42.0
+    both = DaytonaRateLimitError("x", status_code=429, headers={"retry-after-authenticated": "5", "Retry-After": "7"})
+    assert dt.retry_after(both) == 7.0  # the longest wait asked for
+    dated = DaytonaRateLimitError("x", status_code=429, headers={"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"})
+    assert dt.retry_after(dated) is None and dt.backoff_delay(1, dated) == 1.0
+    assert dt.MAX_RETRY_AFTER >= 60 and dt.RETRY_DEADLINE_SECONDS > dt.MAX_RETRY_AFTER
+
+
+def test_command_line_switches_user_in_the_box_only_when_needed() -> None:
+    me = getpass.getuser()
+    line = dt.command_line(["sh", "-c", 'id -un; printf %s "$V"'], user=me, env={"V": "a b"})
+    done = subprocess.run(["sh", "-c", line], capture_output=True, text=True, check=False)
+    assert (done.returncode, done.stdout) == (0, f"{me}\na b")  # already that user: no sudo involved
+    assert "agentbox-as" in line and "sudo -n -E -H -u" in dt.AS_USER_SCRIPT
+    # With the daemon's user known, the old static form is kept.
+    assert dt.command_line(["id"], user="vscode", sandbox_user="vscode") == "sh -c 'exec id'"
+
+
+def test_listings_drop_ghosts_and_repeats() -> None:
+    first = SimpleNamespace(id="a", state="started", desired_state="started", name="a")
+    moved = SimpleNamespace(id="a", state="stopped", desired_state="stopped", name="a")  # read again, later page
+    ghost = SimpleNamespace(id="g", state="started", desired_state="destroyed", name="DESTROYED_g_1")
+    other = SimpleNamespace(id="b", state="archived", desired_state="archived", name="b")
+    assert st.live_sandboxes([first, ghost, other, moved]) == [moved, other]
+    assert st.live_sandboxes([first, SimpleNamespace(id="a", state="destroying", desired_state="destroyed",
+                                                     name="DESTROYED_a_2")]) == []  # fmt: skip
