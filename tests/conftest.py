@@ -46,8 +46,6 @@ GIT_ENV = {
 ALLOWED_SKIPS: tuple[tuple[str, Callable[[], bool], str], ...] = (
     (r"\bDAYTONA_API_KEY\b", lambda: not os.environ.get("DAYTONA_API_KEY"),
      "live Daytona tests, when DAYTONA_API_KEY is not set"),
-    (r"\bAGENTBOX_DAYTONA_LIVE_CHECKPOINT\b", lambda: os.environ.get("AGENTBOX_DAYTONA_LIVE_CHECKPOINT") != "1",
-     "the live Daytona snapshot round trip, unless AGENTBOX_DAYTONA_LIVE_CHECKPOINT=1"),
     (r"\bBOXD_API_KEY\b", lambda: not os.environ.get("BOXD_API_KEY"),
      "live boxd tests, when BOXD_API_KEY is not set"),
     (r"^needs root\b", lambda: os.geteuid() != 0, "root-only tests (reason starting 'needs root'), when not root"),
