@@ -13,7 +13,6 @@ import re
 import secrets
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -129,15 +128,13 @@ def test_role_twice_second_run_changes_nothing(client: Any, repository: str, tmp
     assert image_id(client, f"{repository}:latest") == image.id
     assert first["result"]["size"] == image.attrs["Size"] > 0
 
-    started = time.monotonic()
     second_out, second = run_playbook(tmp_path, [role_task, save])
-    seconds = time.monotonic() - started
     assert second["result"]["changed"] is False
     assert second["result"]["built"] is False and second["ref"] == tag
     recap = [line for line in second_out.splitlines() if line.startswith("localhost")]
     assert recap and "changed=0" in recap[-1], second_out[-3000:]
     assert "already built" in second_out
-    assert seconds < 60, f"no-op run took {seconds:.1f}s"
+    assert image_id(client, tag) == image.id  # the same image, not a rebuild of it
 
 
 def test_role_image_has_the_user_and_programs(client: Any, repository: str, tmp_path: Path) -> None:
@@ -175,7 +172,7 @@ def test_module_builds_reuses_and_rebuilds_on_change(client: Any, repository: st
 
     built = run_module(tmp_path, args)
     assert built["changed"] is True and built["built"] is True, built.get("msg")
-    assert built["base_source"] in ("present", "pulled", "debootstrap")
+    assert built["base_source"] == "present"  # the base is on the engine (the box image was built from it)
     assert built["tag"] == f"{repository}:{built['fingerprint'][:16]}"
     assert image_id(client, built["tag"]) == image_id(client, f"{repository}:latest") == built["image_id"]
     log_text = Path(built["log"]).read_text()

@@ -177,12 +177,9 @@ def http_get(port: int) -> tuple[int, str]:
 def test_sample_project_becomes_ready_serves_http_and_skips_install_after_restart(supervised):
     http_port, web_port = free_port(), free_port()
     box = supervised(sample_project(http_port), web_port=web_port)
-    started = time.monotonic()
     ready = box.ctl("wait-ready", "--timeout", "30")
-    elapsed = time.monotonic() - started
     assert ready.returncode == 0, ready.stderr
     assert ready.stdout.strip() == "ready"
-    assert elapsed < 10, f"wait-ready took {elapsed:.1f}s"
 
     status = box.status()
     install = status["tasks"][0]
@@ -422,11 +419,9 @@ def test_wait_ready_times_out_with_exit_3(supervised):
         command: exec sleep 300
         ready_when: {{port: {free_port()}, timeout_ms: 60000}}
     """)
-    started = time.monotonic()
     result = box.ctl("wait-ready", "--timeout", "1")
     assert result.returncode == 3
-    assert time.monotonic() - started < 5
-    assert "never: starting" in result.stderr
+    assert "not ready after 1s; still waiting for:" in result.stderr and "never: starting" in result.stderr
 
 
 def test_autostart_false_needs_pull_in_stop_and_start(supervised):
@@ -535,12 +530,13 @@ def test_logs_tail_follow_and_rotation(supervised):
     assert lines[:2] == ["line 5999 padding padding padding", "done-writing"]
 
     env = dict(os.environ, AGENTBOX_CTL_SOCKET=str(box.socket))
-    follower = subprocess.Popen([sys.executable, str(CTL), "logs", "chatty", "--tail", "0", "--follow"],
+    follower = subprocess.Popen([sys.executable, str(CTL), "logs", "chatty", "--tail", "1", "--follow"],
                                 stdout=subprocess.PIPE, text=True, env=env)
     watchdog = threading.Timer(20, follower.kill)  # a readline that never returns must not hang the suite
     watchdog.start()
     try:
-        time.sleep(0.5)
+        # The daemon sends the tail, then registers the follower: once the tail is here, it follows.
+        assert follower.stdout.readline() == lines[2] + "\n"
         assert box.ctl("restart", "chatty").returncode == 0
         seen = [follower.stdout.readline() for _round in range(8)]  # events of the restart, then fresh output
         assert any("killed by SIGTERM" in line for line in seen), seen

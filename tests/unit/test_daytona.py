@@ -87,9 +87,7 @@ def test_wait_reports_pending_lost_and_not_started(tmp_path: Path) -> None:
     lost.mkdir(parents=True)
     (lost / "pid").write_text("999999\n")  # no such process, and no exit status
     assert _wait(lost)[0] == "LOST"
-    started = time.monotonic()
     assert _wait(tmp_path / "e" / "never", 1)[0] == "NOTSTARTED"
-    assert time.monotonic() - started < 5
 
 
 def test_parse_wait_output_edge_cases() -> None:
@@ -215,7 +213,5 @@ def test_forked_child_forgets_the_parents_clients() -> None:
 
 def test_refused_connection_is_unreachable_after_bounded_retries() -> None:
     provider = dt.DaytonaProvider(api_key="k", api_url="http://127.0.0.1:9/api")  # nothing listens on port 9
-    started = time.monotonic()
     with pytest.raises(dt.EngineUnreachable, match="did not answer after 4 attempts"):
         provider.find("x")
-    assert time.monotonic() - started < 10

@@ -33,11 +33,21 @@ def test_split_destination(engine, expected):
     assert _ssh.split_destination(engine) == expected
 
 
-@pytest.mark.parametrize("engine", ["", "a b", "root@host:notaport", "user@", "host:70000", "ssh://"])
-def test_bad_destination_says_what_to_write(engine):
+@pytest.mark.parametrize(
+    ("engine", "advice"),
+    [
+        ("", "use an ~/.ssh/config alias or user@host[:port]"),
+        ("a b", "use an ~/.ssh/config alias or user@host[:port]"),
+        ("root@host:notaport", "use an ~/.ssh/config alias or user@host[:port]"),
+        ("user@", "use an ~/.ssh/config alias or user@host[:port]"),
+        ("ssh://", "use an ~/.ssh/config alias or user@host[:port]"),
+        ("host:70000", "port 70000 is out of range 1-65535"),
+    ],
+)
+def test_bad_destination_says_what_to_write(engine, advice):
     with pytest.raises(ProviderError) as failure:
         _ssh.split_destination(engine)
-    assert "user@host[:port]" in str(failure.value) or "out of range" in str(failure.value)
+    assert f"engine {engine!r}" in str(failure.value) and advice in str(failure.value)
 
 
 def write(path: Path, text: str) -> str:
