@@ -8,6 +8,7 @@ Every test removes its boxes, checkpoint images and temp dirs, failed or not.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -72,6 +73,16 @@ class Lab:
     def git(self, repo: Path, *args: str) -> str:
         done = subprocess.run([*GIT, "-C", str(repo), *args], capture_output=True, text=True, check=True)
         return done.stdout.strip()
+
+    def host_git_state(self, repo: Path) -> dict[str, str]:
+        """What a box must never change in the host's .git: refs (stash included), HEAD, index, config."""
+        dot_git = repo / ".git"
+        return {
+            "refs": self.git(repo, "for-each-ref", "--format=%(refname) %(objectname)"),
+            "HEAD": (dot_git / "HEAD").read_text(),
+            "index": hashlib.sha256((dot_git / "index").read_bytes()).hexdigest(),
+            "config": (dot_git / "config").read_text(),
+        }
 
     def chown(self, path: Path) -> None:
         subprocess.run(["chown", "-R", "1000:1000", str(path)], check=True)
@@ -191,6 +202,7 @@ def test_warm_state_survives_restore_and_source_is_untouched(lab: Lab) -> None:
         " && echo '// box edit, uncommitted' >> app.js",
     )
     before_source = lab.sh(source, "cd /workspace && git rev-parse HEAD && git status --porcelain && cat .git && ls -A")
+    host_git_before = lab.host_git_state(workspace)
 
     saved = lab.ok_checkpoint(box=source)
     checkpoint = saved["checkpoint"]
@@ -224,8 +236,12 @@ def test_warm_state_survives_restore_and_source_is_untouched(lab: Lab) -> None:
     labels = lab.client.images.get(manifest["image"]).labels
     assert labels["io.agentbox.kind"] == "checkpoint" and labels["io.agentbox.checkpoint"] == checkpoint["name"]
     assert labels["io.agentbox.project"] == project and labels["io.agentbox.checkpoint.commit"] == manifest["commit"]
-    # The cleanup ran in the box, but never reached the host .git bind-mounted under /tmp.
-    assert lab.git(workspace, "rev-parse", "HEAD") and (workspace / ".git" / "HEAD").exists()
+    # The cleanup ran in the box, but never reached the host .git bind-mounted under /tmp: the one
+    # change there is the ref the controller adds to keep the checkpoint's commit.
+    pin = f"refs/agentbox/checkpoints/{project}/{checkpoint['name']} {checkpoint['commit']}"
+    expected = {**host_git_before, "refs": "\n".join(sorted([*host_git_before["refs"].splitlines(), pin]))}
+    after = lab.host_git_state(workspace)
+    assert {**after, "refs": "\n".join(sorted(after["refs"].splitlines()))} == expected
 
     # The host moves on: a commit that touches the box's line too, new uncommitted work, a new untracked file.
     (workspace / "README.md").write_text("line 1\nline 2 (host)\nline 3\nline 4\nline 5 (host)\n")
@@ -361,7 +377,10 @@ def test_secrets_are_in_neither_kind_of_checkpoint(lab: Lab) -> None:
     assert lab.sh(box, "cat /run/agentbox/secrets/ANTHROPIC_API_KEY") == api_key
     assert api_key not in lab.sh(box, "env") and token not in lab.sh(box, "env")
     # An agent copying a secret into the environment of its own processes does not matter: only files count.
-    lab.sh(box, "cd /workspace && echo 'work' > work.txt")
+    # Positive control: a random token in a file of the box, which the search must find (a plain word
+    # could also match inside other files and prove nothing).
+    work_marker = f"work-{secrets.token_hex(12)}".encode()
+    lab.sh(box, f"cd /workspace && echo '{work_marker.decode()}' > work.txt")
     needles = [token.encode(), api_key.encode()]
     for merged in (False, True):
         saved = lab.ok_checkpoint(box=box, name=f"sec-{int(merged)}", merged=merged)["checkpoint"]
@@ -369,10 +388,8 @@ def test_secrets_are_in_neither_kind_of_checkpoint(lab: Lab) -> None:
         inspect = subprocess.run(["docker", "image", "inspect", saved["image"]], capture_output=True, check=True).stdout
         assert b"visible" in inspect  # the search would see env values
         assert not any(n in inspect for n in needles), saved["type"]
-        assert _filesystem_contains(lab.client, saved["image"], [*needles, b"made-sure-search-works"]) == [], saved[
-            "type"
-        ]
-        assert _filesystem_contains(lab.client, saved["image"], [b"work\n"]) == [b"work\n"]
+        # One pass over the exported filesystem: the marker is found, no secret is.
+        assert _filesystem_contains(lab.client, saved["image"], [*needles, work_marker]) == [work_marker], saved["type"]
 
     # A box whose environment holds one of its secrets is refused, and nothing is made.
     leaky = lab.ok_box("leak", workspace, secrets={"API_KEY": api_key}, env={"COPIED": api_key})["box"]["name"]

@@ -1,0 +1,126 @@
+"""The lifecycle playbooks refuse missing or bad arguments with a message saying what to pass, before
+any task that changes something; prune_checkpoints.yml removes only what nothing refers to."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import pytest
+
+from tests.conftest import REPO, make_repo
+
+pytestmark = pytest.mark.integration
+
+VENV_BIN = REPO / ".venv" / "bin"
+
+
+def playbook(name: str, *args: str, home: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
+    if home is not None:
+        env["HOME"] = str(home)
+    argv = [str(VENV_BIN / "ansible-playbook"), "-i", "localhost,", "-e", f"ansible_python_interpreter={sys.executable}",
+            f"playbooks/{name}", *args]  # fmt: skip
+    return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
+
+
+def recap(stdout: str) -> dict[str, int]:
+    line = next(line for line in reversed(stdout.splitlines()) if line.startswith("localhost"))
+    return {key: int(value) for key, value in (item.split("=") for item in line.split(":", 1)[1].split())}
+
+
+MISSING = [
+    ("box_state.yml", [], "use -e box=NAME -e state=started|paused|stopped"),
+    ("box_state.yml", ["-e", "box=some-box"], "use -e box=NAME -e state=started|paused|stopped"),
+    ("box_state.yml", ["-e", "box=some-box", "-e", "state=sleeping"], "use -e box=NAME -e state=started|paused|stopped"),
+    ("box_state.yml", ["-e", "state=paused"], "use -e box=NAME -e state=started|paused|stopped"),
+    ("checkpoint.yml", [], "pass the box to checkpoint: -e box=NAME"),
+    ("checkpoint.yml", ["-e", "box="], "pass the box to checkpoint: -e box=NAME"),
+    ("destroy_box.yml", [], "say which box: -e box=NAME"),
+    ("destroy_box.yml", ["-e", "box="], "say which box: -e box=NAME"),
+    ("switch_box.yml", [], "say which box to switch to: -e box=NAME"),
+    ("fleet_create.yml", ["-e", "count=2"], "No engines in inventory group 'engines'"),
+]
+
+
+@pytest.mark.parametrize(("name", "args", "message"), MISSING, ids=[f"{m[0]}:{' '.join(m[1]) or 'none'}" for m in MISSING])
+def test_missing_or_bad_arguments_fail_first_with_what_to_pass(name: str, args: list[str], message: str) -> None:
+    done = playbook(name, *args)
+    assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-2000:]
+    assert message in done.stdout, done.stdout[-3000:]
+    # The check is the first task and the play stops there: nothing ran that could change anything.
+    assert recap(done.stdout) | {"ok": 0} == {"ok": 0, "changed": 0, "unreachable": 0, "failed": 1, "skipped": 0,
+                                               "rescued": 0, "ignored": 0}  # fmt: skip
+    assert "TASK [" in done.stdout and done.stdout.count("TASK [") == 1, done.stdout[-3000:]
+
+
+def test_switch_to_a_box_that_does_not_exist_says_how_to_list_them(docker_client: docker.DockerClient) -> None:
+    missing = f"nobox-{secrets.token_hex(4)}"
+    done = playbook("switch_box.yml", "-e", f"box={missing}")
+    assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-2000:]
+    assert f"no box called {missing}: list them with playbooks/list_boxes.yml" in done.stdout
+    assert recap(done.stdout)["changed"] == 0
+
+
+# -- prune_checkpoints.yml ----------------------------------------------------------------------------------
+@pytest.fixture
+def checkpoint_images(docker_client: docker.DockerClient, box_image: str, tmp_path: Path) -> Iterator[dict]:
+    """Three checkpoint tags of one workspace's project (on the box image's layers, nothing is built):
+    `orphan` (nothing refers to it), `kept` (a manifest does) and `used` (a container runs from it)."""
+    from ansible_collections.agentbox.box.plugins.module_utils import _naming
+
+    workspace = make_repo(tmp_path / "ws")
+    project = _naming.project_id(str(workspace))
+    home = tmp_path / "home"
+    refs = {name: _naming.checkpoint_image(project, name) for name in ("orphan", "kept", "used")}
+    image = docker_client.images.get(box_image)
+    for ref in refs.values():
+        repository, tag = ref.rsplit(":", 1)
+        image.tag(repository, tag)
+    manifest = home / ".agentbox" / "checkpoints" / project / "kept" / "manifest.json"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text(json.dumps({"name": "kept", "image": refs["kept"]}))
+    user = docker_client.containers.create(refs["used"], ["true"], name=f"agentbox-test-prune-{secrets.token_hex(4)}")
+    try:
+        yield {"workspace": workspace, "home": home, "refs": refs, "client": docker_client}
+    finally:
+        user.remove(force=True, v=True)
+        for ref in refs.values():
+            try:
+                docker_client.images.remove(ref)
+            except docker.errors.ImageNotFound:
+                pass
+
+
+def _tags(client: docker.DockerClient, refs: dict[str, str]) -> set[str]:
+    present = set()
+    for name, ref in refs.items():
+        try:
+            client.images.get(ref)
+            present.add(name)
+        except docker.errors.ImageNotFound:
+            pass
+    return present
+
+
+def test_prune_checkpoints_removes_only_what_nothing_refers_to(checkpoint_images: dict) -> None:
+    refs, client = checkpoint_images["refs"], checkpoint_images["client"]
+    scope = ["-e", f"workspace={checkpoint_images['workspace']}"]
+    planned = playbook("prune_checkpoints.yml", "--check", *scope, home=checkpoint_images["home"])
+    assert planned.returncode == 0, planned.stdout[-3000:] + planned.stderr[-2000:]
+    assert f"would remove: {refs['orphan']}" in planned.stdout, planned.stdout[-3000:]
+    assert _tags(client, refs) == {"orphan", "kept", "used"}  # check mode removed nothing
+
+    done = playbook("prune_checkpoints.yml", *scope, home=checkpoint_images["home"])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert f"removed: {refs['orphan']}" in done.stdout, done.stdout[-3000:]
+    assert _tags(client, refs) == {"kept", "used"}
+
+    again = playbook("prune_checkpoints.yml", *scope, home=checkpoint_images["home"])
+    assert again.returncode == 0 and "removed: nothing" in again.stdout, again.stdout[-3000:]
