@@ -10,13 +10,11 @@ from __future__ import annotations
 import json
 import secrets
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import docker
 import pytest
-
-docker = pytest.importorskip("docker")
 
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = str(REPO / ".venv" / "bin" / "ansible-playbook")
@@ -25,14 +23,9 @@ EXPECTED = {"claude": "(Claude Code)", "codex": "codex-cli ", "opencode": ""}
 
 
 @pytest.fixture(scope="module")
-def client() -> Iterator[Any]:
-    try:
-        engine = docker.from_env()
-        engine.ping()
-    except docker.errors.DockerException as exc:
-        pytest.skip(f"no Docker engine: {exc}")
-    yield engine
-    engine.close()
+def client(docker_client: docker.DockerClient) -> docker.DockerClient:
+    """The engine (tests/conftest.py fails the test when there is none: never a skip)."""
+    return docker_client
 
 
 def build(tmp_path: Path, repository: str, agents: list[str]) -> subprocess.CompletedProcess[str]:
