@@ -317,22 +317,41 @@ def worktree_records(facts: BoxFacts) -> list[dict[str, str]]:
         return []
 
 
-def destroy_box(provider: Provider, facts: BoxFacts, delete_branch: bool = False) -> dict[str, Any]:
-    """Remove the box, its volumes and its worktree registrations; the branch stays unless asked."""
+def destroy_box(
+    provider: Provider, facts: BoxFacts, delete_branch: bool = False, moved_to: str | None = None
+) -> dict[str, Any]:
+    """Remove the box, its volumes and its worktree registrations; the branch stays unless asked.
+
+    `moved_to`: where the workspace is now, when it moved after the box was made; its registrations
+    are found there by the box's id. What could not be found is reported, never claimed removed.
+    """
     provider.destroy(facts.name)
     if facts.id:
         _relay_state.forget_box(facts.id)
-    removed_worktrees = []
-    deleted_branches = []
+    removed_worktrees: list[str] = []
+    not_found: list[str] = []
+    deleted_branches: list[str] = []
     if provider.shares_host_filesystem:
         for record in worktree_records(facts):
+            repo_root = facts.workspace if not record["sub"] else f"{facts.workspace}/{record['sub']}"
             if _git.remove_worktree_registration(record["git_dir"], record["path"]):
                 removed_worktrees.append(record["path"])
-            if delete_branch and facts.branch:
-                repo_root = facts.workspace if not record["sub"] else f"{facts.workspace}/{record['sub']}"
-                _git.delete_branch(repo_root, facts.branch)
+            else:
+                found = _rollback.find_registration_by_id(moved_to, record, facts.id) if moved_to else None
+                if found and _git.remove_worktree_registration(found["common_dir"], record["path"]):
+                    removed_worktrees.append(record["path"])
+                    repo_root = found["root"]
+                else:
+                    not_found.append(
+                        f"{record['path']} in {record['git_dir']} (gone: if the workspace moved, remove it with "
+                        f"git -C <new path> worktree remove -f -f {record['path']})"
+                    )
+            if delete_branch and facts.branch and _rollback.remove_branch(repo_root, facts.branch):
                 deleted_branches.append(f"{repo_root}:{facts.branch}")
-    return {"worktrees_removed": removed_worktrees, "branches_deleted": deleted_branches}
+    report: dict[str, Any] = {"worktrees_removed": removed_worktrees, "branches_deleted": deleted_branches}
+    if not_found:
+        report["worktrees_not_found"] = not_found
+    return report
 
 
 def set_state(provider: Provider, facts: BoxFacts, state: str, boot: bool = True) -> BoxFacts:

@@ -105,8 +105,13 @@ def _run(
     workspace = None
     if params["workspace"] or (existing is None and state in ("present", "started")):
         workspace = _naming.workspace_path(params["workspace"])
+    moved_to = None
     if existing and params["workspace"]:
-        _box.check_owner(existing, _naming.project_id(workspace))
+        record = next(iter(_box.worktree_records(existing)), None)
+        if state == "absent" and record and _rollback.find_registration_by_id(workspace, record, existing.id):
+            moved_to = workspace  # the box's workspace, moved since: its registration names the box's id
+        else:
+            _box.check_owner(existing, _naming.project_id(workspace))
     before = existing.to_dict() if existing else {}
     result: dict = {"changed": False, "box": before}
 
@@ -115,7 +120,9 @@ def _run(
             result["changed"] = True
             result["box"] = {}
             if not check_mode:
-                result["destroyed"] = _box.destroy_box(provider, existing, delete_branch=params["delete_branch"])
+                result["destroyed"] = _box.destroy_box(
+                    provider, existing, delete_branch=params["delete_branch"], moved_to=moved_to
+                )
         elif not check_mode and name:
             # The container went (docker rm -f) but its volume, registrations and branch may not have.
             leftovers = _rollback.destroy_leftovers(provider, name, params["delete_branch"])

@@ -50,6 +50,27 @@ def remove_box_registration(common_dir: str, path: str, branch: str, box_id: str
     return None
 
 
+def remove_branch(repo_root: str, branch: str) -> bool:
+    """Delete a branch; True only when it existed and is gone."""
+    if not os.path.isdir(repo_root):
+        return False
+    return _git.git(repo_root, "update-ref", "-d", f"refs/heads/{branch}", check=False).returncode == 0
+
+
+def find_registration_by_id(workspace: str, record: dict[str, str], box_id: str) -> dict[str, str] | None:
+    """The repository under `workspace` (a moved workspace) holding the box's registration, found by
+    the box id in its lock reason: {root, common_dir}, or None."""
+    if not box_id or not os.path.isdir(workspace):
+        return None
+    for repo in _git.find_repos(workspace):
+        if repo.sub != record.get("sub", ""):
+            continue
+        for entry in registrations(repo.common_dir):
+            if entry.get("worktree") == record["path"] and f"id {box_id}" in entry.get("locked", ""):
+                return {"root": repo.root, "common_dir": repo.common_dir}
+    return None
+
+
 def _branch_made_by(repo_root: str, branch: str, box_id: str) -> bool:
     """True when the branch's reflog says this box's create reserved it."""
     log = _git.git(repo_root, "reflog", "show", "--format=%gs", f"refs/heads/{branch}", "--", check=False)
@@ -123,8 +144,7 @@ def destroy_leftovers(provider: Provider, name: str, delete_branch: bool) -> dic
             repo_root = workspace if not record.get("sub") else f"{workspace}/{record['sub']}"
             if not branch or not os.path.isdir(repo_root):
                 continue
-            gone = _git.git(repo_root, "update-ref", "-d", f"refs/heads/{branch}", check=False) if delete_branch else None
-            if (gone is not None and gone.returncode == 0) or (
+            if (delete_branch and remove_branch(repo_root, branch)) or (
                 not delete_branch and record.get("sub") == "" and delete_unused_branch(repo_root, branch, base)
             ):
                 report["branches_deleted"].append(f"{repo_root}:{branch}")

@@ -7,6 +7,7 @@ plugins/module_utils/_journal.py): the real create code runs up to there, then w
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -103,6 +104,37 @@ def agentbox_branches(repo: Path) -> list[str]:
 
 def index_copies(pid: int) -> list[str]:
     return [n for n in os.listdir(tempfile.gettempdir()) if n.startswith(f"agentbox-index-{pid}-")]
+
+
+def relays_of(home: Path) -> list[int]:
+    """Pids of relay daemons a create started for this HOME (creating a box starts one)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                argv = handle.read().split(b"\0")
+            with open(f"/proc/{entry}/environ", "rb") as handle:
+                environ = handle.read().split(b"\0")
+        except OSError:
+            continue
+        if any(b"_relay_main" in arg for arg in argv) and f"HOME={home}".encode() in environ:
+            pids.append(int(entry))
+    return pids
+
+
+def make_home(request: pytest.FixtureRequest) -> Path:
+    """A HOME of another controller user: its own journal; removed, with the relay it got, at the end.
+    Short: the relay's unix socket lives under $HOME and its path may not pass 107 bytes."""
+    home = Path(tempfile.mkdtemp(prefix="cs-home-"))
+
+    def remove() -> None:
+        for pid in relays_of(home):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        shutil.rmtree(home, ignore_errors=True)
+
+    request.addfinalizer(remove)
+    return home
 
 
 @pytest.fixture(scope="module")
@@ -229,9 +261,7 @@ def test_a_half_made_box_is_never_reported_ok(client: docker.DockerClient, works
     no seed record, and create says so instead of calling it healthy."""
     name = f"half-{os.urandom(3).hex()}"
     names.append(name)
-    # Short: the relay's unix socket lives under $HOME and its path may not pass 107 bytes.
-    other_home = Path(tempfile.mkdtemp(prefix="abh-"))
-    request.addfinalizer(lambda: shutil.rmtree(other_home, ignore_errors=True))
+    other_home = make_home(request)
     report = tmp_path / "paused"
     proc = start_create(workspace, name, "seeding", report, home=other_home)
     kill(proc, paused_at(proc, report))
