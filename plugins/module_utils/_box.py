@@ -205,9 +205,8 @@ def _create_claimed(
             secrets=dict(request.secrets),
         )
         journal.write(stage="creating")
-        if provider.shares_host_filesystem:
-            # The host relay's socket directory for this box (docs/relay.md); the relay starts if need be.
-            spec.mounts.update(_relay_state.attach_box(name, box_id, provider.name, provider.engine))
+        # The host relay serves the box (docs/relay.md): a socket directory to bind, or none; it starts if need be.
+        spec.mounts.update(_relay_state.attach_box(provider, name, box_id))
         facts = provider.create(spec)
         journal.write(stage="seeding")
         _journal.pause_point("created")

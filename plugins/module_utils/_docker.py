@@ -198,6 +198,11 @@ class DockerProvider(Provider):
         return self._engine
 
     @property
+    def ssh_options(self) -> dict[str, Any]:
+        """The SSH settings of a docker_ssh engine (the relay opens its own channel with them)."""
+        return dict(self._ssh_options)
+
+    @property
     def client(self) -> Any:
         return _client_for(self._engine, self._ssh_options)
 

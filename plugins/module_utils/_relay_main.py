@@ -40,31 +40,35 @@ def main(argv: list[str] | None = None) -> int:
             logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
             return asyncio.run(_relay_server.serve())
         if args.command == "start":
-            print(json.dumps(_relay_state.start()))
+            _say(json.dumps(_relay_state.start()))
         elif args.command == "stop":
-            print(json.dumps(_relay_state.stop()))
+            _say(json.dumps(_relay_state.stop()))
         elif args.command == "restart":
             _relay_state.stop()
-            print(json.dumps(_relay_state.start()))
+            _say(json.dumps(_relay_state.start()))
         elif args.command == "status":
             pid = _relay_state.running_pid()
-            print(json.dumps(_relay_state.control("status") if pid else {"running": False}))
+            _say(json.dumps(_relay_state.control("status") if pid else {"running": False}))
             return 0 if pid else 3
         elif args.approve or args.deny:
             command = "approve" if args.approve else "deny"
             answered = _relay_state.control(command, id=args.approve or args.deny)["answered"]
-            print(f"{'approved' if args.approve else 'denied'}: {answered['line']}")
+            _say(f"{'approved' if args.approve else 'denied'}: {answered['line']}")
         else:
             for pending in _relay_state.control("list")["pending"]:
-                print(pending["line"])
+                _say(pending["line"])
     except _relay_state.RelayError as exc:
         sys.stderr.write(f"agentbox-relay: {exc}\n")
         return 1
     return 0
 
 
+def _say(text: str) -> None:
+    sys.stdout.write(text + "\n")
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())
 
 
 RELAY_ARGUMENT_SPEC: dict[str, dict[str, Any]] = {

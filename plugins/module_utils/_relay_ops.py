@@ -43,9 +43,14 @@ class BoxGone(ProviderError):
     """The box a socket belonged to no longer exists (or its name now belongs to another box)."""
 
 
+def provider_of(registration: dict[str, Any]) -> Provider:
+    """The registered box's provider (no engine call yet)."""
+    return get_provider(registration["provider"], **_provider_options(registration))
+
+
 def box_of(registration: dict[str, Any]) -> tuple[Provider, BoxFacts]:
     """The provider and current facts of a registered box, checked against its id label."""
-    provider = get_provider(registration["provider"], **_provider_options(registration))
+    provider = provider_of(registration)
     facts = provider.find(registration["name"])
     if facts is None or facts.id != registration["id"]:
         raise BoxGone(

@@ -22,6 +22,7 @@ import os
 import secrets
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from . import _relay_ops, _relay_state
@@ -34,11 +35,13 @@ from ._relay_protocol import (
     encode,
     parse_request,
 )
+from ._relay_tunnel import Tunnel
 
 LOG = logging.getLogger("agentbox-relay")
 READ_TIMEOUT = 30.0  # a box that connects must send its request within this
 RESCAN_INTERVAL = 2.0  # registrations made while the relay could not be told
 MAX_CONNECTIONS_PER_BOX = 8
+FACTS_TTL = 60.0
 PRUNE_EVERY = 30  # rescans between two checks for removed boxes (about a minute)
 
 
@@ -79,6 +82,8 @@ class Relay:
         self.limiter = RateLimiter()
         self.box_locks: dict[str, asyncio.Lock] = {}
         self.connections: dict[str, int] = {}
+        self.tunnels: dict[str, Tunnel] = {}  # docker_ssh boxes' channels (_relay_tunnel)
+        self.facts: dict[str, tuple[float, Any]] = {}  # box id -> (when looked up, BoxFacts)
         self.stopping = asyncio.Event()
         self.started = time.time()
 
@@ -90,8 +95,17 @@ class Relay:
             if box_id not in self.registrations:
                 server = self.servers.pop(box_id)
                 server.close()
+                self.facts.pop(box_id, None)
                 LOG.info("box %s forgotten: its socket is closed", box_id)
+        for box_id in list(self.tunnels):
+            if box_id not in self.registrations:
+                self.tunnels.pop(box_id).stop()
+                self.facts.pop(box_id, None)
         for box_id, registration in self.registrations.items():
+            if registration.get("provider") == "docker_ssh" and box_id not in self.tunnels:
+                tunnel = Tunnel(registration, self.handle, asyncio.get_running_loop())
+                self.tunnels[box_id] = tunnel
+                tunnel.start()
             if box_id in self.servers or registration.get("provider") != "docker":
                 continue
             await self._listen(box_id)
@@ -139,47 +153,67 @@ class Relay:
     async def _serve_one(
         self, registration: dict[str, Any], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        box, box_id = registration["name"], registration["id"]
-        entry: dict[str, Any] = {"box": box, "box_id": box_id, "provider": registration["provider"]}
+        entry: dict[str, Any] = {"box": registration["name"], "box_id": registration["id"],
+                                 "provider": registration["provider"]}
+
+        async def send(message: dict[str, Any]) -> None:
+            await self._send(writer, message)
+
         try:
             line = await asyncio.wait_for(reader.readline(), READ_TIMEOUT)
         except ValueError:  # the line is longer than the stream's limit
             self._audit(entry, "rejected", {"error": f"request over {MAX_REQUEST_BYTES} bytes"})
-            await self._send(writer, _error(f"request over {MAX_REQUEST_BYTES} bytes: refused"))
+            await send(_error(f"request over {MAX_REQUEST_BYTES} bytes: refused"))
             return
         except TimeoutError:
-            await self._send(writer, _error(f"no request within {READ_TIMEOUT:.0f} s"))
+            await send(_error(f"no request within {READ_TIMEOUT:.0f} s"))
             return
+        await self.handle(registration, line, send, lambda: reader.read(1))
+
+    async def handle(
+        self,
+        registration: dict[str, Any],
+        line: bytes,
+        send: Callable[[dict[str, Any]], Awaitable[None]],
+        hangup: Callable[[], Awaitable[Any]],
+    ) -> None:
+        """One request line from a box, whatever carried it; `hangup` completes when the box leaves."""
+        box, box_id = registration["name"], registration["id"]
+        entry: dict[str, Any] = {"box": box, "box_id": box_id, "provider": registration["provider"]}
         if not line.strip():
+            return
+        if len(line) > MAX_REQUEST_BYTES:
+            self._audit(entry, "rejected", {"error": f"request over {MAX_REQUEST_BYTES} bytes"})
+            await send(_error(f"request over {MAX_REQUEST_BYTES} bytes: refused"))
             return
         if not self.limiter.allow(box_id):
             self._audit(entry, "rejected", {"error": "rate limit"})
-            await self._send(writer, _error("too many requests from this box: wait a minute and try again"))
+            await send(_error("too many requests from this box: wait a minute and try again"))
             return
         try:
             request = parse_request(line.rstrip(b"\n"))
         except RequestError as exc:
             self._audit(entry, "rejected", {"error": str(exc)})
-            await self._send(writer, _error(str(exc), rc=2))
+            await send(_error(str(exc), rc=2))
             return
         entry.update(operation=request.operation, arguments=request.args)
         try:
-            provider, facts = await asyncio.to_thread(_relay_ops.box_of, registration)
+            provider, facts = await self._box(registration)
         except Exception as exc:  # noqa: BLE001 - the engine's answer, whatever it is, goes back to the box
             self._audit(entry, "rejected", {"error": str(exc)})
-            await self._send(writer, _error(str(exc)))
+            await send(_error(str(exc)))
             return
         try:
             decision = "allowed"
             reason = approval_reason(request, facts.branch)
             if reason:
                 entry["reason"] = reason
-                decision = await self._ask_user(registration, request, reason, reader, writer, entry)
+                decision = await self._ask_user(registration, request, reason, send, hangup, entry)
                 if decision != "approved":
                     message = {"denied": "denied on the host", "timeout": "no answer on the host in time: denied",
                                "abandoned": "the box stopped waiting"}[decision]
                     self._audit(entry, decision, {"rc": 1})
-                    await self._send(writer, _error(message, rc=1))
+                    await send(_error(message, rc=1))
                     return
             lock = self.box_locks.setdefault(box_id, asyncio.Lock())
             started = time.monotonic()
@@ -189,21 +223,30 @@ class Relay:
             self._audit(entry, decision, outcome.summary())
             if request.operation == "open":
                 LOG.info("box %s asks to open %s", box, request.args["url"])
-            await self._send(
-                writer,
-                {"type": "result", "rc": outcome.rc, "stdout": outcome.stdout, "stderr": outcome.stderr,
-                 "data": outcome.data},
-            )
+            await send({"type": "result", "rc": outcome.rc, "stdout": outcome.stdout, "stderr": outcome.stderr,
+                        "data": outcome.data})
         finally:
             await asyncio.to_thread(provider.close)
+
+    async def _box(self, registration: dict[str, Any]) -> tuple[Any, Any]:
+        """The box's provider and facts. The facts (workspace, branch, labels) never change for a box
+        id, and only that box has its socket bound: they are looked up on the engine once per
+        FACTS_TTL, not per request (a busy engine answers in hundreds of milliseconds)."""
+        box_id = registration["id"]
+        cached = self.facts.get(box_id)
+        if cached is not None and time.monotonic() - cached[0] < FACTS_TTL:
+            return _relay_ops.provider_of(registration), cached[1]
+        provider, facts = await asyncio.to_thread(_relay_ops.box_of, registration)
+        self.facts[box_id] = (time.monotonic(), facts)
+        return provider, facts
 
     async def _ask_user(
         self,
         registration: dict[str, Any],
         request: Request,
         reason: str,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
+        send: Callable[[dict[str, Any]], Awaitable[None]],
+        hangup: Callable[[], Awaitable[Any]],
         entry: dict[str, Any],
     ) -> str:
         """Park the request until the user answers, the timeout passes or the box hangs up."""
@@ -220,17 +263,16 @@ class Relay:
         entry["approval"] = approval_id
         LOG.info("waiting for approval %s: %s (%s)", approval_id, pending.line(), reason)
         try:
-            await self._send(writer, {"type": "waiting", "approval": approval_id, "reason": reason,
-                                      "timeout": request.timeout})
-            hangup = asyncio.ensure_future(reader.read(1))
+            await send({"type": "waiting", "approval": approval_id, "reason": reason, "timeout": request.timeout})
+            left = asyncio.ensure_future(hangup())
             try:
-                done, _pending = await asyncio.wait({pending.decision, hangup}, timeout=request.timeout,
+                done, _pending = await asyncio.wait({pending.decision, left}, timeout=request.timeout,
                                                     return_when=asyncio.FIRST_COMPLETED)
             finally:
-                hangup.cancel()
+                left.cancel()
             if pending.decision in done:
                 return pending.decision.result()
-            return "abandoned" if hangup in done else "timeout"
+            return "abandoned" if left in done else "timeout"
         finally:
             self.pending.pop(approval_id, None)
 
@@ -364,6 +406,8 @@ async def serve() -> int:
         control.close()
         for server in relay.servers.values():
             server.close()
+        for tunnel in relay.tunnels.values():
+            tunnel.stop()
         for pending in relay.pending.values():
             if not pending.decision.done():
                 pending.decision.set_result("abandoned")

@@ -77,7 +77,7 @@ def check_socket_path(file: str) -> str:
 
 
 # -- registrations --------------------------------------------------------------------------------
-def register_box(name: str, box_id: str, provider: str, engine: str) -> str:
+def register_box(name: str, box_id: str, provider: str, engine: str, options: dict[str, Any] | None = None) -> str:
     """Record a box and make its socket directory; returns the directory to bind into the box."""
     ensure_home()
     check_socket_path(box_socket(box_id))
@@ -86,7 +86,7 @@ def register_box(name: str, box_id: str, provider: str, engine: str) -> str:
     os.makedirs(directory, mode=0o755, exist_ok=True)
     os.chmod(directory, 0o755)
     record = {"name": name, "id": box_id, "provider": provider, "engine": engine, "registered": now_iso(),
-              "registered_at": time.time()}
+              "registered_at": time.time(), "options": options or {}}
     write_json(path("boxes", f"{box_id}.json"), record)
     return directory
 
@@ -262,15 +262,25 @@ def notify(box_id: str) -> bool:
     return True
 
 
-def attach_box(name: str, box_id: str, provider: str, engine: str) -> dict[str, str]:
+def attach_box(provider: Any, name: str, box_id: str) -> dict[str, str]:
     """At create: register the box, make sure a relay serves it; {host dir: path in the box} to bind.
 
+    Local engine: a socket directory bound into the box. Remote engine (docker_ssh): no bind; the
+    relay opens a channel over the engine's SSH connection (_relay_tunnel). Daytona: not served.
     Creating a box never fails for the relay's sake: when the relay cannot be started here (the
     collection runs from a module's zip), the box's commands say how to start it, and a relay
     started later serves the box (it scans the registrations).
     """
-    directory = register_box(name, box_id, provider, engine)
+    if provider.name not in ("docker", "docker_ssh"):
+        return {}
+    options: dict[str, Any] = {}
+    if provider.name == "docker_ssh":
+        from ._ssh import config_path
+
+        # The relay may run with another environment: keep the SSH settings this create used.
+        options["ssh_options"] = {**provider.ssh_options, "config_file": config_path(provider.ssh_options.get("config_file"))}
+    directory = register_box(name, box_id, provider.name, provider.engine, options)
     if not notify(box_id) and code_root() is not None:
         with contextlib.suppress(RelayError, OSError):
             start()
-    return {directory: BOX_SOCKET_DIR}
+    return {directory: BOX_SOCKET_DIR} if provider.shares_host_filesystem else {}
