@@ -49,7 +49,9 @@ def _age(created: str, now: float) -> str:
 
 
 def _ports(ports: dict) -> str:
-    return ",".join(f"{host}->{container}" for container, host in sorted((ports or {}).items())) or "-"
+    # In container port order, numerically (80 before 6080).
+    ordered = sorted((ports or {}).items(), key=lambda item: (len(str(item[0])), str(item[0])))
+    return ",".join(f"{host}->{container}" for container, host in ordered) or "-"
 
 
 def box_table(boxes: list[dict], now: float | None = None) -> str:

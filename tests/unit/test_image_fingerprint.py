@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
-import shlex
+import subprocess
 import sys
 from pathlib import Path
 
-import jinja2
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -195,33 +195,61 @@ def test_build_log_keeps_the_last_thirty_lines(tmp_path: Path) -> None:
     assert (tmp_path / "logs" / "build.log").read_text().count("\n") == 100
 
 
-def _render(**variables: object) -> str:
-    environment = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-    environment.filters["quote"] = shlex.quote  # Ansible's shell-quoting filter
-    environment.filters["bool"] = bool
-    values = {"box_image_base": "debian:bookworm", "box_image_vnc": False, "box_image_agent_specs": [], "box_image_files": []}
-    values.update(variables)
-    return environment.from_string(TEMPLATE.read_text()).render(**values)
+# The variants the template tests read, rendered once by Ansible's own template lookup (as the role does).
+TEMPLATE_VARIANTS: dict[str, dict[str, object]] = {
+    "bare": {},
+    "full": {
+        "box_image_files": ["agentbox-ctl", "agentbox-checkpoint-cleanup"],
+        "box_image_agent_specs": [
+            {"name": "claude", "package": "@anthropic-ai/claude-code@2.1.328"},
+            {"name": "odd", "package": "left pad"},
+        ],
+        "box_image_vnc": True,
+        "box_image_base": "debian:bookworm-slim",
+    },
+    "two_cas": {"box_image_ca_count": "2"},
+}
+TEMPLATE_DEFAULTS = {"box_image_base": "debian:bookworm", "box_image_vnc": False, "box_image_agent_specs": [],
+                     "box_image_files": []}  # fmt: skip
 
 
-def test_template_copes_with_no_files_no_agents_no_vnc() -> None:
-    text = _render()
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """{variant: Dockerfile text}, through ansible.builtin.template in one ansible-playbook run."""
+    out = tmp_path_factory.mktemp("dockerfiles")
+    tasks = [
+        {
+            "ansible.builtin.copy": {
+                "content": "{{ lookup('ansible.builtin.template', template, template_vars=variables) }}",
+                "dest": str(out / name),
+                "mode": "0644",
+            },
+            "vars": {"template": str(TEMPLATE), "variables": {**TEMPLATE_DEFAULTS, **variables}},
+        }
+        for name, variables in TEMPLATE_VARIANTS.items()
+    ]
+    play = [{"hosts": "localhost", "connection": "local", "gather_facts": False, "tasks": tasks}]
+    (out / "play.yml").write_text(json.dumps(play))
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
+    done = subprocess.run(
+        [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", "localhost,", "-e",
+         f"ansible_python_interpreter={sys.executable}", str(out / "play.yml")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    return {name: (out / name).read_text() for name in TEMPLATE_VARIANTS}
+
+
+def test_template_copes_with_no_files_no_agents_no_vnc(rendered: dict[str, str]) -> None:
+    text = rendered["bare"]
     assert "COPY" not in text and "npm install --global" not in text and "tigervnc" not in text
     assert "ca-certificates/" not in text
     assert text.startswith("#") and "FROM debian:bookworm\n" in text
     assert 'CMD ["sleep", "infinity"]' in text and "WORKDIR /workspace" in text and "ENV LANG=C.UTF-8" in text
 
 
-def test_template_copies_every_file_and_adds_optional_layers() -> None:
-    text = _render(
-        box_image_files=["agentbox-ctl", "agentbox-checkpoint-cleanup"],
-        box_image_agent_specs=[
-            {"name": "claude", "package": "@anthropic-ai/claude-code@2.1.328"},
-            {"name": "odd", "package": "left pad"},
-        ],
-        box_image_vnc=True,
-        box_image_base="debian:bookworm-slim",
-    )
+def test_template_copies_every_file_and_adds_optional_layers(rendered: dict[str, str]) -> None:
+    text = rendered["full"]
     assert 'COPY ["bin/agentbox-checkpoint-cleanup", "bin/agentbox-ctl", "/usr/local/bin/"]' in text
     # One layer per agent, in the given order, each package quoted for the shell.
     claude = "npm install --global --no-audit --no-fund --no-update-notifier @anthropic-ai/claude-code@2.1.328;"
@@ -235,8 +263,8 @@ def test_template_copies_every_file_and_adds_optional_layers() -> None:
     assert text.index("tigervnc") < text.index("npm install --global") < text.index("COPY [")
 
 
-def test_template_trusts_extra_certificate_authorities_before_any_package() -> None:
-    text = _render(box_image_ca_count="2")
+def test_template_trusts_extra_certificate_authorities_before_any_package(rendered: dict[str, str]) -> None:
+    text = rendered["two_cas"]
     copy = 'COPY ["ca/agentbox-ca-0.crt", "ca/agentbox-ca-1.crt", "/usr/local/share/ca-certificates/"]'
     assert copy in text
     assert text.index(copy) < text.index("apt-get install")

@@ -1,0 +1,64 @@
+"""The box_table filter, applied by Ansible's own templating: every column, alignment, and the empty table."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import REPO
+
+NOW = 1_800_000_000  # a fixed clock: ages are exact
+
+
+def table(boxes: list[dict], tmp_path: Path) -> str:
+    variables = tmp_path / "boxes.json"
+    variables.write_text(json.dumps({"boxes": boxes}))
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+           "ANSIBLE_CALLBACK_RESULT_FORMAT": "json"}  # fmt: skip
+    done = subprocess.run(
+        [str(REPO / ".venv" / "bin" / "ansible"), "localhost", "-c", "local", "-i", "localhost,",
+         "-e", f"ansible_python_interpreter={sys.executable}", "-e", f"@{variables}",
+         "-m", "ansible.builtin.debug", "-a", f"msg={{{{ boxes | agentbox.box.box_table(now={NOW}) }}}}"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout.partition(" => ")[2])["msg"]
+
+
+def created(seconds_ago: int) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(NOW - seconds_ago))
+
+
+def test_every_column_aligned(tmp_path: Path) -> None:
+    boxes = [
+        {"name": "alpha", "state": "running", "provider": "docker", "engine": "local", "branch": "agentbox/alpha",
+         "workspace": "/src/app", "ports": {"80": 49153, "6080": 49154}, "created": created(42)},
+        {"name": "b", "state": "paused", "provider": "docker_ssh", "engine": "builder1", "branch": "",
+         "workspace": "", "ports": {}, "created": created(3 * 3600 + 5)},
+        {"name": "c-long-name", "state": "stopped", "provider": "daytona", "engine": "",
+         "branch": "agentbox/c-long-name", "workspace": "/src/other", "created": created(2 * 86400)},
+        {"name": "d", "state": "running", "provider": "docker", "created": "not a date"},
+    ]  # fmt: skip
+    lines = table(boxes, tmp_path).splitlines()
+    assert lines[0].split() == ["BOX", "STATE", "PROVIDER", "BRANCH", "WORKSPACE", "PORTS", "AGE"]
+    rows = {line.split()[0]: line.split() for line in lines[1:]}
+    assert rows["alpha"] == ["alpha", "running", "docker", "agentbox/alpha", "/src/app",
+                             "49153->80,49154->6080", "42s"]  # fmt: skip
+    assert rows["b"] == ["b", "paused", "docker_ssh@builder1", "-", "-", "-", "3h"]
+    assert rows["c-long-name"] == ["c-long-name", "stopped", "daytona", "agentbox/c-long-name", "/src/other", "-", "2d"]
+    assert rows["d"] == ["d", "running", "docker", "-", "-", "-", "?"]
+    # Aligned: each column starts at the same offset on every line.
+    for column in ("STATE", "PROVIDER", "BRANCH", "WORKSPACE", "PORTS", "AGE"):
+        offset = lines[0].index(column)
+        for line in lines[1:]:
+            assert line[offset - 2 : offset] == "  " and line[offset] != " ", (column, line)
+    assert all(line == line.rstrip() for line in lines)
+
+
+def test_no_boxes_says_so_under_the_header(tmp_path: Path) -> None:
+    assert table([], tmp_path).splitlines() == ["BOX  STATE  PROVIDER  BRANCH  WORKSPACE  PORTS  AGE", "(no boxes)"]
