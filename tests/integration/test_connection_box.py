@@ -355,3 +355,28 @@ def test_stopped_and_missing_boxes_are_unreachable(box, tmp_path):
         assert docker("inspect", "-f", "{{.State.Status}}", container).stdout.strip() == "exited"
     finally:
         box_module(box["name"], state="started")
+
+
+def test_working_dir_and_extra_env_reach_every_command(box, tmp_path):
+    inv = inventory(box, tmp_path / "hosts", agentbox_working_dir="/usr/share",
+                    agentbox_extra_env="\"{'GREETING': 'hi there', 'EMPTY': ''}\"")  # fmt: skip
+    out = playbook(
+        tmp_path,
+        """\
+        - hosts: boxes
+          gather_facts: false
+          tasks:
+            - name: raw (no module) and a module both start in working_dir with extra_env set
+              ansible.builtin.raw: pwd; printf '%s|%s|' "$GREETING" "${EMPTY-unset}"
+              register: raw
+            - ansible.builtin.command: sh -c 'pwd; printf "%s" "$GREETING"'
+              register: module
+            - ansible.builtin.assert:
+                that:
+                  - raw.stdout_lines[0] == '/usr/share'
+                  - raw.stdout_lines[1] == 'hi there||'
+                  - module.stdout_lines == ['/usr/share', 'hi there']
+        """,
+        inv,
+    )
+    assert "failed=0" in out.stdout and out.stdout.count("ok=3") == 2, out.stdout[-3000:]

@@ -51,7 +51,7 @@ GIT_ENV = {
 
 @pytest.fixture(scope="module")
 def fleet():
-    with EngineFleet(count=2, tmpfs_size="2g") as engines:
+    with EngineFleet(count=2, tmpfs_size="3g") as engines:  # the box image (1.1 GB) and its load must fit
         reports = {}
 
         def ship(engine):
