@@ -44,6 +44,7 @@ class Created:
     seed: _seed.SeedResult | None
     boot: dict[str, Any] | None
     image_transfer: dict[str, Any] | None = None
+    access: dict[str, Any] | None = None
 
 
 class BoxError(ProviderError):
@@ -231,7 +232,19 @@ def _create_claimed(
             pass
         raise
     journal.forget()
-    return Created(facts=facts, seed=seed_result, boot=boot, image_transfer=image_transfer)
+    access = refresh_access(provider, facts)
+    return Created(facts=facts, seed=seed_result, boot=boot, image_transfer=image_transfer, access=access)
+
+
+def refresh_access(provider: Provider, facts: BoxFacts) -> dict[str, Any]:
+    """`ssh agentbox-<box>` for a running box (see _access). A failure here is a warning: the box
+    itself is fine, and attach.yml writes the entry again."""
+    from . import _access
+
+    try:
+        return _access.box_ready(provider, facts).to_dict()
+    except (OSError, ProviderError) as exc:
+        return {"alias": _access.alias(facts.name), "warnings": [f"ssh agentbox-{facts.name} is not set up: {exc}"]}
 
 
 def _seed_workspace(
@@ -327,6 +340,9 @@ def destroy_box(
     provider.destroy(facts.name)
     if facts.id:
         _relay_state.forget_box(facts.id)
+    from . import _access
+
+    _access.box_removed(facts.name, facts.engine)
     removed_worktrees: list[str] = []
     not_found: list[str] = []
     deleted_branches: list[str] = []
@@ -362,7 +378,9 @@ def set_state(provider: Provider, facts: BoxFacts, state: str, boot: bool = True
             provider.start(facts.name)
             if boot:
                 boot_box(provider, facts.name)
-            return provider.find(facts.name) or facts
+            started = provider.find(facts.name) or facts
+            refresh_access(provider, started)  # the keys lived on the box's tmpfs
+            return started
         return facts
     if state == "stopped":
         if facts.state == "stopped":
@@ -376,5 +394,6 @@ def set_state(provider: Provider, facts: BoxFacts, state: str, boot: bool = True
             provider.start(facts.name)
             if boot:
                 boot_box(provider, facts.name)
+            refresh_access(provider, facts)
         return provider.pause(facts.name) if facts.state != "paused" else facts
     raise BoxError(f"unknown state {state!r}", box=facts.name)

@@ -162,7 +162,9 @@ def _run(
             result["box"] = created.facts.to_dict()
             result["seed"] = created.seed.to_dict() if created.seed else None
             result["boot"] = created.boot
+            result["access"] = created.access
             warnings.extend(created.seed.warnings if created.seed else [])
+            warnings.extend((created.access or {}).get("warnings", []))
     else:
         if state in ("present", "started") and existing.labels.get("seed") == "true" and existing.state == "running":
             # Its create was interrupted (on another controller, or before the journal existed).

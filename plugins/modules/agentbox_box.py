@@ -224,6 +224,14 @@ seed:
       description: "What could not be carried exactly."
       type: list
       elements: str
+access:
+  description:
+    - "How to get into the box: its SSH alias (C(ssh agentbox-<name>)), the file holding the alias
+      (C(~/.agentbox/ssh_config)), the host key files authorised in the box, and what is missing."
+  returned: when created
+  type: dict
+  sample: {"alias": "agentbox-fix-login", "ssh_config": "/home/me/.agentbox/ssh_config",
+           "keys": ["/home/me/.ssh/id_ed25519"], "warnings": []}
 boot:
   description: "What the in-box start sequence reported (dockerd storage driver, supervisor), when it ran."
   returned: when the box was created or started

@@ -1,0 +1,416 @@
+# Copyright (c) agentbox.box contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""`ssh agentbox-<box>`: one SSH alias per box, kept in ~/.agentbox/ssh_config.
+
+How a connection gets in: the alias's ProxyCommand runs the box's own sshd in inetd mode
+(`sshd -i`) through `docker exec` (the local engine; DOCKER_HOST as it was when the entry was
+written), or through `ssh <engine> docker exec ...` with the destination, key and known_hosts
+the collection itself uses for that engine (remote engines). No port is published, no daemon
+has to run in the box, and stop/start changes nothing in the entry.
+
+What the box gets (box_ready, on create, start and restore, as root through the provider): its
+host keys (`ssh-keygen -A`, once per box), the user's public keys in
+/run/agentbox/ssh/authorized_keys (a tmpfs: gone when the box stops, written again at start;
+never a private key), an sshd drop-in that reads only that file and lets only vscode in with a
+key, and a profile snippet that starts an SSH login shell in /workspace.
+
+The host trusts nothing the box writes: the box's host key is read through the engine (the
+same channel `docker exec` uses) and checked for shape before it enters
+~/.agentbox/known_hosts; the entry turns agent and X11 forwarding off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shlex
+import shutil
+from typing import Any
+
+from . import _host_files
+from ._naming import container_name
+from ._provider import BoxFacts, Provider, ProviderError
+
+ALIAS_PREFIX = "agentbox-"
+BOX_USER = "vscode"
+SSHD = "/usr/sbin/sshd"
+KEY_NAMES = ("id_ed25519", "id_ecdsa", "id_rsa")
+KEY_ENV = "AGENTBOX_SSH_KEY"  # a private key file to use instead of ~/.ssh/id_*
+NO_KEY_HELP = (
+    "no SSH key for `ssh agentbox-{box}`: none of ~/.ssh/id_ed25519, id_ecdsa, id_rsa has a .pub next to it. "
+    "Make one with `ssh-keygen -t ed25519` (or point AGENTBOX_SSH_KEY at a private key), then run "
+    "ansible-playbook playbooks/attach.yml -e box={box} -e ide=ssh to authorise it in the box"
+)
+BEGIN = "# >>> agentbox box "
+END = "# <<< agentbox box "
+_HOST_KEY = re.compile(
+    r"^(ssh-ed25519|ecdsa-sha2-nistp256|ecdsa-sha2-nistp384|ecdsa-sha2-nistp521|ssh-rsa) ([A-Za-z0-9+/=]{40,4096})$"
+)
+_PUBLIC_KEY = re.compile(
+    r"^(?:[a-z0-9-]+@openssh\.com|ssh-[a-z0-9-]+|ecdsa-sha2-[a-z0-9-]+) [A-Za-z0-9+/=]+(?: [^\n]*)?$"
+)
+
+# Run as root in the box; the user's public keys arrive on stdin. Prints the box's ed25519 host key.
+BOX_SETUP = r"""
+set -eu
+sshd=/usr/sbin/sshd
+[ -x "$sshd" ] || { echo "no OpenSSH server in the box ($sshd)" >&2; exit 4; }
+ls /etc/ssh/ssh_host_ed25519_key >/dev/null 2>&1 || ssh-keygen -A >/dev/null
+mkdir -p /run/sshd /etc/ssh/sshd_config.d /etc/profile.d
+install -d -m 0755 -o root -g root /run/agentbox/ssh
+umask 022
+cat > /run/agentbox/ssh/authorized_keys.new
+mv -f /run/agentbox/ssh/authorized_keys.new /run/agentbox/ssh/authorized_keys
+cat > /etc/ssh/sshd_config.d/agentbox-access.conf <<'EOF'
+# Written by agentbox.box (ssh agentbox-<box>): the host user's keys, for vscode only.
+AuthorizedKeysFile /run/agentbox/ssh/authorized_keys .ssh/authorized_keys
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin no
+AllowUsers vscode
+EOF
+cat > /etc/profile.d/agentbox-workspace.sh <<'EOF'
+# Written by agentbox.box: an SSH login starts in the box's workspace.
+if [ -n "${SSH_CONNECTION:-}" ] && [ "$PWD" = "$HOME" ] && [ -d /workspace ]; then cd /workspace; fi
+EOF
+cat /etc/ssh/ssh_host_ed25519_key.pub
+"""
+
+
+@dataclasses.dataclass
+class Access:
+    """What a task reports about the way into one box."""
+
+    alias: str
+    ssh_config: str
+    keys: list[str] = dataclasses.field(default_factory=list)  # the host key files authorised
+    warnings: list[str] = dataclasses.field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def alias(box: str) -> str:
+    return ALIAS_PREFIX + box
+
+
+def ssh_config_path() -> str:
+    return os.path.join(_host_files.agentbox_dir(), "ssh_config")
+
+
+def known_hosts_path() -> str:
+    return os.path.join(_host_files.agentbox_dir(), "known_hosts")
+
+
+def control_dir() -> str:
+    return os.path.join(_host_files.agentbox_dir(), "cm")
+
+
+# --------------------------------------------------------------------------------------------
+# The host user's keys
+
+
+def identity_files() -> list[tuple[str, str]]:
+    """(private key path, public key line) of the keys to authorise, AGENTBOX_SSH_KEY first."""
+    override = os.environ.get(KEY_ENV)
+    if override:
+        paths = [os.path.expanduser(override)]
+    else:
+        paths = [os.path.join(_host_files.home(), ".ssh", name) for name in KEY_NAMES]
+    found = []
+    for path in paths:
+        line = (_host_files.read_text(path + ".pub") or "").strip()
+        if os.path.exists(path) and _PUBLIC_KEY.match(line):
+            found.append((path, line))
+    return found
+
+
+# --------------------------------------------------------------------------------------------
+# The box side
+
+
+def prepare_box(provider: Provider, name: str, public_keys: list[str]) -> str:
+    """Authorise public_keys in the box and make its sshd usable; its host key as `type base64`."""
+    run = provider.exec(
+        name, ["sh", "-c", BOX_SETUP], user="root", stdin=("".join(key + "\n" for key in public_keys)).encode()
+    )
+    run.check("preparing SSH access in the box", name)
+    lines = run.stdout.decode("utf-8", "replace").strip().splitlines()
+    fields = lines[-1].split()[:2] if lines else []
+    host_key = " ".join(fields)
+    if not _HOST_KEY.match(host_key):
+        raise ProviderError("the box did not give a usable SSH host key", box=name, operation="SSH access")
+    return host_key
+
+
+# --------------------------------------------------------------------------------------------
+# The entry
+
+
+def _config_quote(value: str) -> str:
+    """A ProxyCommand word: shell-quoted, with % doubled (ssh expands %-tokens in it)."""
+    return shlex.quote(value).replace("%", "%%")
+
+
+def local_proxy_command(box: str) -> str:
+    docker = shutil.which("docker") or "docker"
+    argv = [docker]
+    docker_host = os.environ.get("DOCKER_HOST")
+    if docker_host:
+        argv += ["-H", docker_host]
+    argv += ["exec", "-i", "-u", "root", container_name(box), SSHD, "-i"]
+    return " ".join(_config_quote(word) for word in argv)
+
+
+def engine_proxy_command(box: str, engine: str, ssh_options: dict[str, Any]) -> str:
+    """`ssh <engine> docker exec ... sshd -i` with what the collection uses to reach the engine."""
+    from . import _ssh
+
+    destination = _ssh.resolve_destination(
+        engine,
+        private_key_file=ssh_options.get("private_key_file"),
+        strict_host_key_checking=ssh_options.get("strict_host_key_checking", True),
+    )
+    docker = _ssh.connection_for(engine, **ssh_options).docker_path()
+    config = _ssh.config_path()
+    argv = ["ssh", "-F", config if os.path.exists(config) else "none", "-T", "-o", "BatchMode=yes"]
+    argv += ["-p", str(destination.port), "-l", destination.user]
+    for path in destination.identity_files:
+        argv += ["-i", path]
+    if destination.identities_only:
+        argv += ["-o", "IdentitiesOnly=yes"]
+    if destination.strict:
+        argv += ["-o", "StrictHostKeyChecking=yes"]
+        if destination.known_hosts_files:
+            argv += ["-o", "UserKnownHostsFile=" + " ".join(destination.known_hosts_files)]
+        if destination.host_key_alias:
+            argv += ["-o", "HostKeyAlias=" + destination.host_key_alias]
+    else:
+        argv += ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
+    if destination.proxy_jump:
+        argv += ["-J", destination.proxy_jump]
+    elif destination.proxy_command:
+        argv += ["-o", "ProxyCommand=" + destination.proxy_command]
+    control = os.path.join(control_dir(), "%C")
+    if len(control) + 40 < 100:  # a unix socket path must fit in sun_path (%C is 40 characters)
+        # One SSH session per engine, kept 10 minutes: every later box connection skips its handshake.
+        argv += ["-o", "ControlMaster=auto", "-o", "ControlPath=" + control, "-o", "ControlPersist=600"]
+    argv.append(destination.host)
+    command = [docker, "exec", "-i", "-u", "root", container_name(box), SSHD, "-i"]
+    argv.append(" ".join(shlex.quote(word) for word in command))
+    return " ".join(_config_quote(word).replace("%%C", "%C") for word in argv)
+
+
+def entry_text(facts: BoxFacts, proxy_command: str, keys: list[str]) -> str:
+    name = alias(facts.name)
+    lines = [
+        f"{BEGIN}{facts.name} provider={facts.provider} engine={facts.engine}",
+        f"Host {name}",
+        f"  HostName {name}",
+        f"  User {BOX_USER}",
+        f"  ProxyCommand {proxy_command}",
+        f"  HostKeyAlias {name}",
+        f"  UserKnownHostsFile {known_hosts_path()}",
+        "  StrictHostKeyChecking yes",
+        *(f"  IdentityFile {path}" for path in keys),
+        "  ForwardAgent no",
+        "  ForwardX11 no",
+        "  PermitLocalCommand no",
+        "  LogLevel ERROR",
+        f"{END}{facts.name}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _blocks(text: str) -> list[tuple[str | None, str]]:
+    """The config as (box or None, text) pieces: our marked blocks and whatever else is there."""
+    pieces: list[tuple[str | None, str]] = []
+    current: list[str] = []
+    box: str | None = None
+    for line in text.splitlines(keepends=True):
+        if box is None and line.startswith(BEGIN):
+            if current:
+                pieces.append((None, "".join(current)))
+            current, box = [line], line[len(BEGIN) :].split()[0]
+        elif box is not None and line.startswith(END):
+            current.append(line)
+            pieces.append((box, "".join(current)))
+            current, box = [], None
+        else:
+            current.append(line)
+    if current:
+        pieces.append((box, "".join(current)))
+    return pieces
+
+
+HEADER = "# Written by agentbox.box: one Host entry per box (ssh agentbox-<box>). Edits here are overwritten.\n"
+
+
+def entry_engine(box: str) -> str | None:
+    """The engine the box's entry points at, or None when there is no entry."""
+    for piece_box, text in _blocks(_host_files.read_text(ssh_config_path()) or ""):
+        if piece_box == box:
+            match = re.search(r" engine=(\S+)", text.splitlines()[0])
+            return match.group(1) if match else ""
+    return None
+
+
+def write_entry(box: str, text: str | None) -> bool:
+    """Put (or with text None remove) the box's block in ~/.agentbox/ssh_config."""
+    _host_files.ensure_private_dir(_host_files.agentbox_dir())
+
+    def change(old: str | None) -> str | None:
+        pieces = [(b, t) for b, t in _blocks(old or HEADER) if b != box]
+        if text is not None:
+            pieces.append((box, text))
+        return "".join(t for _b, t in pieces)
+
+    if text is None and not os.path.exists(ssh_config_path()):
+        return False
+    return _host_files.update(ssh_config_path(), change)
+
+
+def write_known_host(box: str, host_key: str | None) -> bool:
+    name = alias(box)
+
+    def change(old: str | None) -> str | None:
+        lines = [line for line in (old or "").splitlines() if line.split(" ", 1)[0] != name]
+        if host_key is not None:
+            lines.append(f"{name} {host_key}")
+        return "".join(line + "\n" for line in lines)
+
+    if host_key is None and not os.path.exists(known_hosts_path()):
+        return False
+    _host_files.ensure_private_dir(_host_files.agentbox_dir())
+    return _host_files.update(known_hosts_path(), change)
+
+
+# --------------------------------------------------------------------------------------------
+# The lifecycle hooks (called by _box on create, start, restore and destroy)
+
+
+def box_ready(provider: Provider, facts: BoxFacts) -> Access:
+    """Make `ssh agentbox-<box>` work for a running box: keys in, host key and entry written."""
+    access = Access(alias=alias(facts.name), ssh_config=ssh_config_path())
+    if provider.name == "daytona":
+        access.warnings.append("ssh agentbox-<box> is not available for Daytona boxes yet")
+        return access
+    keys = identity_files()
+    if not keys:
+        access.warnings.append(NO_KEY_HELP.format(box=facts.name))
+    if provider.name == "docker" and not shutil.which("docker"):
+        access.warnings.append(
+            f"the docker CLI is not on this machine; `ssh {access.alias}` runs it: install it (apt-get install docker.io)"
+        )
+    host_key = prepare_box(provider, facts.name, [line for _path, line in keys])
+    if provider.name == "docker":
+        proxy = local_proxy_command(facts.name)
+    else:
+        proxy = engine_proxy_command(facts.name, facts.engine, getattr(provider, "ssh_options", {}))
+        _host_files.ensure_private_dir(control_dir())
+    write_known_host(facts.name, host_key)
+    write_entry(facts.name, entry_text(facts, proxy, [path for path, _line in keys]))
+    access.keys = [path for path, _line in keys]
+    return access
+
+
+def box_removed(box: str, engine: str) -> bool:
+    """Drop the box's entry and host key, unless the entry now belongs to a box on another engine."""
+    recorded = entry_engine(box)
+    if recorded is None or (recorded and recorded != engine):
+        return False
+    write_entry(box, None)
+    write_known_host(box, None)
+    return True
+
+
+# --------------------------------------------------------------------------------------------
+# ~/.ssh/config
+
+
+def include_line() -> str:
+    """`Include ~/.agentbox/ssh_config`; an absolute path when $HOME is not the passwd home
+    (OpenSSH expands ~ from the passwd entry, not from $HOME)."""
+    if _host_files.passwd_home() == _host_files.home():
+        return "Include ~/.agentbox/ssh_config"
+    return f"Include {ssh_config_path()}"
+
+
+def user_ssh_config() -> str:
+    return os.path.join(_host_files.home(), ".ssh", "config")
+
+
+def include_present() -> bool:
+    """Whether ~/.ssh/config already includes ~/.agentbox/ssh_config (in any spelling)."""
+    text = _host_files.read_text(user_ssh_config()) or ""
+    return any(_is_our_include(line) for line in text.splitlines())
+
+
+def _is_our_include(line: str) -> bool:
+    words = line.split()
+    return (
+        len(words) == 2
+        and words[0].lower() == "include"
+        and words[1]
+        in (
+            "~/.agentbox/ssh_config",
+            ssh_config_path(),
+        )
+    )
+
+
+def ensure_include() -> bool:
+    """Put the Include line at the top of ~/.ssh/config once; every other byte stays as it was.
+
+    At the top because OpenSSH applies an Include inside a Host block only to that block.
+    """
+    path = user_ssh_config()
+    wanted = include_line()
+    _host_files.ensure_private_dir(os.path.dirname(path))
+
+    def change(old: str | None) -> str | None:
+        text = old or ""
+        if any(_is_our_include(line) for line in text.splitlines()):
+            return None
+        return f"{wanted}\n{text}" if text else f"{wanted}\n"
+
+    mode = 0o600
+    if os.path.exists(path):
+        mode = os.stat(path).st_mode & 0o777
+    return _host_files.update(path, change, mode)
+
+
+# --------------------------------------------------------------------------------------------
+# Editors
+
+EDITORS = {"vscode": "code", "cursor": "cursor"}
+
+
+def dev_container_uri(facts: BoxFacts, folder: str = "/workspace") -> str:
+    """VS Code's Dev Containers "attach to running container" URI: hex of the container JSON."""
+    import json
+
+    target: dict[str, Any] = {"containerName": "/" + facts.container}
+    docker_host = os.environ.get("DOCKER_HOST")
+    if docker_host:
+        target["settings"] = {"host": docker_host}
+    payload = json.dumps(target, separators=(",", ":")).encode().hex()
+    return f"vscode-remote://attached-container+{payload}{folder}"
+
+
+def remote_ssh_uri(box: str, folder: str = "/workspace") -> str:
+    return f"vscode-remote://ssh-remote+{alias(box)}{folder}"
+
+
+def attach_uri(facts: BoxFacts, ide: str) -> str:
+    """The Dev Containers URI for a local box in VS Code or Cursor; Remote-SSH for the others."""
+    if ide in EDITORS and facts.provider == "docker":
+        return dev_container_uri(facts)
+    return remote_ssh_uri(facts.name)
+
+
+def editor_command(ide: str) -> str | None:
+    """The editor's CLI when it is installed here (`code`, `cursor`), else None."""
+    program = EDITORS.get(ide, "code" if ide == "ssh" else "")
+    return shutil.which(program) if program else None

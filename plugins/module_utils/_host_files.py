@@ -1,0 +1,96 @@
+# Copyright (c) agentbox.box contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Files the collection keeps in the host user's home: locked, written whole, never half-made.
+
+Everything here honours $HOME (tests run with a temporary one). A writer takes an exclusive
+lock on `<file>.lock`, reads the current text, and replaces the file with a temp file in the
+same directory (fsync, then rename), so a reader never sees a torn file and two writers
+never lose each other's change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import stat
+import tempfile
+from collections.abc import Callable, Iterator
+
+
+def home() -> str:
+    """The user's home as $HOME says (OpenSSH itself uses the passwd entry; see include_path)."""
+    return os.path.expanduser("~")
+
+
+def agentbox_dir() -> str:
+    return os.path.join(home(), ".agentbox")
+
+
+def passwd_home() -> str | None:
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_dir
+    except KeyError:
+        return None
+
+
+def ensure_private_dir(path: str) -> str:
+    """A directory only this user can read (0700), made with its parents when missing."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    mode = stat.S_IMODE(os.stat(path).st_mode)
+    if mode & 0o077:
+        os.chmod(path, 0o700)
+    return path
+
+
+@contextlib.contextmanager
+def locked(path: str) -> Iterator[None]:
+    """Hold an exclusive lock for `path` (on `<path>.lock`, which stays)."""
+    fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def read_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        return None
+
+
+def write_atomic(path: str, text: str, mode: int = 0o600) -> None:
+    """Replace `path` with `text` in one rename; a symlink is written through to its target."""
+    target = os.path.realpath(path)
+    directory = os.path.dirname(target)
+    fd, temp = tempfile.mkstemp(prefix="." + os.path.basename(target) + ".", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temp, mode)
+        os.replace(temp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
+        raise
+
+
+def update(path: str, change: Callable[[str | None], str | None], mode: int = 0o600) -> bool:
+    """Apply change(old text or None) under the lock; write when it returns different text.
+
+    Returns True when the file changed. change() returning None leaves the file as it is.
+    """
+    with locked(path):
+        old = read_text(path)
+        new = change(old)
+        if new is None or new == old:
+            return False
+        write_atomic(path, new, mode)
+        return True

@@ -1,0 +1,174 @@
+#!/usr/bin/python
+# Copyright (c) agentbox.box contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: agentbox_access
+short_description: The way into a box - its SSH alias and the editor URI
+version_added: 0.2.0
+description:
+  - Makes C(ssh agentbox-<name>) work for a box (its entry in C(~/.agentbox/ssh_config), the host user's public
+    keys authorised in the box) and returns the URI an editor opens it with.
+  - A paused box is resumed and a stopped one started first (O(wake=true)), as opening an editor needs it running.
+  - For a box that does not exist, a stale C(agentbox-<name>) entry is removed and the task fails saying so.
+  - With O(ssh_include=true), adds C(Include ~/.agentbox/ssh_config) at the top of C(~/.ssh/config) once; no other
+    line of that file is ever changed.
+  - Runs on the controller; C($HOME) is honoured.
+author:
+  - agentbox.box developers (@agentbox)
+extends_documentation_fragment:
+  - agentbox.box.provider
+  - agentbox.box.attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+options:
+  name:
+    description: The box.
+    type: str
+    required: true
+  ide:
+    description:
+      - V(vscode) and V(cursor) get the Dev Containers attach URI for a box on the local engine and the Remote-SSH URI
+        for any other box; V(ssh) always the Remote-SSH URI; V(print) the same as V(vscode), for printing only.
+    type: str
+    choices: [vscode, cursor, ssh, print]
+    default: vscode
+  wake:
+    description: Resume a paused box, start a stopped one (its in-box services relaunched).
+    type: bool
+    default: true
+  ssh_include:
+    description: Add C(Include ~/.agentbox/ssh_config) to the top of C(~/.ssh/config) when it is not there.
+    type: bool
+    default: false
+"""
+
+EXAMPLES = r"""
+- name: Open fix-login in VS Code
+  agentbox.box.agentbox_access:
+    name: fix-login
+  register: way_in
+
+- name: SSH alias only, and let plain `ssh agentbox-fix-login` find it
+  agentbox.box.agentbox_access:
+    name: fix-login
+    ide: ssh
+    ssh_include: true
+"""
+
+RETURN = r"""
+box:
+  description: "The box's facts (see M(agentbox.box.agentbox_box))."
+  returned: always
+  type: dict
+alias:
+  description: "The SSH alias."
+  returned: always
+  type: str
+  sample: agentbox-fix-login
+ssh_config:
+  description: "The file holding the alias."
+  returned: always
+  type: str
+  sample: /home/me/.agentbox/ssh_config
+uri:
+  description: "What the editor opens (C(code --folder-uri URI))."
+  returned: always
+  type: str
+  sample: vscode-remote://ssh-remote+agentbox-fix-login/workspace
+editor:
+  description: "The editor's command line program when it is installed, else null (print the URI)."
+  returned: always
+  type: str
+  sample: /usr/bin/code
+include_line:
+  description: "The line that makes plain C(ssh) read the aliases."
+  returned: always
+  type: str
+  sample: Include ~/.agentbox/ssh_config
+included:
+  description: "Whether C(~/.ssh/config) has the Include line after the task."
+  returned: always
+  type: bool
+warnings_access:
+  description: "What keeps C(ssh agentbox-<name>) from working (no SSH key on the host, no docker CLI)."
+  returned: always
+  type: list
+  elements: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.agentbox.box.plugins.module_utils import _access, _box, _naming
+from ansible_collections.agentbox.box.plugins.module_utils._module import (
+    PROVIDER_ARGUMENT_SPEC,
+    provider_from_params,
+    run_module,
+)
+
+
+def _task(module: AnsibleModule) -> dict:
+    params = module.params
+    name = _naming.validate_box_name(params["name"])
+    provider = provider_from_params(params)
+    facts = provider.find(name)
+    if facts is None:
+        removed = False if module.check_mode else _access.box_removed(name, provider.engine)
+        gone = f" (its stale alias {_access.alias(name)} was removed)" if removed else ""
+        raise ValueError(
+            f"no box called {name!r} on engine {provider.engine}{gone}: list boxes with playbooks/list_boxes.yml, "
+            f"or create it with playbooks/create_box.yml -e box={name}"
+        )
+    changed = False
+    if facts.state != "running":
+        if not params["wake"]:
+            raise ValueError(f"box {name!r} is {facts.state}: start it (playbooks/box_state.yml -e state=started)")
+        changed = True
+        if not module.check_mode:
+            # set_state writes the alias after a start; a resumed box kept its keys.
+            facts = _box.set_state(provider, facts, "started")
+    access: dict = {"alias": _access.alias(name), "ssh_config": _access.ssh_config_path(), "warnings": []}
+    if not module.check_mode:
+        before = _access.entry_engine(name)
+        access = _box.refresh_access(provider, facts)
+        changed = changed or before != facts.engine
+    included = _access.include_present()
+    if params["ssh_include"] and not included:
+        changed = True
+        if not module.check_mode:
+            _access.ensure_include()
+            included = True
+    for warning in access.get("warnings", []):
+        module.warn(warning)
+    return {
+        "changed": changed,
+        "box": facts.to_dict(),
+        "alias": _access.alias(name),
+        "ssh_config": _access.ssh_config_path(),
+        "uri": _access.attach_uri(facts, params["ide"]),
+        "editor": None if params["ide"] == "print" else _access.editor_command(params["ide"]),
+        "include_line": _access.include_line(),
+        "included": included,
+        "warnings_access": access.get("warnings", []),
+    }
+
+
+def main() -> None:
+    argument_spec = {
+        "name": {"type": "str", "required": True},
+        "ide": {"type": "str", "default": "vscode", "choices": ["vscode", "cursor", "ssh", "print"]},
+        "wake": {"type": "bool", "default": True},
+        "ssh_include": {"type": "bool", "default": False},
+        **PROVIDER_ARGUMENT_SPEC,
+    }
+    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    run_module(module, _task)
+
+
+if __name__ == "__main__":
+    main()

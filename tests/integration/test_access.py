@@ -1,0 +1,220 @@
+"""`ssh agentbox-<box>` with the real OpenSSH client, attach URIs, and ~/.ssh/config's Include line.
+
+Every test runs with a temporary HOME (its own ~/.ssh key and ~/.agentbox), so the real ones are
+never touched; OpenSSH reads the aliases through `-F <HOME>/.agentbox/ssh_config`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import stat
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, run_module
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def home(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A temporary HOME with an ed25519 key; short, so ssh control sockets fit in sun_path."""
+    path = Path(tempfile.mkdtemp(prefix="abh-", dir="/tmp"))
+    (path / ".ssh").mkdir(mode=0o700)
+    keygen(path / ".ssh" / "id_ed25519")
+    monkeypatch.setenv("HOME", str(path))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    monkeypatch.delenv("AGENTBOX_SSH_KEY", raising=False)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def boxes() -> Iterator[list[str]]:
+    names: list[str] = []
+    yield names
+    for name in names:
+        run_module("agentbox_box", {"name": name, "state": "absent"})
+
+
+def keygen(path: Path) -> None:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "abx-test", "-f", str(path)], check=True)
+
+
+def ssh(home: Path, alias: str, command: str, *extra: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    config = home / ".agentbox" / "ssh_config"
+    argv = ["ssh", "-F", str(config), "-o", "BatchMode=yes", *extra, alias, command]
+    return subprocess.run(argv, capture_output=True, text=True, input=stdin, timeout=60, check=False)
+
+
+def create(workspace: Path, name: str, boxes: list[str]) -> dict:
+    boxes.append(name)
+    result = run_module("agentbox_box", {"name": name, "workspace": str(workspace)})
+    assert not result["failed"], result.get("msg")
+    return result
+
+
+def test_ssh_alias_local_box(home: Path, repo_factory, boxes: list[str]) -> None:
+    repo = repo_factory("ws")
+    name = f"acc-{secrets.token_hex(3)}"
+    created = create(repo, name, boxes)
+    alias = f"agentbox-{name}"
+    config = home / ".agentbox" / "ssh_config"
+    assert created["access"]["alias"] == alias and created["access"]["warnings"] == []
+    assert stat.S_IMODE(config.stat().st_mode) == 0o600
+    assert f"Host {alias}\n" in config.read_text()
+
+    branch = ssh(home, alias, "git -C /workspace rev-parse --abbrev-ref HEAD")
+    assert branch.returncode == 0, branch.stderr
+    assert branch.stdout.strip() == f"agentbox/{name}"
+
+    # An interactive login: vscode, a login shell, in /workspace.
+    login = ssh(home, alias, "", "-tt", stdin="id -un; pwd; shopt -q login_shell && echo LOGIN-SHELL; exit\n")
+    assert login.returncode == 0, login.stderr
+    lines = login.stdout.replace("\r", "").splitlines()
+    assert "vscode" in lines and "/workspace" in lines and "LOGIN-SHELL" in lines, login.stdout
+
+    # scp in and out, rsync over the same alias.
+    payload = home / "in.bin"
+    payload.write_bytes(os.urandom(200_000))
+    scp = ["scp", "-q", "-F", str(config), "-o", "BatchMode=yes"]
+    subprocess.run([*scp, str(payload), f"{alias}:/workspace/in.bin"], check=True, timeout=60)
+    back = home / "back.bin"
+    subprocess.run([*scp, f"{alias}:/workspace/in.bin", str(back)], check=True, timeout=60)
+    assert back.read_bytes() == payload.read_bytes()
+    synced = home / "synced"
+    subprocess.run(
+        ["rsync", "-a", "-e", f"ssh -F {config} -o BatchMode=yes", f"{alias}:/workspace/", f"{synced}/"],
+        check=True,
+        timeout=60,
+    )
+    assert (synced / "in.bin").read_bytes() == payload.read_bytes() and (synced / "README.md").exists()
+
+    # A second user's key is refused (the same entry, their own key only), and so is root.
+    other = home / "other_key"
+    keygen(other)
+    own_key = str(home / ".ssh" / "id_ed25519")
+    stranger_config = home / "stranger_config"
+    stranger_config.write_text(
+        config.read_text().replace(f"IdentityFile {own_key}", f"IdentityFile {other}\n  IdentitiesOnly yes")
+    )
+    stranger = subprocess.run(
+        ["ssh", "-F", str(stranger_config), "-o", "BatchMode=yes", alias, "true"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert stranger.returncode == 255 and "Permission denied" in stranger.stderr, stranger.stderr
+    as_root = ssh(home, alias, "true", "-l", "root")
+    assert as_root.returncode == 255 and "Permission denied" in as_root.stderr, as_root.stderr
+
+    # The alias follows a stop and a start (the keys lived on the box's tmpfs).
+    for state in ("stopped", "started"):
+        moved = run_module("agentbox_box", {"name": name, "state": state})
+        assert not moved["failed"], moved.get("msg")
+    again = ssh(home, alias, "git -C /workspace rev-parse --abbrev-ref HEAD")
+    assert again.returncode == 0 and again.stdout.strip() == f"agentbox/{name}", again.stderr
+
+    # Destroy removes the entry and its host key.
+    gone = run_module("agentbox_box", {"name": name, "state": "absent"})
+    assert not gone["failed"], gone.get("msg")
+    assert alias not in config.read_text()
+    assert alias not in (home / ".agentbox" / "known_hosts").read_text()
+    after = ssh(home, alias, "true")
+    assert after.returncode == 255
+
+
+def playbook(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(REPO / ".venv/bin/ansible-playbook"), *args],
+        cwd=REPO,
+        env={**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1", **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_attach_uri_resume_and_include(home: Path, repo_factory, boxes: list[str], tmp_path: Path) -> None:
+    repo = repo_factory("ws")
+    name = f"att-{secrets.token_hex(3)}"
+    create(repo, name, boxes)
+    paused = run_module("agentbox_box", {"name": name, "state": "paused"})
+    assert paused["box"]["state"] == "paused"
+
+    # A hand-written ~/.ssh/config: only the Include line is added, once, at the top.
+    user_config = home / ".ssh" / "config"
+    original = "# mine\nHost work\n  HostName 192.0.2.1\n  User me\n\nHost *\n  ServerAliveInterval 30\n"
+    user_config.write_text(original)
+    user_config.chmod(0o644)
+
+    # `code` is not installed: the playbook prints the URI (the box is resumed first).
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    no_code_path = f"{bin_dir}:{os.environ['PATH']}"
+    done = playbook("playbooks/attach.yml", "-e", f"box={name}", "-e", "ssh_include=true", env={"PATH": no_code_path})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "code is not installed here" in done.stdout
+    uri = next(line for line in done.stdout.splitlines() if "uri:" in line).split("uri:", 1)[1].strip().strip("'")
+    prefix, _sep, rest = uri.partition("+")
+    assert prefix == "vscode-remote://attached-container" and rest.endswith("/workspace")
+    target = json.loads(bytes.fromhex(rest.removesuffix("/workspace")))
+    assert target["containerName"] == f"/agentbox-{name}"
+    inspected = subprocess.run(
+        ["docker", "inspect", "--format", "{{.Name}} {{.State.Status}}", target["containerName"].lstrip("/")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert inspected == [f"/agentbox-{name}", "running"]
+
+    text = user_config.read_text()
+    include = f"Include {home}/.agentbox/ssh_config\n"
+    assert text == include + original
+    assert stat.S_IMODE(user_config.stat().st_mode) == 0o644
+    again = playbook("playbooks/attach.yml", "-e", f"box={name}", "-e", "ide=print", "-e", "ssh_include=true")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert user_config.read_text() == include + original
+
+    # With an editor CLI on the PATH it is run with --folder-uri; ide=ssh gives the Remote-SSH URI.
+    fake_code = bin_dir / "code"
+    fake_code.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {bin_dir}/args\n")
+    fake_code.chmod(0o755)
+    opened = playbook("playbooks/attach.yml", "-e", f"box={name}", "-e", "ide=ssh", env={"PATH": no_code_path})
+    assert opened.returncode == 0, opened.stdout + opened.stderr
+    assert (bin_dir / "args").read_text().splitlines() == [
+        "--folder-uri",
+        f"vscode-remote://ssh-remote+agentbox-{name}/workspace",
+    ]
+
+
+def test_attach_missing_box_removes_stale_alias(home: Path, repo_factory, boxes: list[str]) -> None:
+    repo = repo_factory("ws")
+    name = f"gone-{secrets.token_hex(3)}"
+    create(repo, name, boxes)
+    # Removed behind the collection's back: the entry stays until something notices.
+    subprocess.run(["docker", "rm", "-f", "-v", f"agentbox-{name}"], check=True, capture_output=True)
+    config = home / ".agentbox" / "ssh_config"
+    assert f"agentbox-{name}" in config.read_text()
+    done = playbook("playbooks/attach.yml", "-e", f"box={name}")
+    assert done.returncode != 0
+    assert f"no box called '{name}'" in done.stdout and "stale alias" in done.stdout, done.stdout
+    assert f"agentbox-{name}" not in config.read_text()
+
+
+def test_no_ssh_key_says_how_to_make_one(home: Path, repo_factory, boxes: list[str]) -> None:
+    for key in (home / ".ssh").iterdir():
+        key.unlink()
+    repo = repo_factory("ws")
+    name = f"nokey-{secrets.token_hex(3)}"
+    created = create(repo, name, boxes)
+    assert any("ssh-keygen -t ed25519" in warning for warning in created["access"]["warnings"])
+    # The box itself is fine, and the alias exists; no key can log in yet.
+    assert created["box"]["state"] == "running"
+    assert f"Host agentbox-{name}" in (home / ".agentbox" / "ssh_config").read_text()
