@@ -218,3 +218,60 @@ def test_no_ssh_key_says_how_to_make_one(home: Path, repo_factory, boxes: list[s
     # The box itself is fine, and the alias exists; no key can log in yet.
     assert created["box"]["state"] == "running"
     assert f"Host agentbox-{name}" in (home / ".agentbox" / "ssh_config").read_text()
+
+
+@pytest.fixture(scope="module")
+def engine_fleet() -> Iterator[object]:
+    from tests.integration.engines import EngineFleet
+
+    with EngineFleet(count=1, tmpfs_size="3g") as fleet:
+        from ansible_collections.agentbox.box.plugins.module_utils import _image_transfer
+        from ansible_collections.agentbox.box.plugins.module_utils._docker import DockerProvider
+
+        provider = DockerProvider(engine=fleet.engines[0].alias, ssh_options={})
+        _image_transfer.ensure_image(provider, "agentbox/box:latest", compress=False)
+        yield fleet
+
+
+def test_ssh_alias_box_on_remote_engine(home: Path, repo_factory, engine_fleet, monkeypatch) -> None:
+    engine = engine_fleet.engines[0]
+    for key, value in engine_fleet.env.items():
+        monkeypatch.setenv(key, value)
+    repo = repo_factory("ws")
+    name = f"rem-{secrets.token_hex(3)}"
+    common = {"name": name, "provider": "docker_ssh", "engine": engine.alias}
+    try:
+        created = run_module("agentbox_box", {**common, "workspace": str(repo)})
+        assert not created["failed"], created.get("msg")
+        alias = created["access"]["alias"]
+        assert created["access"]["warnings"] == []
+        config = home / ".agentbox" / "ssh_config"
+        assert f"engine={engine.alias}" in config.read_text()
+
+        branch = ssh(home, alias, "git -C /workspace rev-parse --abbrev-ref HEAD")
+        assert branch.returncode == 0, branch.stderr
+        assert branch.stdout.strip() == f"agentbox/{name}"
+        whoami = ssh(home, alias, "hostname; id -un")
+        assert whoami.stdout.split() == [f"agentbox-{name}", "vscode"], whoami.stdout + whoami.stderr
+
+        payload = home / "in.txt"
+        payload.write_text("through the engine\n")
+        scp = ["scp", "-q", "-F", str(config), "-o", "BatchMode=yes"]
+        subprocess.run([*scp, str(payload), f"{alias}:/workspace/in.txt"], check=True, timeout=60)
+        subprocess.run([*scp, f"{alias}:/workspace/in.txt", str(home / "out.txt")], check=True, timeout=60)
+        assert (home / "out.txt").read_text() == "through the engine\n"
+
+        for state in ("stopped", "started"):
+            moved = run_module("agentbox_box", {**common, "state": state})
+            assert not moved["failed"], moved.get("msg")
+        again = ssh(home, alias, "git -C /workspace rev-parse --abbrev-ref HEAD")
+        assert again.returncode == 0 and again.stdout.strip() == f"agentbox/{name}", again.stderr
+
+        # ide=ssh and any box off the local engine: the Remote-SSH URI.
+        way_in = run_module("agentbox_access", {**common, "ide": "vscode"})
+        assert way_in["uri"] == f"vscode-remote://ssh-remote+{alias}/workspace"
+    finally:
+        gone = run_module("agentbox_box", {**common, "state": "absent"})
+        assert not gone["failed"], gone.get("msg")
+    assert f"agentbox-{name}" not in (home / ".agentbox" / "ssh_config").read_text()
+    assert engine.agentbox_objects() == []
