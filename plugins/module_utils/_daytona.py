@@ -669,13 +669,12 @@ class DaytonaProvider(Provider):
             )
         return sandbox
 
-    def web_url(self, name: str, expires_in: int = PREVIEW_TTL_SECONDS) -> str | None:
-        """A signed preview URL of the box's web port (works without headers, until it expires)."""
+    def web_url(self, name: str, expires_in: int = PREVIEW_TTL_SECONDS, port: int = WEB_PORT) -> str | None:
+        """A signed preview URL of a port of the box (its web port by default; works without
+        headers, until it expires)."""
         sandbox = self._sandbox(name, "preview URL")
         preview = self._call(
-            lambda: sandbox.create_signed_preview_url(
-                WEB_PORT, expires_in_seconds=expires_in, request_timeout=API_TIMEOUT
-            ),
+            lambda: sandbox.create_signed_preview_url(port, expires_in_seconds=expires_in, request_timeout=API_TIMEOUT),
             box=name,
             operation="preview URL",
         )

@@ -275,3 +275,36 @@ def test_ssh_alias_box_on_remote_engine(home: Path, repo_factory, engine_fleet, 
         assert not gone["failed"], gone.get("msg")
     assert f"agentbox-{name}" not in (home / ".agentbox" / "ssh_config").read_text()
     assert engine.agentbox_objects() == []
+
+
+def test_named_shells(home: Path, repo_factory, boxes: list[str]) -> None:
+    repo = repo_factory("ws")
+    name = f"sh-{secrets.token_hex(3)}"
+    create(repo, name, boxes)
+    made = playbook("playbooks/shell.yml", "-e", f"box={name}", "-e", "name=build")
+    assert made.returncode == 0, made.stdout + made.stderr
+    assert "tmux attach -t shell-build" in made.stdout and f"agentbox-{name}" in made.stdout
+    again = playbook("playbooks/shell.yml", "-e", f"box={name}", "-e", "name=build")
+    assert again.returncode == 0 and "changed=0" in again.stdout.split("PLAY RECAP")[-1].split("agentbox_shell")[-1]
+
+    # The session is vscode's login shell in /workspace, and reachable over the alias.
+    probe = ssh(
+        home,
+        f"agentbox-{name}",
+        "tmux display-message -p -t shell-build '#{pane_current_path}'; readlink -f /workspace",
+    )
+    assert probe.returncode == 0, probe.stderr
+    pane_path, workspace_target = probe.stdout.split()
+    assert pane_path in ("/workspace", workspace_target), probe.stdout
+    owner = ssh(home, f"agentbox-{name}", "ps -o user= -p $(tmux display-message -p -t shell-build '#{pane_pid}')")
+    assert owner.stdout.strip() == "vscode", owner.stdout + owner.stderr
+
+    listed = playbook("playbooks/shell.yml", "-e", f"box={name}", "-e", "state=list")
+    assert listed.returncode == 0 and f"shells in {name}: shell-build" in listed.stdout, listed.stdout
+    ended = playbook("playbooks/shell.yml", "-e", f"box={name}", "-e", "name=build", "-e", "state=absent")
+    assert ended.returncode == 0, ended.stdout + ended.stderr
+    listed = playbook("playbooks/shell.yml", "-e", f"box={name}", "-e", "state=list")
+    assert f"shells in {name}: none" in listed.stdout, listed.stdout
+
+    bad = playbook("playbooks/shell.yml", "-e", f"box={name}", "-e", "name=a;b")
+    assert bad.returncode != 0 and "letters, digits" in bad.stdout

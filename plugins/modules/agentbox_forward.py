@@ -1,0 +1,148 @@
+#!/usr/bin/python
+# Copyright (c) agentbox.box contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: agentbox_forward
+short_description: A URL on this machine for a port of a box
+version_added: 0.2.0
+description:
+  - Local engine - the box's port is published on C(127.0.0.1); the URL is returned as it is now (ports change
+    when a box is stopped and started, so ask again after a start).
+  - Remote engines (O(provider=docker_ssh)) - box ports are published on the engine's C(127.0.0.1); a detached
+    process on this machine listens on C(127.0.0.1:<local_port>) and carries each connection over the engine's SSH
+    connection to that port, until it is killed (C(kill <pid>)) or the engine goes away.
+  - Daytona - a signed preview URL for the port, valid for O(ttl) seconds.
+author:
+  - agentbox.box developers (@agentbox)
+extends_documentation_fragment:
+  - agentbox.box.provider
+  - agentbox.box.attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+options:
+  name:
+    description: The box.
+    type: str
+    required: true
+  port:
+    description: The port in the box. Boxes on Docker engines publish port 80 always and the ports given at create.
+    type: int
+    default: 80
+  local_port:
+    description: The port on this machine's C(127.0.0.1) for a remote engine's forward; V(0) picks a free one.
+    type: int
+    default: 0
+  ttl:
+    description: Seconds a Daytona signed preview URL stays valid (at most one day).
+    type: int
+    default: 3600
+"""
+
+EXAMPLES = r"""
+- name: The web port of a box on a remote engine, on this machine
+  agentbox.box.agentbox_forward:
+    name: fix-login
+    provider: docker_ssh
+    engine: builder1
+  register: forwarded
+"""
+
+RETURN = r"""
+url:
+  description: "The URL on this machine (or the signed preview URL for Daytona)."
+  returned: always
+  type: str
+  sample: http://127.0.0.1:41235/
+pid:
+  description: "The forwarding process, for a remote engine (stop it with C(kill <pid>))."
+  returned: when a forward was started
+  type: int
+local_port:
+  description: "The port on this machine's 127.0.0.1."
+  returned: for local and remote engines
+  type: int
+expires_in:
+  description: "Seconds the Daytona URL stays valid."
+  returned: for Daytona
+  type: int
+box:
+  description: "The box's facts (see M(agentbox.box.agentbox_box))."
+  returned: always
+  type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.agentbox.box.plugins.module_utils import _naming
+from ansible_collections.agentbox.box.plugins.module_utils._module import (
+    PROVIDER_ARGUMENT_SPEC,
+    provider_from_params,
+    run_module,
+)
+
+MAX_TTL = 24 * 3600
+
+
+def _task(module: AnsibleModule) -> dict:
+    params = module.params
+    name = _naming.validate_box_name(params["name"])
+    port = params["port"]
+    if not 0 < port < 65536 or not 0 <= params["local_port"] < 65536:
+        raise ValueError("port must be 1-65535 and local_port 0-65535")
+    if not 0 < params["ttl"] <= MAX_TTL:
+        raise ValueError(f"ttl must be 1-{MAX_TTL} seconds")
+    provider = provider_from_params(params)
+    facts = provider.find(name)
+    if facts is None:
+        raise ValueError(
+            f"no box called {name!r} on engine {provider.engine}: list boxes with playbooks/list_boxes.yml"
+        )
+    if facts.state != "running":
+        raise ValueError(f"box {name!r} is {facts.state}: start it (playbooks/box_state.yml -e state=started)")
+    result: dict = {"changed": False, "box": facts.to_dict()}
+    if provider.name == "daytona":
+        result["expires_in"] = params["ttl"]
+        result["url"] = None if module.check_mode else provider.web_url(name, expires_in=params["ttl"], port=port)
+        return result
+    published = facts.ports.get(str(port))
+    if not published:
+        raise ValueError(
+            f"box {name!r} does not publish port {port} (it publishes {', '.join(sorted(facts.ports)) or 'none'}): "
+            "ports are published when the box is created (agentbox_box ports: [...])"
+        )
+    if provider.name == "docker":
+        result.update(url=f"http://127.0.0.1:{published}/", local_port=published)
+        return result
+    result["changed"] = True
+    if module.check_mode:
+        result["url"] = None
+        return result
+    from ansible_collections.agentbox.box.plugins.module_utils import _ssh
+
+    pid, local_port = _ssh.start_forward_daemon(
+        facts.engine, published, params["local_port"], **getattr(provider, "ssh_options", {})
+    )
+    result.update(url=f"http://127.0.0.1:{local_port}/", local_port=local_port, pid=pid)
+    return result
+
+
+def main() -> None:
+    argument_spec = {
+        "name": {"type": "str", "required": True},
+        "port": {"type": "int", "default": 80},
+        "local_port": {"type": "int", "default": 0},
+        "ttl": {"type": "int", "default": 3600},
+        **PROVIDER_ARGUMENT_SPEC,
+    }
+    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    run_module(module, _task)
+
+
+if __name__ == "__main__":
+    main()
