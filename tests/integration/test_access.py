@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
+import signal
 import stat
 import subprocess
 import tempfile
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -129,6 +133,19 @@ def test_ssh_alias_local_box(home: Path, repo_factory, boxes: list[str]) -> None
     assert after.returncode == 255
 
 
+def wait_for_http(url: str, timeout: float = 20) -> str:
+    """The body at url, once something answers there (the server in the box is starting)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as answer:
+                return answer.read().decode().strip()
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)
+
+
 def playbook(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [str(REPO / ".venv/bin/ansible-playbook"), *args],
@@ -241,7 +258,7 @@ def test_ssh_alias_box_on_remote_engine(home: Path, repo_factory, engine_fleet, 
     name = f"rem-{secrets.token_hex(3)}"
     common = {"name": name, "provider": "docker_ssh", "engine": engine.alias}
     try:
-        created = run_module("agentbox_box", {**common, "workspace": str(repo)})
+        created = run_module("agentbox_box", {**common, "workspace": str(repo), "ports": [8123]})
         assert not created["failed"], created.get("msg")
         alias = created["access"]["alias"]
         assert created["access"]["warnings"] == []
@@ -267,6 +284,28 @@ def test_ssh_alias_box_on_remote_engine(home: Path, repo_factory, engine_fleet, 
         again = ssh(home, alias, "git -C /workspace rev-parse --abbrev-ref HEAD")
         assert again.returncode == 0 and again.stdout.strip() == f"agentbox/{name}", again.stderr
 
+        # forward.yml: the box's port on this machine's 127.0.0.1, through the engine.
+        token = secrets.token_hex(8)
+        served = ssh(home, alias, f"mkdir -p /tmp/www && echo {token} > /tmp/www/token && cd /tmp/www && "
+                     "(nohup python3 -m http.server 8123 >/dev/null 2>&1 &) && echo serving")  # fmt: skip
+        assert served.stdout.strip() == "serving", served.stderr
+        forwarded = playbook(
+            "playbooks/forward.yml", "-e", f"box={name}", "-e", "port=8123", "-e", "provider=docker_ssh",
+            "-e", f"engine={engine.alias}",
+        )  # fmt: skip
+        assert forwarded.returncode == 0, forwarded.stdout + forwarded.stderr
+        url = re.search(r"url: +(http://127\.0\.0\.1:\d+/)", forwarded.stdout).group(1)
+        pid = int(re.search(r"kill (\d+)", forwarded.stdout).group(1))
+        try:
+            assert wait_for_http(url + "token") == token
+        finally:
+            os.kill(pid, signal.SIGTERM)
+        unpublished = playbook(
+            "playbooks/forward.yml", "-e", f"box={name}", "-e", "port=9999", "-e", "provider=docker_ssh",
+            "-e", f"engine={engine.alias}",
+        )  # fmt: skip
+        assert unpublished.returncode != 0 and "does not publish port 9999" in unpublished.stdout
+
         # ide=ssh and any box off the local engine: the Remote-SSH URI.
         way_in = run_module("agentbox_access", {**common, "ide": "vscode"})
         assert way_in["uri"] == f"vscode-remote://ssh-remote+{alias}/workspace"
@@ -283,7 +322,8 @@ def test_named_shells(home: Path, repo_factory, boxes: list[str]) -> None:
     create(repo, name, boxes)
     made = playbook("playbooks/shell.yml", "-e", f"box={name}", "-e", "name=build")
     assert made.returncode == 0, made.stdout + made.stderr
-    assert "tmux attach -t shell-build" in made.stdout and f"agentbox-{name}" in made.stdout
+    flat = " ".join(made.stdout.split())  # the YAML callback folds long lines
+    assert f"agentbox-{name} tmux attach -t shell-build" in flat, made.stdout
     again = playbook("playbooks/shell.yml", "-e", f"box={name}", "-e", "name=build")
     assert again.returncode == 0 and "changed=0" in again.stdout.split("PLAY RECAP")[-1].split("agentbox_shell")[-1]
 
@@ -308,3 +348,20 @@ def test_named_shells(home: Path, repo_factory, boxes: list[str]) -> None:
 
     bad = playbook("playbooks/shell.yml", "-e", f"box={name}", "-e", "name=a;b")
     assert bad.returncode != 0 and "letters, digits" in bad.stdout
+
+
+def test_forward_local_and_web_url_after_start(home: Path, repo_factory, boxes: list[str]) -> None:
+    repo = repo_factory("ws")
+    name = f"fw-{secrets.token_hex(3)}"
+    created = create(repo, name, boxes)
+    forwarded = run_module("agentbox_forward", {"name": name})
+    assert forwarded["url"] == created["box"]["web_url"] and forwarded["changed"] is False
+    stopped = run_module("agentbox_box", {"name": name, "state": "stopped"})
+    assert stopped["box"]["state"] == "stopped"
+    not_running = run_module("agentbox_forward", {"name": name})
+    assert not_running["failed"] and "is stopped" in not_running["msg"]
+    # After a start the published port is new: box_state.yml prints the URL as it is now.
+    started = playbook("playbooks/box_state.yml", "-e", f"box={name}", "-e", "state=started")
+    assert started.returncode == 0, started.stdout + started.stderr
+    now = run_module("agentbox_forward", {"name": name})["url"]
+    assert f"web: {now}" in started.stdout
