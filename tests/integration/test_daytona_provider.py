@@ -2,9 +2,10 @@
 
 Every sandbox is a real container from agentbox/box:latest, so seeding (shipped clone + carry-over),
 the in-box start sequence, checkpoints (sandbox snapshots) and the inventory/connection run for real.
-The tests of this module share one emulator and one box, and run in file order: create, reach it
-through the inventory, pause/resume, checkpoint and restore, destroy. HOME is a temp dir, so
-checkpoint manifests never touch the real ~/.agentbox.
+The tests of this module share one emulator and, through module fixtures, one box (`created`) and one
+checkpoint restored into a second box (`checkpointed`); each test leaves the shared box running, so they
+pass in any order. The destroy test makes its own box. HOME is a temp dir, so checkpoint manifests never
+touch the real ~/.agentbox.
 """
 
 from __future__ import annotations
@@ -74,10 +75,6 @@ class World:
                 "-e", f"ansible_python_interpreter={sys.executable}", f"playbooks/{name}", "-e", "provider=daytona"]  # fmt: skip
         for item in extra:
             argv += ["-e", item]
-        if name == "box_state.yml":
-            # box_state.yml reports from the module's `diff`, which the agentbox_box action plugin now returns
-            # only in diff mode (reported to the lead).
-            argv.append("--diff")
         done = subprocess.run(argv, cwd=REPO, env=self.env(), capture_output=True, text=True, check=False)
         if check and done.returncode != 0:
             raise AssertionError(
@@ -92,16 +89,35 @@ class World:
 
 
 @pytest.fixture(scope="module")
-def world() -> Iterator[World]:
-    if not docker.from_env().images.list(name=IMAGE):
-        pytest.fail(f"{IMAGE} is missing: build it first (ansible-playbook playbooks/build_image.yml)")
+def world(box_image: str) -> Iterator[World]:
     root = Path(tempfile.mkdtemp(prefix="agentbox-dt-", dir="/tmp"))
     root.chmod(0o755)
     try:
-        with running_emulator(image=IMAGE) as (api_url, api_key, admin):
-            yield World(api_url, api_key, admin, root)
+        with running_emulator(image=box_image) as (api_url, api_key, admin):
+            made = World(api_url, api_key, admin, root)
+            try:
+                yield made
+            finally:
+                provider = made.provider()
+                for name in (made.restored, made.box):
+                    provider.destroy(name)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def created(world: World) -> dict:
+    """The shared box, made by create_box.yml from a workspace with every kind of uncommitted work."""
+    ws = _make_workspace(world)
+    started = time.monotonic()
+    done = world.playbook("create_box.yml", f"workspace={ws}", f"box={world.box}")
+    seconds = time.monotonic() - started
+    # Both trees and the box's git status as seeded, before any test works in the box or on the host.
+    host = _tree(ws)
+    box = _box_tree(world, world.box, world.root / "box-tree")
+    status = world.provider().exec(world.box, ["git", "-C", "/workspace", "status", "--porcelain"]).check("status")
+    return {"workspace": ws, "stdout": done.stdout, "seconds": seconds, "host_tree": host, "box_tree": box,
+            "status": status.text}  # fmt: skip
 
 
 def _make_workspace(world: World) -> Path:
@@ -185,12 +201,8 @@ def _sandbox(world: World, name: str) -> dict | None:
     return None
 
 
-def test_create_box_playbook_seeds_a_sandbox_byte_identically(world: World) -> None:
-    ws = _make_workspace(world)
-    started = time.monotonic()
-    done = world.playbook("create_box.yml", f"workspace={ws}", f"box={world.box}")
-    elapsed = time.monotonic() - started
-    assert "daytona" in done.stdout and f"agentbox/{world.box}" in done.stdout, done.stdout[-3000:]
+def test_create_box_playbook_seeds_a_sandbox_byte_identically(world: World, created: dict) -> None:
+    assert "daytona" in created["stdout"] and f"agentbox/{world.box}" in created["stdout"], created["stdout"][-3000:]
 
     sandbox = _sandbox(world, world.box)
     assert sandbox is not None and sandbox["state"] == "started", sandbox
@@ -205,19 +217,18 @@ def test_create_box_playbook_seeds_a_sandbox_byte_identically(world: World) -> N
     assert sandbox["user"] == "vscode"
     assert "DAYTONA_API_KEY" not in " ".join(container.attrs["Config"]["Env"])
 
-    host = _tree(ws)
+    host = dict(created["host_tree"])
     host.pop("debug.log")  # ignored by git: never carried
-    box = _box_tree(world, world.box, world.root / "box-tree")
+    box = created["box_tree"]
     assert sorted(box) == sorted(host)
     for rel, (kind, mode, content) in host.items():
         assert box[rel][0] == kind, rel
         assert box[rel][2] == content, f"{rel} differs"
         if kind == "file":
             assert oct(box[rel][1]) == oct(mode), f"{rel}: mode {oct(box[rel][1])} in the box, {oct(mode)} on the host"
-    provider = world.provider()
-    status = provider.exec(world.box, ["git", "-C", "/workspace", "status", "--porcelain"]).check("status").text
+    status = created["status"]
     assert " M README.md" in status and "old.txt" in status and "after.txt" in status and "?? notes/" in status
-    print(f"create_box.yml through the emulator: {elapsed:.1f} s")
+    print(f"create_box.yml through the emulator: {created['seconds']:.1f} s")
 
 
 def _inventory(world: World) -> Path:
@@ -235,17 +246,18 @@ def _inventory(world: World) -> Path:
     return inventory
 
 
-def test_inventory_and_connection_run_git_status(world: World) -> None:
+def test_inventory_and_connection_run_git_status(world: World, created: dict) -> None:
     inventory = _inventory(world)
     argv = [str(VENV_BIN / "ansible"), "-i", str(inventory), "daytona", "-m", "command",
             "-a", "git -C /workspace status"]  # fmt: skip
+    # What git says in the box, read directly through the provider: the connection must show the same.
+    in_box = world.provider().exec(world.box, ["git", "-C", "/workspace", "status"]).check("git status").text
+    assert f"On branch agentbox/{world.box}" in in_box
     for pipelining in ("false", "true"):  # the module file copied in, or fed as stdin
         done = subprocess.run([*argv, "-e", f"ansible_pipelining={pipelining}"], cwd=REPO, env=world.env(),
                               capture_output=True, text=True, check=False)  # fmt: skip
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        assert f"{world.box} | CHANGED | rc=0" in done.stdout, done.stdout
-        assert f"On branch agentbox/{world.box}" in done.stdout
-        assert "README.md" in done.stdout
+        assert f"{world.box} | CHANGED | rc=0 >>\n{in_box.rstrip()}" in done.stdout, done.stdout
     # become: sudo in the box, through the connection
     done = subprocess.run([str(VENV_BIN / "ansible"), "-i", str(inventory), "daytona", "-b", "-m", "command",
                            "-a", "id -un"], cwd=REPO, env=world.env(), capture_output=True, text=True, check=False)  # fmt: skip
@@ -277,7 +289,7 @@ def _fetch(url: str) -> tuple[int, bytes]:
         return exc.code, b""
 
 
-def test_pause_and_resume(world: World) -> None:
+def test_pause_and_resume(world: World, created: dict) -> None:
     _serve_web(world)
     before = world.provider().find(world.box).web_url
     assert _fetch(before.rstrip("/") + "/index.html") == (200, b"served\n")  # the signed URL reaches port 80, no header
@@ -308,10 +320,10 @@ def test_pause_and_resume(world: World) -> None:
     assert readme == b"hello\nedited on the host\n"
 
 
-def test_fetch_brings_the_box_branch_back(world: World) -> None:
+def test_fetch_brings_the_box_branch_back(world: World, created: dict) -> None:
     provider = world.provider()
-    commit = ["sh", "-c", "cd /workspace && git add -A && git -c user.name=agent -c user.email=a@b.invalid "
-              "commit -q -m 'work in the box' && git rev-parse HEAD"]  # fmt: skip
+    commit = ["sh", "-c", "cd /workspace && echo fetched > fetched.txt && git add -A && "
+              "git -c user.name=agent -c user.email=a@b.invalid commit -q -m 'work in the box' && git rev-parse HEAD"]  # fmt: skip
     tip = provider.exec(world.box, commit).check("commit in the box").text.strip()
     fetched = _module(world, "agentbox_worktree", {"provider": "daytona", "box": world.box, "state": "fetched"})
     assert fetched["changed"] and fetched["fetched"]["repos"][0]["commit"] == tip
@@ -319,24 +331,33 @@ def test_fetch_brings_the_box_branch_back(world: World) -> None:
     assert git(world.workspace, "show", f"{tip}:README.md") == "hello\nedited on the host\n"
 
 
-def test_checkpoint_and_restore_into_a_new_box(world: World) -> None:
+@pytest.fixture(scope="module")
+def checkpointed(world: World, created: dict) -> dict:
+    """Checkpoint warm1 of the shared box (warmed first), restored into a second box."""
     provider = world.provider()
     provider.exec(
         world.box, ["sh", "-c", "echo warm > /workspace/warm.txt && mkdir -p ~/.cache/x && echo c > ~/.cache/x/c"]
     ).check("warming")
     done = world.playbook("checkpoint.yml", f"box={world.box}", "checkpoint=warm1")
-    assert "checkpoint: warm1" in done.stdout, done.stdout[-3000:]
     snapshots = [s["name"] for s in world.admin.state()["snapshots"]]
-    made = [s for s in snapshots if s.startswith("agentbox-ckpt-") and "-warm1-" in s]
-    assert len(made) == 1, snapshots
-    # The source box is running again with its services.
-    assert _sandbox(world, world.box)["state"] == "started"
-    assert provider.exec(world.box, ["test", "-S", "/run/agentbox/ctl.sock"]).rc == 0
-
+    source_state = _sandbox(world, world.box)["state"]
+    source_ctl_socket = provider.exec(world.box, ["test", "-S", "/run/agentbox/ctl.sock"]).rc
     # New uncommitted work on the host after the checkpoint must reach the restored box too.
     (world.workspace / "notes/after-checkpoint.md").write_text("later\n")
     chown_tree(world.workspace)
     world.playbook("create_box.yml", f"workspace={world.workspace}", f"box={world.restored}", "checkpoint=warm1")
+    return {"stdout": done.stdout, "snapshots": snapshots, "source_state": source_state,
+            "source_ctl_socket": source_ctl_socket}  # fmt: skip
+
+
+def test_checkpoint_and_restore_into_a_new_box(world: World, checkpointed: dict) -> None:
+    assert "checkpoint: warm1" in checkpointed["stdout"], checkpointed["stdout"][-3000:]
+    snapshots = checkpointed["snapshots"]
+    made = [s for s in snapshots if s.startswith("agentbox-ckpt-") and "-warm1-" in s]
+    assert len(made) == 1, snapshots
+    # The source box was running again with its services right after the checkpoint.
+    assert checkpointed["source_state"] == "started" and checkpointed["source_ctl_socket"] == 0
+
     restored = world.provider()
     facts = restored.find(world.restored)
     assert facts is not None and facts.checkpoint == "warm1" and facts.state == "running"
@@ -347,7 +368,7 @@ def test_checkpoint_and_restore_into_a_new_box(world: World) -> None:
     assert head == f"agentbox/{world.restored}"
 
 
-def test_checkpoint_info_and_prune(world: World) -> None:
+def test_checkpoint_info_and_prune(world: World, checkpointed: dict) -> None:
     from ansible_collections.agentbox.box.plugins.module_utils._daytona import snapshot_name
 
     provider = world.provider()
@@ -374,19 +395,26 @@ def _module(world: World, module: str, args: dict) -> dict:
 
 
 def test_destroy_leaves_no_sandbox_snapshot_or_container(world: World) -> None:
-    instance = world.admin.health()["instanceId"]
-    for name in (world.restored, world.box):
-        world.playbook("destroy_box.yml", f"box={name}")
+    # A box and a checkpoint of its own: the shared ones stay for the other tests.
+    ws = make_repo(world.root / "ws-destroy", {"README.md": "to be destroyed\n"})
+    chown_tree(ws)
+    box = f"{world.box}-d"
+    world.playbook("create_box.yml", f"workspace={ws}", f"box={box}")
+    world.playbook("checkpoint.yml", f"box={box}", "checkpoint=gone1")
+    sandbox_id = _sandbox(world, box)["id"]
+    container_id = world.admin.sandbox_internal(sandbox_id)["_emulator"]["containerId"]
+    project = world.provider().find(box).project
+    assert [s["name"] for s in world.admin.state()["snapshots"] if "-gone1-" in s["name"]], "no snapshot was made"
+    manifests = world.home / ".agentbox/daytona/checkpoints" / project
+    assert any(manifests.rglob("manifest.json")), "no manifest was written"
+
+    world.playbook("destroy_box.yml", f"box={box}")
     argv = [str(VENV_BIN / "ansible"), "-i", "localhost,", "-c", "local", "localhost",
             "-e", f"ansible_python_interpreter={sys.executable}", "-m", "agentbox.box.agentbox_checkpoint",
-            "-a", f"provider=daytona workspace={world.workspace} name=warm1 state=absent"]  # fmt: skip
+            "-a", f"provider=daytona workspace={ws} name=gone1 state=absent"]  # fmt: skip
     done = subprocess.run(argv, cwd=REPO, env=world.env(), capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    state = world.admin.state()
-    assert [s for s in state["sandboxes"] if s.get("state") != "destroyed"] == []
-    assert [s["name"] for s in state["snapshots"] if s["name"].startswith("agentbox-ckpt-")] == []
-    left = docker.from_env().containers.list(all=True, filters={"label": f"io.agentbox.emulator={instance}"})
-    assert left == []
-    assert not (world.home / ".agentbox/daytona/checkpoints").exists() or not any(
-        (world.home / ".agentbox/daytona/checkpoints").rglob("manifest.json")
-    )
+    assert _sandbox(world, box) is None
+    assert [s["name"] for s in world.admin.state()["snapshots"] if "-gone1-" in s["name"]] == []
+    assert docker.from_env().containers.list(all=True, filters={"id": container_id}) == []
+    assert not any(manifests.rglob("manifest.json"))
