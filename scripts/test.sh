@@ -36,7 +36,7 @@ echo "=== box image"
 ansible-playbook playbooks/build_image.yml || exit 1
 
 if [ "${AGENTBOX_SKIP_GATES:-0}" != 1 ]; then
-  step "ruff" ruff check plugins tests scripts benchmarks
+  step "ruff" ruff check .  # every Python file, in-box programs included (ruff.toml extend-include)
   step "ansible-lint" ansible-lint --offline playbooks roles
   step "ansible-test sanity" bash scripts/sanity.sh
   for scenario in roles/*/molecule/default; do
@@ -46,7 +46,12 @@ if [ "${AGENTBOX_SKIP_GATES:-0}" != 1 ]; then
 fi
 
 # pytest last: its closing line is the suite's verdict (exit 5, no tests, counts as a failure).
-step "pytest" pytest -p no:cacheprovider "$@"
+# Two workers (much of the suite waits on the engine, SSH and subprocesses); a module's tests stay
+# on one worker, so a module's expensive shared fixtures (emulator, engine fleet) are made once.
+# Module order and the order of tests in each module are shuffled (the seed is printed: rerun
+# with -p random_order --random-order-seed=N); tests must not depend on each other.
+step "pytest" pytest -p no:cacheprovider -n "${AGENTBOX_TEST_WORKERS:-2}" --dist loadfile \
+  -p random_order --random-order-bucket=module "$@"
 
 if [ ${#failed[@]} -gt 0 ]; then
   echo "FAILED steps: ${failed[*]}"
