@@ -9,7 +9,7 @@ short_description: Format box facts as an aligned text table
 version_added: 0.1.0
 description:
   - Turns a list of box facts (as returned by M(agentbox.box.agentbox_box_info)) into the table that
-    C(playbooks/list_boxes.yml) prints - box, state, branch, workspace, ports, age.
+    C(playbooks/list_boxes.yml) prints - box, state, branch, workspace, ports, age, agent (name:state).
 positional: _input
 options:
   _input:
@@ -34,7 +34,7 @@ _value:
 import calendar
 import time
 
-COLUMNS = ("BOX", "STATE", "PROVIDER", "BRANCH", "WORKSPACE", "PORTS", "AGE")
+COLUMNS = ("BOX", "STATE", "PROVIDER", "BRANCH", "WORKSPACE", "PORTS", "AGE", "AGENT")
 
 
 def _age(created: str, now: float) -> str:
@@ -54,6 +54,12 @@ def _ports(ports: dict) -> str:
     return ",".join(f"{host}->{container}" for container, host in ordered) or "-"
 
 
+def _agent(agent: dict | None) -> str:
+    if not isinstance(agent, dict) or not agent.get("state"):
+        return "-"
+    return f"{agent.get('name')}:{agent['state']}"
+
+
 def box_table(boxes: list[dict], now: float | None = None) -> str:
     now = time.time() if now is None else now
     rows = [COLUMNS] + [
@@ -65,6 +71,7 @@ def box_table(boxes: list[dict], now: float | None = None) -> str:
             box.get("workspace") or "-",
             _ports(box.get("ports")),
             _age(box.get("created", ""), now),
+            _agent(box.get("agent")),
         )
         for box in boxes
     ]

@@ -14,7 +14,10 @@ description:
   - The configuration file must be a YAML file whose name ends with V(agentbox.yml) or V(agentbox.yaml),
     for example C(dev.agentbox.yml).
   - "Groups always present: V(docker), V(docker_ssh), V(daytona) (by provider), V(running), V(paused), V(stopped)
-    (by state), C(engine_<destination>) (by engine, V(engine_local) for the local one) and C(project_<project>)."
+    (by state), V(agent_working), V(agent_idle), V(agent_waiting) (by the state the box's coding agent last
+    reported), C(engine_<destination>) (by engine, V(engine_local) for the local one) and C(project_<project>)."
+  - "Every box gets C(agentbox_agent_state): V(working), V(idle), V(waiting), V(stopped), or null when no agent
+    ever ran in it (or the box is not running); see O(agent_state)."
   - Every value read from an engine is marked unsafe, so no label or name is ever templated.
   - An engine that cannot be reached gives a warning naming it; the boxes of the other engines still load.
 author:
@@ -84,6 +87,13 @@ options:
         O(keyed_groups).
     type: bool
     default: false
+  agent_state:
+    description:
+      - Ask every running box for its coding agent's state (one exec each, side by side on the local engine)
+        and set C(agentbox_agent_state) and the C(agent_*) groups. V(false) skips that (C(agentbox_agent_state)
+        is then null).
+    type: bool
+    default: true
   configure_connection:
     description:
       - Set C(ansible_connection=agentbox.box.box) on every box. A C(compose) entry for C(ansible_connection)
@@ -126,6 +136,7 @@ from ansible.plugins.inventory import BaseInventoryPlugin, Cacheable, Constructa
 from ansible.plugins.loader import connection_loader
 
 try:
+    from ansible_collections.agentbox.box.plugins.module_utils._agent import agents_of
     from ansible_collections.agentbox.box.plugins.module_utils._naming import project_id, sanitize_group
     from ansible_collections.agentbox.box.plugins.module_utils._provider import PROVIDERS, ProviderError
     from ansible_collections.agentbox.box.plugins.plugin_utils._providers import (
@@ -145,8 +156,9 @@ except ImportError as exc:  # pragma: no cover - reported by parse()
     IMPORT_ERROR = exc
 
 STATE_GROUPS = ("running", "paused", "stopped")
+AGENT_GROUPS = ("working", "idle", "waiting")  # agent_<state>
 # Cache format: bump when the stored listing changes shape.
-LISTING_VERSION = 1
+LISTING_VERSION = 2
 
 
 class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
@@ -191,6 +203,11 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             try:
                 provider = provider_for(source["provider"], source["engine"], source["options"])
                 entry["boxes"] = [facts.to_dict() for facts in provider.list_boxes()]
+                if self.get_option("agent_state"):
+                    running = [box["name"] for box in entry["boxes"] if box["state"] == "running"]
+                    agents = agents_of(provider, running)
+                    for box in entry["boxes"]:
+                        box["agent"] = agents.get(box["name"])
             except ProviderError as exc:
                 entry["error"] = str(exc)
             except Exception as exc:  # noqa: BLE001 - one bad engine must not sink the inventory
@@ -231,7 +248,7 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
 
     def _populate(self, listing: dict[str, Any]) -> None:
         """Build groups and hosts from a raw listing (no engine I/O here: unit tests feed it)."""
-        for group in (*PROVIDERS, *STATE_GROUPS):
+        for group in (*PROVIDERS, *STATE_GROUPS, *(f"agent_{state}" for state in AGENT_GROUPS)):
             self.inventory.add_group(group)
         strict = self.get_option("strict")
         seen_hosts: dict[str, str] = {}
@@ -294,6 +311,7 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             VAR_PROVIDER: provider,
             VAR_ENGINE: engine,
             "agentbox_ports": raw.get("ports") or {},
+            "agentbox_agent_state": (raw.get("agent") or {}).get("state"),
         }
         if provider == "daytona":
             options = self.get_option("daytona") or {}
@@ -311,6 +329,7 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             "agentbox_base_branch": labels.get("base_branch"),
             "agentbox_base_commit": labels.get("base_commit"),
             "agentbox_labels": labels,
+            "agentbox_agent": raw.get("agent"),
         }
         minimal = make_unsafe(minimal)
         full = make_unsafe(full)
@@ -327,6 +346,9 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         if state in STATE_GROUPS:
             self.inventory.add_child(state, host)
         self.inventory.add_child(engine_group, host)
+        agent_state = (raw.get("agent") or {}).get("state")
+        if agent_state in AGENT_GROUPS:
+            self.inventory.add_child(f"agent_{agent_state}", host)
         if raw.get("project"):
             project_group = self.inventory.add_group("project_" + sanitize_group(str(raw["project"])))
             self.inventory.add_child(project_group, host)

@@ -14,7 +14,7 @@ import dataclasses
 import json
 from typing import Any
 
-from . import _git, _journal, _naming, _preflight, _relay_state, _rollback, _seed
+from . import _agent, _git, _journal, _naming, _preflight, _relay_state, _rollback, _seed
 from ._provider import BoxFacts, BoxSpec, Provider, ProviderError
 
 DEFAULT_IMAGE = "agentbox/box:latest"
@@ -224,6 +224,8 @@ def _create_claimed(
         journal.write(stage="booting")
         _journal.pause_point("seeded")
         boot = boot_box(provider, name) if request.boot else None
+        if restore is not None and request.boot:
+            _agent.resume(provider, facts)  # a checkpoint remembers which agents ran, never their credentials
     except BaseException:
         try:
             _rollback.roll_back(provider, journal.record)
@@ -380,6 +382,8 @@ def set_state(provider: Provider, facts: BoxFacts, state: str, boot: bool = True
                 boot_box(provider, facts.name)
             started = provider.find(facts.name) or facts
             refresh_access(provider, started)  # the keys lived on the box's tmpfs
+            if boot:
+                _agent.resume(provider, started)  # the agents a stop ended, with the host's credentials
             return started
         return facts
     if state == "stopped":

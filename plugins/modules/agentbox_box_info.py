@@ -27,6 +27,12 @@ options:
   workspace:
     description: Only boxes of the project of this workspace directory.
     type: path
+  agent_state:
+    description:
+      - Also read each running box's coding agent (one exec per box) into C(agent) of its facts:
+        C({name, session, state, since}), or null when none ever ran (or the box is not running).
+    type: bool
+    default: false
 """
 
 EXAMPLES = r"""
@@ -56,6 +62,7 @@ boxes:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.agentbox.box.plugins.module_utils import _naming
+from ansible_collections.agentbox.box.plugins.module_utils._agent import agents_of
 from ansible_collections.agentbox.box.plugins.module_utils._module import (
     PROVIDER_ARGUMENT_SPEC,
     provider_from_params,
@@ -74,6 +81,10 @@ def _run(params: dict) -> dict:
             project = _naming.project_id(_naming.workspace_path(params["workspace"]))
         found = provider.list_boxes(project=project)
     boxes = [facts.to_dict() for facts in found]
+    if params["agent_state"]:
+        agents = agents_of(provider, [box["name"] for box in boxes if box["state"] == "running"])
+        for box in boxes:
+            box["agent"] = agents.get(box["name"])
     return {"changed": False, "box": boxes[0] if params["name"] and boxes else {}, "boxes": boxes}
 
 
@@ -82,6 +93,7 @@ def main() -> None:
         "name": {"type": "str"},
         "project": {"type": "str"},
         "workspace": {"type": "path"},
+        "agent_state": {"type": "bool", "default": False},
         **PROVIDER_ARGUMENT_SPEC,
     }
     module = AnsibleModule(

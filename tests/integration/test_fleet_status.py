@@ -224,7 +224,7 @@ def test_fleet_status_numbers_table_and_html(fleet, tmp_path):
     lines = [line.strip() for line in table.splitlines() if line.strip()]
     header = lines[0]
     assert header.split() == ["BOX", "STATE", "BRANCH", "BASE", "AHEAD", "BEHIND", "FILES", "+", "-",
-                              "UNCOMMITTED", "LAST", "COMMIT", "AGE"]  # fmt: skip
+                              "UNCOMMITTED", "LAST", "COMMIT", "AGE", "AGENT"]  # fmt: skip
     # Aligned: every column starts at the same offset on every line.
     state_column = header.index("STATE")
     for name, (state, ahead, behind, files, plus, minus, uncommitted, subject) in want.items():

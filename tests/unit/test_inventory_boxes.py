@@ -30,6 +30,7 @@ from ansible_collections.agentbox.box.plugins.module_utils._naming import projec
 from ansible_collections.agentbox.box.plugins.module_utils._provider import (  # noqa: E402
     BoxFacts,
     EngineUnreachable,
+    ExecResult,
 )
 
 WORKSPACE_A = "/home/dev/src/app"
@@ -59,13 +60,28 @@ def box(
     )
 
 
+# What `cat /run/agentbox/agents/*.state.json` prints in a box (the box writes it: untrusted).
+AGENT_FILES = {
+    "fix-login": '{"name": "claude", "session": "claude", "state": "working", "since": "2026-11-30T10:00:00Z"}\n',
+    "remote-one": '{"name": "codex", "session": "codex", "state": "idle", "since": "2026-11-30T09:00:00Z"}\n'
+    '{"name": "sh", "session": "helper", "state": "waiting", "since": "2026-11-30T09:30:00Z"}\n',
+    "evil": '{"name": "' + EVIL + '", "session": "x", "state": "pwned", "since": "' + EVIL + '"}\nnot json\n',
+}
+
+
 class FakeProvider:
     """Answers list_boxes from a fixed listing and counts the calls; can be unreachable."""
 
-    def __init__(self, engine: str, boxes: list[BoxFacts] | None, calls: list[str]):
+    def __init__(self, engine: str, boxes: list[BoxFacts] | None, calls: list[str], execs: list[str]):
         self.engine = engine
+        self.name = "docker" if engine == "local" else "docker_ssh"
         self._boxes = boxes
         self._calls = calls
+        self._execs = execs
+
+    def exec(self, name: str, argv: list[str], **_options: object) -> ExecResult:
+        self._execs.append(name)
+        return ExecResult(rc=0, stdout=AGENT_FILES.get(name, "").encode(), stderr=b"")
 
     def list_boxes(self, project: str | None = None) -> list[BoxFacts]:
         self._calls.append(self.engine)
@@ -88,9 +104,10 @@ def fleet(monkeypatch, tmp_path):
         "root@127.0.0.1:2201": [box("remote-one", engine="root@127.0.0.1:2201")],
     }
     calls: list[str] = []
+    execs: list[str] = []
 
     def fake_provider_for(provider: str, engine: str | None = None, options=None):
-        return FakeProvider(engine or "local", engines.get(engine or "local"), calls)
+        return FakeProvider(engine or "local", engines.get(engine or "local"), calls, execs)
 
     monkeypatch.setattr(plugin_module, "provider_for", fake_provider_for)
 
@@ -108,6 +125,7 @@ def fleet(monkeypatch, tmp_path):
 
     build.engines = engines
     build.calls = calls
+    build.execs = execs
     build.tmp_path = tmp_path
     return build
 
@@ -138,6 +156,26 @@ def test_groups_always_present_and_filled(fleet):
     assert members(inventory, "engine_root_127_0_0_1_2201") == ["remote-one"]
     assert members(inventory, f"project_{project_id(WORKSPACE_B)}") == ["spike"]
     assert len(members(inventory, f"project_{project_id(WORKSPACE_A)}")) == 4
+
+
+def test_agent_state_groups_and_variable(fleet):
+    inventory = fleet({"plugin": "agentbox.box.boxes", "engines": ["root@127.0.0.1:2201"]})
+    assert members(inventory, "agent_working") == ["fix-login"]
+    # The session whose state changed last is the box's agent.
+    assert members(inventory, "agent_waiting") == ["remote-one"]
+    assert members(inventory, "agent_idle") == []
+    assert inventory.get_host("fix-login").vars["agentbox_agent_state"] == "working"
+    # A box's garbage is dropped, never templated; boxes not running are not asked.
+    assert inventory.get_host("evil").vars["agentbox_agent_state"] is None
+    assert inventory.get_host("spike").vars["agentbox_agent_state"] is None
+    assert sorted(fleet.execs) == ["evil", "fix-login", "remote-one"]
+    assert not os.path.exists("/tmp/agentbox-inventory-pwned")
+
+
+def test_agent_state_off_asks_no_box(fleet):
+    inventory = fleet({"plugin": "agentbox.box.boxes", "agent_state": False}, cache=False)
+    assert inventory.get_host("fix-login").vars["agentbox_agent_state"] is None
+    assert fleet.execs == []
 
 
 def test_minimal_host_vars_and_connection_hand_off(fleet):

@@ -1,0 +1,161 @@
+#!/usr/bin/python
+# Copyright (c) agentbox.box contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: agentbox_agent
+short_description: Start or stop a coding agent (Claude Code, Codex, OpenCode, or any command) in a box
+version_added: 0.1.0
+description:
+  - Runs the agent as C(vscode) in C(/workspace), in a detached tmux session named after it, so it keeps
+    working with nobody attached; the result's RV(attach) says how to attach.
+  - The box is the sandbox, so the CLI's permission prompts are skipped by default
+    (C(--dangerously-skip-permissions) for Claude Code, C(--dangerously-bypass-approvals-and-sandbox) for
+    Codex); O(skip_permissions=false) keeps them.
+  - Idempotent; a running session is left alone. O(state=stopped) ends the CLI gracefully (SIGTERM, then
+    the tmux session after 10 seconds).
+  - A stopped box is started (and a paused one resumed) first. After a box stop and start, or a restore
+    from a checkpoint, every session that was started runs again and resumes its last conversation
+    (C(claude --continue), C(codex resume --last), C(opencode --continue)).
+  - Credentials come from the host user and are never written to an image, a label, the container's
+    config or a checkpoint; they go to the C(/run/agentbox) tmpfs. Looked for, first found wins - O(env),
+    the controller's environment (C(ANTHROPIC_*) and C(CLAUDE_CODE_*) for Claude Code, C(OPENAI_*) for Codex,
+    both for OpenCode), the boxes' own sign-in (C(playbooks/agent_login.yml), kept in
+    C(~/.agentbox/agents/<agent>/)), then the CLI's sign-in files in the host user's home
+    (C(~/.claude/.credentials.json) and the account of C(~/.claude.json), C(~/.codex/auth.json),
+    C(~/.local/share/opencode/auth.json)). Host files are only read. When nothing is found the agent
+    starts anyway, with a warning that says where it looked.
+  - The box commits as the host user (C(user.name) and C(user.email) of the workspace's effective git config,
+    nothing else of it).
+  - The CLI's hooks report C(working), C(idle), C(waiting) and C(stopped) with C(agentbox-ctl agent-state);
+    first-run dialogs (onboarding, folder trust, the permission-skipping warning) are answered in the
+    CLI's own settings in the box.
+author:
+  - agentbox.box developers (@agentbox)
+extends_documentation_fragment:
+  - agentbox.box.provider
+  - agentbox.box.attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+options:
+  box:
+    description: The box's name.
+    type: str
+    required: true
+  agent:
+    description:
+      - V(claude), V(codex) or V(opencode); its CLI must be in the box's image (role variable
+        C(box_image_agents)).
+      - With O(command), any name (it labels the state the command reports).
+    type: str
+    default: claude
+  command:
+    description:
+      - A command line run by C(bash -lc) instead of a known CLI (no permission flag, no resume; it is started
+        again as it is). It can report states with C(agentbox-ctl agent-state STATE).
+    type: str
+  state:
+    description: V(started) or V(stopped).
+    type: str
+    choices: [started, stopped]
+    default: started
+  prompt:
+    description:
+      - The first prompt, passed to the CLI intact (quotes, newlines, any unicode) when the session starts;
+        never sent again on a resume.
+    type: str
+  session:
+    description: The tmux session name. Default the agent's name.
+    type: str
+  args:
+    description: Extra arguments for the CLI, after the ones this module adds.
+    type: list
+    elements: str
+    default: []
+  skip_permissions:
+    description: Add the CLI's permission-skipping flag.
+    type: bool
+    default: true
+  env:
+    description:
+      - Extra variables for the agent's process (keys, tokens, C(ANTHROPIC_BASE_URL)...); they win over the
+        controller's environment. Written to the tmpfs, never logged.
+    type: dict
+    default: {}
+"""
+
+EXAMPLES = r"""
+- name: Claude Code in the box, with a first task
+  agentbox.box.agentbox_agent:
+    box: fix-login
+    prompt: "Fix the login redirect and add a test"
+
+- name: Codex with its approvals kept
+  agentbox.box.agentbox_agent:
+    box: fix-login
+    agent: codex
+    skip_permissions: false
+
+- name: Stop it
+  agentbox.box.agentbox_agent:
+    box: fix-login
+    state: stopped
+"""
+
+RETURN = r"""
+box:
+  description: The box's facts (see M(agentbox.box.agentbox_box)), with C(agent) added.
+  returned: always
+  type: dict
+  contains:
+    agent:
+      description: The session's agent as its hooks last reported it; null when none ever ran.
+      type: dict
+      returned: always
+      sample: {"name": "claude", "session": "claude", "state": "idle", "since": "2026-11-30T17:30:00Z"}
+session:
+  description: The tmux session.
+  returned: always
+  type: str
+attach:
+  description: The command that attaches to the session, for the box's provider.
+  returned: always
+  type: str
+  sample: docker exec -it -u vscode agentbox-fix-login tmux attach -t claude
+credentials:
+  description: Names of the credentials handed to the agent (variable names and C(~/) paths; never values).
+  returned: when O(state=started)
+  type: list
+  elements: str
+"""
+
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.agentbox.box.plugins.module_utils._agent import AGENT_ARGUMENT_SPEC, run_agent_task
+from ansible_collections.agentbox.box.plugins.module_utils._module import (
+    PROVIDER_ARGUMENT_SPEC,
+    provider_from_params,
+    run_module,
+)
+
+
+def _run(module: AnsibleModule) -> dict:
+    result, warnings = run_agent_task(module.params, provider_from_params(module.params), module.check_mode)
+    for warning in warnings:
+        module.warn(warning)
+    return result
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec={**AGENT_ARGUMENT_SPEC, **PROVIDER_ARGUMENT_SPEC}, supports_check_mode=True)
+    run_module(module, _run)
+
+
+if __name__ == "__main__":
+    main()
