@@ -215,7 +215,9 @@ def resume(provider: Provider, facts: BoxFacts) -> dict[str, Any] | None:
     except AgentError as exc:
         if "has no agentbox-agent" in str(exc):
             return None  # an image from before agents: nothing to resume
-        raise
+        # The box itself started (or was restored) fine: an agent that cannot come back must not undo
+        # that; agent.yml starts it again and reports why.
+        return {"ok": False, "error": str(exc)}
 
 
 def read_states(provider: Provider, box: str) -> list[dict[str, Any]]:
