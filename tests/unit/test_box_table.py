@@ -37,7 +37,8 @@ def created(seconds_ago: int) -> str:
 def test_every_column_aligned(tmp_path: Path) -> None:
     boxes = [
         {"name": "alpha", "state": "running", "provider": "docker", "engine": "local", "branch": "agentbox/alpha",
-         "workspace": "/src/app", "ports": {"80": 49153, "6080": 49154}, "created": created(42)},
+         "workspace": "/src/app", "ports": {"80": 49153, "6080": 49154}, "created": created(42),
+         "agent": {"name": "claude", "session": "claude", "state": "working", "since": "2026-11-30T10:00:00Z"}},
         {"name": "b", "state": "paused", "provider": "docker_ssh", "engine": "builder1", "branch": "",
          "workspace": "", "ports": {}, "created": created(3 * 3600 + 5)},
         {"name": "c-long-name", "state": "stopped", "provider": "daytona", "engine": "",
@@ -45,15 +46,16 @@ def test_every_column_aligned(tmp_path: Path) -> None:
         {"name": "d", "state": "running", "provider": "docker", "created": "not a date"},
     ]  # fmt: skip
     lines = table(boxes, tmp_path).splitlines()
-    assert lines[0].split() == ["BOX", "STATE", "PROVIDER", "BRANCH", "WORKSPACE", "PORTS", "AGE"]
+    assert lines[0].split() == ["BOX", "STATE", "PROVIDER", "BRANCH", "WORKSPACE", "PORTS", "AGE", "AGENT"]
     rows = {line.split()[0]: line.split() for line in lines[1:]}
     assert rows["alpha"] == ["alpha", "running", "docker", "agentbox/alpha", "/src/app",
-                             "49153->80,49154->6080", "42s"]  # fmt: skip
-    assert rows["b"] == ["b", "paused", "docker_ssh@builder1", "-", "-", "-", "3h"]
-    assert rows["c-long-name"] == ["c-long-name", "stopped", "daytona", "agentbox/c-long-name", "/src/other", "-", "2d"]
-    assert rows["d"] == ["d", "running", "docker", "-", "-", "-", "?"]
+                             "49153->80,49154->6080", "42s", "claude:working"]  # fmt: skip
+    assert rows["b"] == ["b", "paused", "docker_ssh@builder1", "-", "-", "-", "3h", "-"]
+    assert rows["c-long-name"] == ["c-long-name", "stopped", "daytona", "agentbox/c-long-name", "/src/other", "-", "2d",
+                                   "-"]  # fmt: skip
+    assert rows["d"] == ["d", "running", "docker", "-", "-", "-", "?", "-"]
     # Aligned: each column starts at the same offset on every line.
-    for column in ("STATE", "PROVIDER", "BRANCH", "WORKSPACE", "PORTS", "AGE"):
+    for column in ("STATE", "PROVIDER", "BRANCH", "WORKSPACE", "PORTS", "AGE", "AGENT"):
         offset = lines[0].index(column)
         for line in lines[1:]:
             assert line[offset - 2 : offset] == "  " and line[offset] != " ", (column, line)
@@ -61,4 +63,4 @@ def test_every_column_aligned(tmp_path: Path) -> None:
 
 
 def test_no_boxes_says_so_under_the_header(tmp_path: Path) -> None:
-    assert table([], tmp_path).splitlines() == ["BOX  STATE  PROVIDER  BRANCH  WORKSPACE  PORTS  AGE", "(no boxes)"]
+    assert table([], tmp_path).splitlines() == ["BOX  STATE  PROVIDER  BRANCH  WORKSPACE  PORTS  AGE  AGENT", "(no boxes)"]
