@@ -530,3 +530,20 @@ def test_checkpoint_playbook(lab: Lab) -> None:
         check=False,
     )
     assert missing.returncode != 0 and "-e box=NAME" in missing.stdout
+
+
+def test_max_layers_and_cleanup_false(lab: Lab) -> None:
+    workspace = lab.workspace()
+    box = lab.ok_box("ml", workspace)["box"]["name"]
+    note = f"session-{secrets.token_hex(6)}"
+    lab.sh(box, f"echo {note} > /var/tmp/session-note", user="root")  # the in-box cleanup empties /var/tmp
+
+    first = lab.ok_checkpoint(box=box, name="ml1", cleanup=False, max_layers=1)["checkpoint"]
+    assert first["type"] == "layered" and first["layers"] == 1
+    restored = lab.ok_box("ml-r", workspace, checkpoint="ml1")["box"]["name"]
+    assert lab.sh(restored, "cat /var/tmp/session-note") == f"{note}\n"  # captured as it was: no cleanup ran
+
+    # The restored box already stacks one checkpoint layer: with max_layers=1 the next one is flattened.
+    second = lab.ok_checkpoint(box=restored, name="ml2", max_layers=1)["checkpoint"]
+    assert second["type"] == "flattened" and second["layers"] == 0 and second["parents"] == ["ml1"]
+    assert "session-note" not in lab.sh(restored, "ls -A /var/tmp")  # the default cleanup ran this time
