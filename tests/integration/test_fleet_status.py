@@ -79,8 +79,6 @@ def fleet():
         (workspace / "README.md").write_text("readme\n")
         host_git(workspace, "add", "-A")
         host_git(workspace, "commit", "-q", "-m", "initial")
-        # The box module fails on a clean tree today (reported): carry one change, undone in each box.
-        (workspace / "README.md").write_text("readme\ncarried\n")
         subprocess.run(["chown", "-R", f"{BOX_UID}:{BOX_UID}", str(root)], check=True)
         for name in names:
             created = box_module(name, workspace=str(workspace))
@@ -88,22 +86,20 @@ def fleet():
         inv = root / "inv" / "fleet.agentbox.yml"
         inv.parent.mkdir()
         inv.write_text(f"plugin: agentbox.box.boxes\ninclude: ['{prefix}-*']\n")
-        reset = "git checkout -q -- README.md\n"
         commit = f"git {' '.join(GIT_ID)} commit -q"
         # a: two commits (2 files, +7 -2 against main), then one modified file and one untracked file.
-        in_box(inv, names[0], reset + textwrap.dedent(f"""\
+        in_box(inv, names[0], textwrap.dedent(f"""\
             printf 'new %s\\n' 1 2 3 4 5 > feature.py && git add feature.py && {commit} -m 'Add feature'
             sed -i '1,2d' app.py && printf 'x\\ny\\n' >> app.py && git add app.py && {commit} -m 'Rework app ✓'
             echo extra >> feature.py
             echo scratch > notes.txt
             """))  # fmt: skip
         # b: no commit; three lines appended to a tracked file, nothing else.
-        in_box(inv, names[1], reset + "printf 'b1\\nb2\\nb3\\n' >> app.py\n")
+        in_box(inv, names[1], "printf 'b1\\nb2\\nb3\\n' >> app.py\n")
         # c: one commit, then stopped; main moves on by two commits meanwhile (c is behind by 2).
-        in_box(inv, names[2], reset + f"echo c > c.txt && git add c.txt && {commit} -m 'Commit in c'\n")
+        in_box(inv, names[2], f"echo c > c.txt && git add c.txt && {commit} -m 'Commit in c'\n")
         docker_stop = subprocess.run(["docker", "stop", "-t", "1", f"agentbox-{names[2]}"], capture_output=True, check=False)
         assert docker_stop.returncode == 0, docker_stop.stderr
-        (workspace / "README.md").write_text("readme\n")
         for index in range(2):
             (workspace / f"main{index}.txt").write_text("main\n")
             host_git(workspace, "add", "-A")
