@@ -124,3 +124,29 @@ def test_prune_checkpoints_removes_only_what_nothing_refers_to(checkpoint_images
 
     again = playbook("prune_checkpoints.yml", *scope, home=checkpoint_images["home"])
     assert again.returncode == 0 and "removed: nothing" in again.stdout, again.stdout[-3000:]
+
+
+# -- create_box.yml with image= and checkpoint=none ---------------------------------------------------------
+def test_create_box_with_another_image_and_no_checkpoint(docker_client: docker.DockerClient, box_image: str,
+                                                         tmp_path: Path) -> None:  # fmt: skip
+    from tests.conftest import chown_tree
+
+    workspace = make_repo(tmp_path / "ws", {"a.txt": "a\n"})
+    chown_tree(workspace)
+    repository, tag = f"agentbox-test/other-{secrets.token_hex(4)}", "v1"
+    docker_client.images.get(box_image).tag(repository, tag)  # the same layers under another name
+    name = f"img-{secrets.token_hex(3)}"
+    try:
+        done = playbook("create_box.yml", "-e", f"workspace={workspace}", "-e", f"box={name}",
+                        "-e", f"image={repository}:{tag}", "-e", "checkpoint=none", home=tmp_path / "home")  # fmt: skip
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+        # The image was there: the build task was skipped, and the box runs the image that was asked for.
+        assert "TASK [Build the box image (it is missing)]" in done.stdout
+        assert recap(done.stdout)["skipped"] >= 1
+        container = docker_client.containers.get(f"agentbox-{name}")
+        assert container.attrs["Config"]["Image"] == f"{repository}:{tag}"
+        assert container.labels.get("io.agentbox.checkpoint", "") == ""
+        assert f"box:       {name} (docker)" in done.stdout and f"branch:    agentbox/{name}" in done.stdout
+    finally:
+        playbook("destroy_box.yml", "-e", f"box={name}", "-e", "delete_branch=true")
+        docker_client.images.remove(f"{repository}:{tag}")
