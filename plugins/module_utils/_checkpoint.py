@@ -43,7 +43,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from . import _git, _naming, _seed
+from . import _ckpt_env, _git, _naming, _seed
 from ._provider import BoxFacts, Provider, ProviderError
 from ._tarstream import tar_of_paths, tar_of_tree
 
@@ -147,24 +147,49 @@ def _write_json(path: str, data: dict[str, Any]) -> None:
 
 
 # -- project defaults and name counters -------------------------------------------------------------
-def project_default(provider: Provider | None, project: str) -> str | None:
-    """The project's default checkpoint (set with set_default), or None."""
+def engine_scope(provider: Provider) -> str:
+    """`<provider>:<engine>`: where a checkpoint lives, as manifests record it under `engine`."""
+    return f"{provider.name}:{provider.engine}"
+
+
+def project_default(provider: Provider, project: str) -> str | None:
+    """The project's default checkpoint on this provider and engine (set with set_default), or None.
+
+    Defaults are kept per provider and engine: a Docker checkpoint is no default for Daytona. A
+    default written before they were (`default_checkpoint`) belongs to the local engine.
+    """
     config = _read_json(project_config_path(project)) or {}
-    value = config.get("default_checkpoint")
+    scoped = config.get("default_checkpoints")
+    value = scoped.get(engine_scope(provider)) if isinstance(scoped, dict) else None
+    if value is None and engine_scope(provider) == "docker:local":
+        value = config.get("default_checkpoint")
     return value if isinstance(value, str) and value else None
 
 
-def set_project_default(project: str, name: str | None, workspace: str | None = None) -> None:
+def set_project_default(project: str, name: str | None, workspace: str | None = None, *, provider: Provider) -> None:
+    """Set (or with None clear) the project's default checkpoint on this provider and engine only."""
     path = project_config_path(project)
     with _locked(path):
         config = _read_json(path) or {}
+        scoped = config.get("default_checkpoints")
+        scoped = dict(scoped) if isinstance(scoped, dict) else {}
+        if engine_scope(provider) == "docker:local" and "default_checkpoint" in config:
+            legacy = config.pop("default_checkpoint")
+            scoped.setdefault("docker:local", legacy)
         if name:
-            config["default_checkpoint"] = name
+            scoped[engine_scope(provider)] = name
         else:
-            config.pop("default_checkpoint", None)
+            scoped.pop(engine_scope(provider), None)
+        config["default_checkpoints"] = scoped
         if workspace:
             config.setdefault("workspace", workspace)
         _write_json(path, config)
+
+
+def _foreign(provider: Provider, manifest: dict[str, Any] | None) -> bool:
+    """A manifest of a checkpoint on another provider or engine (its name is taken there)."""
+    engine = (manifest or {}).get("engine")
+    return bool(engine) and engine != engine_scope(provider)
 
 
 def _next_number(project: str, box: str, taken: Iterable[str]) -> int:
@@ -216,11 +241,28 @@ def _image_or_none(client: Any, ref: str) -> Any:
         return None
 
 
-def _checkpoint_images(client: Any, project: str | None = None) -> list[Any]:
+class _ImageSummary:
+    """What a listing says of one image (id, tags, labels, size), in the shape of the SDK's Image.
+
+    From one /images/json answer: the SDK's images.list() inspects each image again, and fails
+    when any image goes away in between (other runs make and remove images all the time)."""
+
+    def __init__(self, summary: dict[str, Any]):
+        self.id = summary.get("Id", "")
+        self.tags = [t for t in summary.get("RepoTags") or [] if t != "<none>:<none>"]
+        self.labels = summary.get("Labels") or {}
+        self.attrs = {"Size": summary.get("Size", 0)}
+
+
+def _images(client: Any, filters: dict[str, Any] | None = None) -> list[_ImageSummary]:
+    return [_ImageSummary(summary) for summary in client.api.images(filters=filters)]
+
+
+def _checkpoint_images(client: Any, project: str | None = None) -> list[_ImageSummary]:
     filters = [_naming.label("kind") + "=checkpoint"]
     if project:
         filters.append(f"{_naming.label('project')}={project}")
-    return client.images.list(filters={"label": filters})
+    return _images(client, {"label": filters})
 
 
 # -- manifests and labels ---------------------------------------------------------------------------
@@ -343,6 +385,8 @@ def find_checkpoint(provider: Provider, project: str, name: str) -> Checkpoint |
     client = _docker(provider)
     image_ref = _naming.checkpoint_image(project, name)
     manifest = read_manifest(project, name)
+    if _foreign(provider, manifest):
+        manifest = None  # that name is a checkpoint on another provider or engine
     image = _image_or_none(client, image_ref)
     if manifest is None and image is None:
         return None
@@ -368,7 +412,7 @@ def list_checkpoints(provider: Provider, project: str) -> list[Checkpoint]:
     root = checkpoints_dir(project)
     for entry in sorted(os.listdir(root)) if os.path.isdir(root) else []:
         manifest = read_manifest(project, entry) if not entry.startswith(".") else None
-        if manifest is None:
+        if manifest is None or _foreign(provider, manifest):
             continue
         image = _image_or_none(client, _naming.checkpoint_image(project, entry))
         found[entry] = Checkpoint(
@@ -466,6 +510,12 @@ def plan_capture(
     else:
         taken = [c.name for c in list_checkpoints(provider, project)]
         name = _naming.validate_checkpoint_name(f"{facts.name}-{_next_number(project, facts.name, taken)}")
+    elsewhere = read_manifest(project, name)
+    if _foreign(provider, elsewhere):
+        raise CheckpointError(
+            f"checkpoint {name!r} of this project already exists on {(elsewhere or {}).get('engine')} (manifests "
+            "are shared by every provider and engine): pick another name"
+        )
     existing = find_checkpoint(provider, project, name)
     if existing and not replace:
         raise CheckpointError(
@@ -761,7 +811,10 @@ def _flatten(provider: Provider, facts: BoxFacts, target: str, labels: dict[str,
     container = client.containers.get(facts.container)
     config = container.attrs.get("Config") or {}
     merged_labels = {**(config.get("Labels") or {}), **labels}
-    changes = config_changes(config, merged_labels)
+    # The image's own environment only: the box's `env` (keys, tokens) stays out of the checkpoint.
+    own = _own_env(client, container)
+    changes = config_changes({**config, "Env": _ckpt_env.image_env(config.get("Env") or [], own, blank_added=False)},
+                             merged_labels)
     repository, _sep, tag = target.rpartition(":")
     was_running = container.attrs.get("State", {}).get("Status") == "running"
     if was_running:
@@ -778,6 +831,12 @@ def _flatten(provider: Provider, facts: BoxFacts, target: str, labels: dict[str,
     if image is None:
         raise CheckpointError(f"the engine did not make the flattened image: {str(answer)[-500:]}", box=facts.name)
     return {"id": image.id, "size": int(image.attrs.get("Size", 0))}
+
+
+def _own_env(client: Any, container: Any) -> list[str]:
+    """The Env of the image the container runs (not the container's: that has the box's `env`)."""
+    image = _image_or_none(client, container.attrs.get("Image", ""))
+    return ((image.attrs.get("Config") or {}).get("Env") or []) if image is not None else []
 
 
 def capture(provider: Provider, plan: CapturePlan, cleanup: bool = True) -> dict[str, Any]:
@@ -837,7 +896,17 @@ def capture(provider: Provider, plan: CapturePlan, cleanup: bool = True) -> dict
     started = time.monotonic()
     try:
         if plan.type == "layered":
-            made = provider.commit(facts.name, target, labels)
+            own = _own_env(client, container)
+            raw = f"{target}{TEMP_TAG_MARK}raw"
+            env = _ckpt_env.image_env(config.get("Env") or [], own, blank_added=True)
+            committed = provider.commit(facts.name, raw, labels, env=env)
+            try:
+                # The box's env out of the image's config for good (see _ckpt_env); layers are shared.
+                image_id = _ckpt_env.without_container_config(client.api, committed["id"], target, own)
+            finally:
+                with contextlib.suppress(Exception):
+                    client.images.remove(raw)
+            made = {"id": image_id, "size": committed["size"]}
         else:
             made = _flatten(provider, facts, target, labels)
         timings["capture_seconds"] = time.monotonic() - started
@@ -945,7 +1014,7 @@ def remove(provider: Provider, checkpoint: Checkpoint) -> dict[str, Any]:
         shutil.rmtree(directory)
         removed["manifest"] = os.path.join(directory, "manifest.json")
     if project_default(provider, checkpoint.project) == checkpoint.name:
-        set_project_default(checkpoint.project, None)
+        set_project_default(checkpoint.project, None, provider=provider)
         removed["default_cleared"] = True
     return removed
 
@@ -975,7 +1044,7 @@ def prune(provider: Provider, check_mode: bool = False, project: str | None = No
     kept_by_manifest = _all_manifest_images()
     candidates: list[tuple[str, str]] = []  # (reference to remove, image id)
     seen: set[str] = set()
-    for image in client.images.list() + _checkpoint_images(client):
+    for image in _images(client) + _checkpoint_images(client):
         if image.id in seen:
             continue
         seen.add(image.id)

@@ -1371,7 +1371,7 @@ class DaytonaProvider(Provider):
                 return found
             page += 1
 
-    def commit(self, name: str, image: str, labels: dict[str, str]) -> dict[str, Any]:
+    def commit(self, name: str, image: str, labels: dict[str, str], env: list[str] | None = None) -> dict[str, Any]:
         """Capture the box as snapshot `image`: stop, snapshot, then start and boot again if it ran.
 
         Snapshots carry no labels (the manifest keeps them). `image` must be a new name: Daytona
@@ -1696,7 +1696,7 @@ class DaytonaCheckpoints:
             shutil.rmtree(directory)
             removed["manifest"] = os.path.join(directory, "manifest.json")
         if _checkpoint.project_default(self.provider, checkpoint.project) == checkpoint.name:
-            _checkpoint.set_project_default(checkpoint.project, None)
+            _checkpoint.set_project_default(checkpoint.project, None, provider=self.provider)
             removed["default_cleared"] = True
         return removed
 

@@ -622,11 +622,14 @@ class DockerProvider(Provider):
         except ImageNotFound:
             return {}
 
-    def commit(self, name: str, image: str, labels: dict[str, str]) -> dict[str, Any]:
+    def commit(self, name: str, image: str, labels: dict[str, str], env: list[str] | None = None) -> dict[str, Any]:
         container = self._container(name, "checkpoint")
         repository, _sep, tag = image.rpartition(":")
+        conf: dict[str, Any] = {"Labels": labels}
+        if env is not None:
+            conf["Env"] = env  # the image's own environment, not the box's (see _ckpt_env)
         try:
-            result = container.commit(repository=repository, tag=tag, conf={"Labels": labels}, pause=True)
+            result = container.commit(repository=repository, tag=tag, conf=conf, pause=True)
         except APIError as exc:
             raise ProviderError(str(exc.explanation or exc), box=name, operation="checkpoint") from exc
         return {"id": result.id, "size": result.attrs.get("Size", 0)}

@@ -197,8 +197,9 @@ class Provider(abc.ABC):
         return {}
 
     @abc.abstractmethod
-    def commit(self, name: str, image: str, labels: dict[str, str]) -> dict[str, Any]:
-        """Capture the box's filesystem as `image` (layered). Returns {'id', 'size'}."""
+    def commit(self, name: str, image: str, labels: dict[str, str], env: list[str] | None = None) -> dict[str, Any]:
+        """Capture the box's filesystem as `image` (layered), with `env` as its Env when given (the
+        image's own, never the box's runtime env). Returns {'id', 'size'}."""
 
     def close(self) -> None:  # noqa: B027 - optional hook: most providers hold nothing to release
         """Release connections. Safe to call twice."""

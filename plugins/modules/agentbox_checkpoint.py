@@ -257,7 +257,7 @@ def _run(module: AnsibleModule) -> dict:
     else:
         checkpoint = _checkpoint.capture(provider, plan, cleanup=params["cleanup"])
         if params["set_default"]:
-            _checkpoint.set_project_default(project, plan.name, facts.workspace)
+            _checkpoint.set_project_default(project, plan.name, facts.workspace, provider=provider)
         checkpoint["default"] = _checkpoint.project_default(provider, project) == plan.name
         for warning in checkpoint.pop("warnings", []):
             module.warn(warning)

@@ -308,8 +308,10 @@ def test_warm_state_survives_restore_and_source_is_untouched(lab: Lab) -> None:
 
 
 def _same_config(image_config: dict[str, Any], container_config: dict[str, Any]) -> None:
-    for key in ("Env", "User", "WorkingDir", "Cmd", "Entrypoint"):
+    for key in ("User", "WorkingDir", "Cmd", "Entrypoint"):
         assert (image_config.get(key) or None) == (container_config.get(key) or None), key
+    # The environment is the image's own: the box's (AGENTBOX_*, its `env`) is not kept.
+    assert image_config.get("Env") == docker.from_env().images.get(IMAGE).attrs["Config"]["Env"]
     assert sorted(image_config.get("ExposedPorts") or {}) == sorted(container_config.get("ExposedPorts") or {})
 
 
@@ -386,7 +388,7 @@ def test_secrets_are_in_neither_kind_of_checkpoint(lab: Lab) -> None:
         saved = lab.ok_checkpoint(box=box, name=f"sec-{int(merged)}", merged=merged)["checkpoint"]
         assert saved["type"] == ("flattened" if merged else "layered")
         inspect = subprocess.run(["docker", "image", "inspect", saved["image"]], capture_output=True, check=True).stdout
-        assert b"visible" in inspect  # the search would see env values
+        assert b"visible" not in inspect  # the box's env is not the checkpoint's (see the test below)
         assert not any(n in inspect for n in needles), saved["type"]
         # One pass over the exported filesystem: the marker is found, no secret is.
         assert _filesystem_contains(lab.client, saved["image"], [*needles, work_marker]) == [work_marker], saved["type"]
@@ -396,6 +398,64 @@ def test_secrets_are_in_neither_kind_of_checkpoint(lab: Lab) -> None:
     refused = lab.checkpoint(box=leaky, name="leaky")
     assert refused.get("failed") and "COPIED" in refused["msg"] and api_key not in refused["msg"]
     assert not image_exists(lab.client, _naming.checkpoint_image(_naming.project_id(str(workspace)), "leaky"))
+
+
+def test_box_env_is_in_neither_kind_of_checkpoint(lab: Lab) -> None:
+    """Users pass API keys in `env` out of habit: a checkpoint keeps the image's own environment, and
+    a box restored from it gets its own `env`."""
+    workspace = lab.workspace()
+    key = "sk-env-" + secrets.token_hex(20)
+    box = lab.ok_box("env", workspace, env={"MY_API_KEY": key})["box"]["name"]
+    assert lab.sh(box, "printenv MY_API_KEY") == key + "\n"  # it is really there, so the searches can fail
+    work_marker = f"work-{secrets.token_hex(12)}".encode()
+    lab.sh(box, f"cd /workspace && echo '{work_marker.decode()}' > work.txt")
+    for merged in (False, True):
+        saved = lab.ok_checkpoint(box=box, name=f"env-{int(merged)}", merged=merged)["checkpoint"]
+        inspect = subprocess.run(["docker", "image", "inspect", saved["image"]], capture_output=True, check=True).stdout
+        assert key.encode() not in inspect, saved["type"]
+        # Exactly the image's own environment: no key the box added, not even a blanked one.
+        assert json.loads(inspect)[0]["Config"]["Env"] == lab.client.images.get(IMAGE).attrs["Config"]["Env"]
+        assert _filesystem_contains(lab.client, saved["image"], [key.encode(), work_marker]) == [work_marker]
+        own = "sk-own-" + secrets.token_hex(8)
+        restored = lab.ok_box(f"env-r{int(merged)}", workspace, checkpoint=saved["name"], env={"MY_API_KEY": own})
+        name = restored["box"]["name"]
+        assert lab.sh(name, "printenv MY_API_KEY; printenv AGENTBOX_BOX_NAME") == f"{own}\n{name}\n"
+
+
+def test_the_default_checkpoint_belongs_to_one_provider_and_engine(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ansible_collections.agentbox.box.plugins.module_utils import _checkpoint
+    from ansible_collections.agentbox.box.plugins.module_utils._daytona import DaytonaProvider
+    from ansible_collections.agentbox.box.plugins.module_utils._docker import DockerProvider
+
+    workspace = lab.workspace()
+    project = _naming.project_id(str(workspace))
+    box = lab.ok_box("dflt", workspace)["box"]["name"]
+    saved = lab.ok_checkpoint(box=box, name="warm", set_default=True)["checkpoint"]
+    assert saved["default"] is True
+    monkeypatch.setenv("HOME", str(lab.home))
+    local = DockerProvider()
+    remote = DockerProvider(engine="builder@127.0.0.1:2201")
+    daytona = DaytonaProvider(api_url="http://127.0.0.1:9/api", api_key="unused")
+    # A Docker checkpoint is the local engine's default only: Daytona and a remote engine have none.
+    assert [_checkpoint.project_default(p, project) for p in (local, remote, daytona)] == ["warm", None, None]
+    # Clearing Daytona's default (what removing a Daytona checkpoint does) leaves the Docker one alone.
+    _checkpoint.set_project_default(project, "snap", provider=daytona)
+    _checkpoint.set_project_default(project, None, provider=daytona)
+    assert [_checkpoint.project_default(p, project) for p in (local, daytona)] == ["warm", None]
+    # The name of a checkpoint on another engine of the same kind is taken: say so, never clobber it.
+    manifest = lab.home / ".agentbox" / "checkpoints" / project / "warm" / "manifest.json"
+    assert json.loads(manifest.read_text())["engine"] == "docker:local"
+    from ansible_collections.agentbox.box.plugins.module_utils._provider import BoxFacts
+
+    facts = BoxFacts(name=box, id="", provider="docker_ssh", engine=remote.engine, state="running",
+                     container=f"agentbox-{box}", image=IMAGE, project=project, workspace=str(workspace),
+                     branch="", created="")
+    with pytest.raises(_checkpoint.CheckpointError, match="already exists on docker:local"):
+        _checkpoint.plan_capture(remote, facts, "warm")
+    # Removing the checkpoint on its own engine clears that engine's default.
+    gone = lab.ok_checkpoint(name="warm", state="absent", workspace=str(workspace))
+    assert gone["removed"]["default_cleared"] is True
+    assert _checkpoint.project_default(local, project) is None
 
 
 def test_absent_bad_input_check_mode_defaults_and_prune(lab: Lab) -> None:
@@ -416,7 +476,7 @@ def test_absent_bad_input_check_mode_defaults_and_prune(lab: Lab) -> None:
     second = lab.ok_checkpoint(box=box)["checkpoint"]
     assert [first["name"], second["name"]] == [f"{box}-1", f"{box}-2"] and first["default"] is True
     config = json.loads((lab.home / ".agentbox" / "projects" / project / "config.json").read_text())
-    assert config["default_checkpoint"] == first["name"]
+    assert config["default_checkpoints"] == {"docker:local": first["name"]}
 
     # Bad input fails clearly and changes nothing.
     images_before = sorted(
@@ -478,6 +538,7 @@ def test_absent_bad_input_check_mode_defaults_and_prune(lab: Lab) -> None:
     orphan = _naming.checkpoint_image(project, "orphan")
     lab.client.images.get(first["image"]).tag(_naming.CHECKPOINT_IMAGE_PREFIX + project, "orphan")
     listed_only = lab.checkpoint(prune=True, workspace=str(workspace), _check=True)
+    assert not listed_only.get("failed"), listed_only.get("msg")
     assert [r["image"] for r in listed_only["removed"]["removed"]] == [orphan] and image_exists(lab.client, orphan)
     pruned = lab.ok_checkpoint(prune=True, workspace=str(workspace))
     assert [r["image"] for r in pruned["removed"]["removed"]] == [orphan]
