@@ -54,6 +54,10 @@ _PUBLIC_KEY = re.compile(
 # Run as root in the box; the user's public keys arrive on stdin. Prints the box's ed25519 host key.
 BOX_SETUP = r"""
 set -eu
+# Editor volumes are made by the engine owned by root: the box user's (see _editor_volumes).
+for dir in @EDITOR_DIRS@; do
+  if [ -d "$dir" ] && [ "$(stat -c %u "$dir")" != 1000 ]; then chown 1000:1000 "$dir"; fi
+done
 sshd=/usr/sbin/sshd
 [ -x "$sshd" ] || { echo "no OpenSSH server in the box ($sshd)" >&2; exit 4; }
 ls /etc/ssh/ssh_host_ed25519_key >/dev/null 2>&1 || ssh-keygen -A >/dev/null
@@ -132,8 +136,11 @@ def identity_files() -> list[tuple[str, str]]:
 
 def prepare_box(provider: Provider, name: str, public_keys: list[str]) -> str:
     """Authorise public_keys in the box and make its sshd usable; its host key as `type base64`."""
+    from . import _editor_volumes
+
+    script = BOX_SETUP.replace("@EDITOR_DIRS@", " ".join(_editor_volumes.mount_dirs()))
     run = provider.exec(
-        name, ["sh", "-c", BOX_SETUP], user="root", stdin=("".join(key + "\n" for key in public_keys)).encode()
+        name, ["sh", "-c", script], user="root", stdin=("".join(key + "\n" for key in public_keys)).encode()
     )
     run.check("preparing SSH access in the box", name)
     lines = run.stdout.decode("utf-8", "replace").strip().splitlines()
@@ -213,6 +220,13 @@ def entry_text(facts: BoxFacts, proxy_command: str, keys: list[str]) -> str:
         f"  HostKeyAlias {name}",
         f"  UserKnownHostsFile {known_hosts_path()}",
         "  StrictHostKeyChecking yes",
+        # The host key is ours to record (box_ready); no rotation proofs mid-login.
+        "  UpdateHostKeys no",
+        # The session runs inside docker exec's pipe (or the engine's own SSH session), never on a
+        # network: skip the post-quantum hybrid, whose key generation is half the login time here.
+        "  KexAlgorithms curve25519-sha256,curve25519-sha256@libssh.org",
+        "  GSSAPIAuthentication no",
+        "  PreferredAuthentications publickey",
         *(f"  IdentityFile {path}" for path in keys),
         "  ForwardAgent no",
         "  ForwardX11 no",

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
+from . import _editor_volumes
 from ._engine_api import EngineAPI, EngineAPIError, EngineUnanswered, feed_stdin, local_engine
 from ._naming import container_name, docker_volume_name, label, strip_labels
 from ._provider import (
@@ -327,6 +328,10 @@ class DockerProvider(Provider):
                 volumes[path] = {"bind": path, "mode": "rw"}
             for host_path, box_path in spec.mounts.items():
                 volumes[host_path] = {"bind": box_path, "mode": "ro"}
+            # Editor servers (per box) and their extensions (shared by the user's boxes): _editor_volumes.
+            for editor_volume, box_path, editor_labels in _editor_volumes.box_volumes(spec.name, volume_labels):
+                self.client.volumes.create(name=editor_volume, labels=editor_labels)
+                volumes[editor_volume] = {"bind": box_path, "mode": "rw"}
             ports = {f"{port}/tcp": ("127.0.0.1", None) for port in sorted(set(spec.ports))}
             env = {
                 "AGENTBOX": "1",
@@ -341,7 +346,7 @@ class DockerProvider(Provider):
                 command=["sleep", "infinity"],
                 name=cname,
                 hostname=cname,
-                labels=spec.labels,
+                labels={**spec.labels, **_editor_volumes.container_labels()},
                 environment=env,
                 volumes=volumes,
                 ports=ports,
@@ -362,7 +367,7 @@ class DockerProvider(Provider):
             container.reload()
             return self._facts(container)
         except ImageNotFound as exc:
-            self._remove_half_made(container, volume if created_volume else None)
+            self._remove_half_made(container, volume if created_volume else None, spec.name)
             raise ProviderError(
                 f"image {spec.image!r} is not on engine {self._engine}: build it with the box_image role "
                 "(playbooks/create_box.yml does) or pass another 'image'",
@@ -370,7 +375,7 @@ class DockerProvider(Provider):
                 operation="create",
             ) from exc
         except APIError as exc:
-            self._remove_half_made(container, volume if created_volume else None)
+            self._remove_half_made(container, volume if created_volume else None, spec.name)
             if exc.status_code == 409 and container is None:
                 raise ProviderError(
                     f"a container called {cname!r} already exists on engine {self._engine}: pick another box name",
@@ -379,22 +384,25 @@ class DockerProvider(Provider):
                 ) from exc
             raise ProviderError(str(exc.explanation or exc), box=spec.name, operation="create") from exc
         except DockerException as exc:
-            self._remove_half_made(container, volume if created_volume else None)
+            self._remove_half_made(container, volume if created_volume else None, spec.name)
             message = getattr(exc, "explanation", None) or str(exc)
             raise ProviderError(str(message), box=spec.name, operation="create") from exc
         except BaseException:
-            self._remove_half_made(container, volume if created_volume else None)
+            self._remove_half_made(container, volume if created_volume else None, spec.name)
             raise
 
-    def _remove_half_made(self, container: Any, volume: str | None) -> None:
+    def _remove_half_made(self, container: Any, volume: str | None, box: str | None = None) -> None:
         if container is not None:
             try:
                 container.remove(force=True, v=True)
             except DockerException:
                 pass
-        if volume:
+        # The box's editor server volumes were made in the same run as its volume: both are ours.
+        for name in [volume, *(_editor_volumes.per_box_volumes(box) if volume and box else [])]:
+            if not name:
+                continue
             try:
-                self.client.volumes.get(volume).remove(force=True)
+                self.client.volumes.get(name).remove(force=True)
             except DockerException:
                 pass
 
@@ -479,12 +487,13 @@ class DockerProvider(Provider):
             pass
         except APIError as exc:
             raise ProviderError(str(exc.explanation or exc), box=name, operation="destroy") from exc
-        try:
-            self.client.volumes.get(docker_volume_name(name)).remove(force=True)
-        except NotFound:
-            pass
-        except APIError as exc:
-            raise ProviderError(str(exc.explanation or exc), box=name, operation="destroy") from exc
+        for volume_name in (docker_volume_name(name), *_editor_volumes.per_box_volumes(name)):
+            try:
+                self.client.volumes.get(volume_name).remove(force=True)
+            except NotFound:
+                pass
+            except APIError as exc:
+                raise ProviderError(str(exc.explanation or exc), box=name, operation="destroy") from exc
 
     def destroy_if_id(self, name: str, box_id: str) -> bool:
         """Remove the container and volume of box `box_id` only: by the engine's id once the label
@@ -502,12 +511,13 @@ class DockerProvider(Provider):
                 removed = True
             except NotFound:
                 pass
-        try:
-            volume = self.client.volumes.get(docker_volume_name(name))
-            if (volume.attrs.get("Labels") or {}).get(label("id")) == box_id:
-                volume.remove(force=True)
-        except (NotFound, APIError):
-            pass  # gone, or in use by the container of the run that won the name
+        for volume_name in (docker_volume_name(name), *_editor_volumes.per_box_volumes(name)):
+            try:
+                volume = self.client.volumes.get(volume_name)
+                if (volume.attrs.get("Labels") or {}).get(label("id")) == box_id:
+                    volume.remove(force=True)
+            except (NotFound, APIError):
+                pass  # gone, or in use by the container of the run that won the name
         return removed
 
     def remove_leftover_volumes(self, name: str) -> list[dict[str, Any]]:

@@ -12,14 +12,17 @@ prune_checkpoints.yml lists them (and their size is the user's to reclaim with d
 from __future__ import annotations
 
 import getpass
+import json
 import re
 
 from ._naming import label
 
 BOX_HOME = "/home/vscode"
 EDITORS = {"vscode": ".vscode-server", "cursor": ".cursor-server"}
-KIND_SERVER = "editor-server"
 KIND_EXTENSIONS = "editor-extensions"
+# What VS Code's and Cursor's Dev Containers read when attaching to a running container: be the
+# box user in /workspace (so the server lands in the per-box volume, not in /root).
+DEV_CONTAINER_METADATA = [{"remoteUser": "vscode", "workspaceFolder": "/workspace"}]
 
 
 def _user() -> str:
@@ -34,11 +37,14 @@ def extensions_volume(editor: str) -> str:
     return f"agentbox-{editor}-extensions-{_user()}"
 
 
-def box_volumes(box: str, box_labels: dict[str, str]) -> list[tuple[str, str, dict[str, str]]]:
-    """(volume, mount path, labels) of every editor volume a new box mounts, outer before inner."""
+def box_volumes(box: str, volume_labels: dict[str, str]) -> list[tuple[str, str, dict[str, str]]]:
+    """(volume, mount path, labels) of every editor volume a new box mounts, outer before inner.
+
+    The per-box ones carry the box's volume labels (kind=volume, box, id): whatever removes a
+    box's volumes removes them too."""
     result = []
     for editor, directory in EDITORS.items():
-        server_labels = {**box_labels, label("kind"): KIND_SERVER, label("editor"): editor}
+        server_labels = {**volume_labels, label("editor"): editor}
         result.append((server_volume(box, editor), f"{BOX_HOME}/{directory}", server_labels))
         shared_labels = {label("kind"): KIND_EXTENSIONS, label("editor"): editor, label("user"): _user()}
         result.append((extensions_volume(editor), f"{BOX_HOME}/{directory}/extensions", shared_labels))
@@ -48,6 +54,10 @@ def box_volumes(box: str, box_labels: dict[str, str]) -> list[tuple[str, str, di
 def per_box_volumes(box: str) -> list[str]:
     """The volumes destroy removes with the box (the shared extension volumes stay)."""
     return [server_volume(box, editor) for editor in EDITORS]
+
+
+def container_labels() -> dict[str, str]:
+    return {"devcontainer.metadata": json.dumps(DEV_CONTAINER_METADATA, separators=(",", ":"))}
 
 
 def mount_dirs() -> list[str]:

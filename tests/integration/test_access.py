@@ -365,3 +365,72 @@ def test_forward_local_and_web_url_after_start(home: Path, repo_factory, boxes: 
     assert started.returncode == 0, started.stdout + started.stderr
     now = run_module("agentbox_forward", {"name": name})["url"]
     assert f"web: {now}" in started.stdout
+
+
+def volume_names(box_or_kind: str) -> list[str]:
+    out = subprocess.run(
+        ["docker", "volume", "ls", "--filter", f"label={box_or_kind}", "--format", "{{.Name}}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return sorted(out.split())
+
+
+def test_editor_server_volumes(home: Path, repo_factory, boxes: list[str]) -> None:
+    repo = repo_factory("ws")
+    name = f"ed-{secrets.token_hex(3)}"
+    create(repo, name, boxes)
+    alias = f"agentbox-{name}"
+    mounts = json.loads(
+        subprocess.run(
+            ["docker", "inspect", "--format", "{{json .Mounts}}", alias], capture_output=True, text=True, check=True
+        ).stdout
+    )
+    by_path = {mount["Destination"]: mount.get("Name") for mount in mounts}
+    assert by_path["/home/vscode/.vscode-server"] == f"agentbox-{name}-vscode-server"
+    assert by_path["/home/vscode/.cursor-server"] == f"agentbox-{name}-cursor-server"
+    shared = by_path["/home/vscode/.vscode-server/extensions"]
+    assert shared.startswith("agentbox-vscode-extensions-")
+    # Dev Containers attaches as vscode in /workspace (so the server lands in the per-box volume).
+    metadata = subprocess.run(
+        ["docker", "inspect", "--format", '{{index .Config.Labels "devcontainer.metadata"}}', alias],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert json.loads(metadata) == [{"remoteUser": "vscode", "workspaceFolder": "/workspace"}]
+
+    # The box user can write to both; what it writes survives a stop and start.
+    wrote = ssh(
+        home, alias, "echo server > ~/.vscode-server/marker && echo ext > ~/.vscode-server/extensions/marker-" + name
+    )
+    assert wrote.returncode == 0, wrote.stderr
+    for state in ("stopped", "started"):
+        assert not run_module("agentbox_box", {"name": name, "state": state})["failed"]
+    kept = ssh(home, alias, f"cat ~/.vscode-server/marker ~/.vscode-server/extensions/marker-{name}")
+    assert kept.stdout.split() == ["server", "ext"], kept.stdout + kept.stderr
+
+    # Destroy removes the per-box volumes and keeps the shared one; the prune playbook lists it.
+    assert not run_module("agentbox_box", {"name": name, "state": "absent"})["failed"]
+    assert volume_names(f"io.agentbox.box={name}") == []
+    assert shared in volume_names("io.agentbox.kind=editor-extensions")
+    pruned = playbook("playbooks/prune_checkpoints.yml", "--check")
+    assert pruned.returncode == 0 and shared in pruned.stdout, pruned.stdout + pruned.stderr
+    # Leave the shared volume as it was: only this test's marker goes.
+    subprocess.run(
+        [
+            "docker",
+            "run",
+            "--rm",
+            "-v",
+            f"{shared}:/ext",
+            "--entrypoint",
+            "rm",
+            "agentbox/box:latest",
+            "-f",
+            f"/ext/marker-{name}",
+        ],
+        check=True,
+        capture_output=True,
+    )
