@@ -2,12 +2,15 @@
 
 The role builds the image with every known agent under a test repository (the Claude layer is shared
 with agentbox/box:latest when that is current, so only Codex and OpenCode are fetched from npm), then
-each CLI answers --version as vscode, and an unknown agent name fails before any build.
+each CLI answers --version as vscode; Codex and OpenCode start through playbooks/agent.yml in a box of
+that image (flags, prompt, key in the process only, their hook settings); an unknown agent name fails
+before any build.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import subprocess
 from pathlib import Path
@@ -15,6 +18,8 @@ from typing import Any
 
 import docker
 import pytest
+
+from tests.conftest import chown_tree
 
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = str(REPO / ".venv" / "bin" / "ansible-playbook")
@@ -60,7 +65,65 @@ def build(tmp_path: Path, repository: str, agents: list[str]) -> subprocess.Comp
     )
 
 
-def test_every_agent_cli_runs_as_vscode(client: Any, tmp_path: Path) -> None:
+def playbook(tmp_path: Path, name: str, extra: dict[str, Any], env: dict[str, str] | None = None) -> str:
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "CLAUDE_CODE_", "OPENAI_"))}
+    done = subprocess.run(
+        [ANSIBLE_PLAYBOOK, f"playbooks/{name}", "-e", json.dumps(extra)],
+        cwd=REPO,
+        env={**clean, "HOME": str(home), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert done.returncode == 0, f"{name}: {done.stdout[-4000:]}"
+    return done.stdout
+
+
+def codex_and_opencode_in_a_box(client: Any, tmp_path: Path, image: str, workspace: Path) -> None:
+    box = f"agi-{secrets.token_hex(3)}"
+    key = f"sk-openai-test-{secrets.token_hex(8)}"
+    container = None
+    try:
+        playbook(tmp_path, "create_box.yml", {"workspace": str(workspace), "box": box, "image": image,
+                                              "checkpoint": "none"})  # fmt: skip
+        container = client.containers.get(f"agentbox-{box}")
+        out = playbook(tmp_path, "agent.yml", {"box": box, "agent": "codex", "prompt": 'say "hi"\nthen stop'},
+                       env={"OPENAI_API_KEY": key})  # fmt: skip
+        assert key not in out and f"agentbox-{box} tmux attach -t codex" in out
+        playbook(tmp_path, "agent.yml", {"box": box, "agent": "opencode", "prompt": "hello ü"})
+
+        def in_box(script: str) -> str:
+            code, output = container.exec_run(["bash", "-c", script], user="vscode")
+            assert code == 0, output.decode()
+            return output.decode()
+
+        def argv_and_env(session: str) -> tuple[list[str], str]:
+            pid = in_box(f"cat /run/agentbox/agents/{session}.pid").strip()
+            return in_box(f"cat /proc/{pid}/cmdline").split("\0")[:-1], in_box(f"cat /proc/{pid}/environ")
+
+        codex_argv, codex_env = argv_and_env("codex")
+        assert codex_argv[-2:] == ["--dangerously-bypass-approvals-and-sandbox", 'say "hi"\nthen stop'], codex_argv
+        assert f"OPENAI_API_KEY={key}" in codex_env.split("\0")
+        opencode_argv, _ = argv_and_env("opencode")
+        assert opencode_argv[-2:] == ["--prompt", "hello ü"], opencode_argv
+        assert key not in json.dumps(client.api.inspect_container(f"agentbox-{box}"))
+        # Their hook settings: Codex's notify program and trusted /workspace, OpenCode's event plugin.
+        config = in_box("cat ~/.codex/config.toml")
+        assert 'notify = ["agentbox-agent", "notify"]' in config and '[projects."/workspace"]' in config
+        assert "agentbox-ctl agent-state" in in_box("cat ~/.config/opencode/plugin/agentbox.js")
+        in_box("AGENTBOX_AGENT_SESSION=codex agentbox-agent notify '{\"type\": \"agent-turn-complete\"}'")
+        assert json.loads(in_box("cat /run/agentbox/agents/codex.state.json"))["state"] == "idle"
+        sessions = in_box("tmux ls -F '#{session_name}'").split()
+        assert sorted(sessions) == ["codex", "opencode"]
+    finally:
+        if container is not None:
+            playbook(tmp_path, "destroy_box.yml", {"box": box, "delete_branch": True})
+
+
+def test_every_agent_cli_runs_as_vscode(client: Any, tmp_path: Path, repo_factory: Any) -> None:
     repository = f"agentbox-test/agents-{secrets.token_hex(4)}"
     try:
         done = build(tmp_path, repository, ["claude", "codex", "opencode"])
@@ -83,6 +146,9 @@ def test_every_agent_cli_runs_as_vscode(client: Any, tmp_path: Path) -> None:
             image.id, ["sh", "-c", "find /usr/local/lib/node_modules -name '*-linux-*-musl' | wc -l"], remove=True
         ).decode()
         assert musl.strip() == "0"
+        workspace = repo_factory("ws")
+        chown_tree(workspace)
+        codex_and_opencode_in_a_box(client, tmp_path, f"{repository}:latest", workspace)
     finally:
         for image in client.images.list(name=repository):
             for reference in image.tags:
