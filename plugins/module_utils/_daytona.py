@@ -85,6 +85,7 @@ try:
         DaytonaNotFoundError,
         DaytonaSessionEndedError,
         FileUpload,
+        Image,
         ListSandboxesQuery,
         Resources,
         SessionExecuteRequest,
@@ -121,6 +122,9 @@ SECRETS_DIR = "/run/agentbox/secrets"
 # Control files of running commands: a tmpfs that the checkpoint cleanup (which empties /tmp) and a
 # snapshot never see.
 EXEC_DIR = "/dev/shm/agentbox-exec"
+# Their output, on disk under the daemon user's home: Daytona's /dev/shm is 64 MiB, and the checkpoint cleanup
+# empties /tmp and /var/tmp (a command's own output would vanish under it). Captures remove the old ones.
+EXEC_OUTPUT_DIR = "~/.cache/agentbox-exec"
 # Archives in transit live on disk: they can be large.
 TRANSFER_DIR = "/var/tmp"
 EXEC_SESSION = "agentbox-exec"
@@ -154,20 +158,38 @@ LAUNCH_GRACE_SECONDS = 30.0
 # sh -c LAUNCH agentbox-exec DIR CMDLINE STDIN_PATH
 # Runs in the box's session shell; returns at once. A second delivery finds DIR and starts nothing.
 LAUNCH_SCRIPT = r"""
-d=$1 cmd=$2 in=$3
+d=$1 cmd=$2 in=$3 obase=$4
 base=${d%/*}
 mkdir -p "$base" 2>/dev/null
-find "$base" -mindepth 1 -maxdepth 1 -name '*.done' -mmin +10 -exec rm -rf {} + 2>/dev/null
-mkdir "$d" 2>/dev/null || exit 0
+find "$base" -mindepth 1 -maxdepth 1 -name '*.done' -mmin +10 2>/dev/null | while read -r old; do
+  o=$(cat "$old/outdir" 2>/dev/null); [ -n "$o" ] && rm -rf "$o"; rm -rf "$old"
+done
+mkdir -m 0700 "$d" 2>/dev/null || exit 0
+# The output goes to disk (the tmpfs is 64 MiB on Daytona); only the control files stay on it.
+o=$d
+if [ -n "$obase" ]; then
+  case $obase in "~"/*) obase=$HOME/${obase#"~/"} ;; esac
+  mkdir -p "$obase" 2>/dev/null && mkdir -m 0700 "$obase/${d##*/}" 2>/dev/null && o=$obase/${d##*/}
+fi
+[ "$o" = "$d" ] || printf '%s\n' "$o" > "$d/outdir"  # none: beside the control files (they move)
 [ -n "$in" ] || in=/dev/null
 (
   exec < "$in"
   [ "$in" = /dev/null ] || rm -f "$in"
-  sh -c "$cmd" > "$d/out" 2> "$d/err"
+  sh -c "$cmd" > "$o/out" 2> "$o/err"
   echo $? > "$d/rc.tmp"
   mv "$d/rc.tmp" "$d/rc"
 ) < /dev/null > /dev/null 2>&1 &
 echo $! > "$d/pid"
+"""
+
+# sh -c FORGET agentbox-forget EXEC_DIR: remove every finished command's control files and output.
+FORGET_OUTPUTS_SCRIPT = r"""
+for d in "$1"/*.done; do
+  [ -d "$d" ] || continue
+  o=$(cat "$d/outdir" 2>/dev/null); [ -n "$o" ] && rm -rf "$o"; rm -rf "$d"
+done
+exit 0
 """
 
 # sh -c WAIT agentbox-wait DIR SLICE: read-only until the result is printed, so it may be re-sent.
@@ -191,9 +213,10 @@ while [ ! -e "$d/rc" ]; do
   sleep 0.05
 done
 printf 'AGENTBOX-EXEC DONE %s\n' "$(cat "$d/rc")"
-base64 < "$d/out"
+o=$(cat "$d/outdir" 2>/dev/null); [ -n "$o" ] || o=$d
+base64 < "$o/out"
 echo --
-base64 < "$d/err"
+base64 < "$o/err"
 case $d in *.done) ;; *) mv "$d" "$d.done" 2>/dev/null ;; esac
 """
 
@@ -355,6 +378,29 @@ def parse_wait_output(text: str) -> tuple[str, int | None, bytes, bytes]:
         else:
             raise ValueError("waiter output has no stderr section")
     return status, rc, base64.b64decode(out_text), base64.b64decode(err_text)
+
+
+def pinned_image(image: str) -> Any:
+    """What to build a sandbox from so that Daytona's build cache, keyed by the Dockerfile's text, follows the
+    image's content: `repo@sha256:<digest>` when the local engine knows the registry digest of that tag; else,
+    when it knows the image, `FROM image` plus a label naming the image id (a new id, a new Dockerfile); else
+    the reference as given (a tag that moves later may then be served from an older build)."""
+    if "@sha256:" in image:
+        return image
+    from ._engine_api import EngineAPIError, EngineUnanswered, local_engine
+
+    try:
+        engine = local_engine(timeout=10)
+        info = engine.inspect_image(image) if engine is not None else None
+    except (EngineAPIError, EngineUnanswered, OSError):
+        info = None
+    if not info:
+        return image
+    repository = image.rsplit(":", 1)[0] if ":" in image.rsplit("/", 1)[-1] else image
+    for digest in info.get("RepoDigests") or []:
+        if digest.split("@", 1)[0] == repository:
+            return digest
+    return Image.base(image).dockerfile_commands([f"LABEL io.agentbox.image-id={info['Id']}"])
 
 
 def gib(value: Any) -> int:
@@ -755,7 +801,7 @@ class DaytonaProvider(Provider):
                 cpu=max(1, math.ceil(float(resources["cpus"]))) if resources.get("cpus") else None,
                 memory=gib(resources["memory"]) if resources.get("memory") else None,
             )
-        return CreateSandboxFromImageParams(image=spec.image, resources=sizes, **common)
+        return CreateSandboxFromImageParams(image=pinned_image(spec.image), resources=sizes, **common)
 
     def create(self, spec: BoxSpec) -> BoxFacts:
         params = self._create_params(spec)
@@ -1098,6 +1144,7 @@ class DaytonaProvider(Provider):
         started = time.monotonic()
         launch = f"sh -c {shlex.quote(LAUNCH_SCRIPT)} agentbox-exec {shlex.quote(directory)} {shlex.quote(line)}"
         launch += f" {shlex.quote(in_path)}" if in_path else " ''"
+        launch += f" {shlex.quote(EXEC_OUTPUT_DIR)}"
         self._launch(name, sandbox, launch)
         return self._wait(name, sandbox, directory, started, timeout)
 
@@ -1160,21 +1207,32 @@ class DaytonaProvider(Provider):
         return exc
 
     def _wait(self, name: str, sandbox: Any, directory: str, started: float, timeout: float | None) -> ExecResult:
-        waiter = f"sh -c {shlex.quote(WAIT_SCRIPT)} agentbox-wait {shlex.quote(directory)} {self._exec_slice}"
         cut_in_a_row = 0
         while True:
+            waiter = f"sh -c {shlex.quote(WAIT_SCRIPT)} agentbox-wait {shlex.quote(directory)} {self._exec_slice}"
+            asked = time.monotonic()
             try:
                 answer = self._call(
-                    lambda: sandbox.process.exec(waiter, timeout=self._exec_slice + 30),
+                    lambda waiter=waiter: sandbox.process.exec(waiter, timeout=self._exec_slice + 30),
                     box=name,
                     operation="exec",
+                    retry_on=_is_refusal_worth_retrying,  # a cut is handled here, where the slice adapts
                 )
                 cut_in_a_row = 0
             except ProviderError as exc:
-                # A proxy cut of the waiter only means the command still runs: ask again.
-                if getattr(exc, "status", None) in (502, 504) and cut_in_a_row < self._retries:
-                    cut_in_a_row += 1
-                    continue
+                # The edge cut the waiter (a 502/504, or the connection dropped): the command still runs. Ask
+                # again with a slice well inside the cut (remembered for the box's later commands); give up only
+                # when even a 1 s slice keeps being cut.
+                cut = getattr(exc, "status", None) in (502, 504) or isinstance(exc, EngineUnreachable)
+                if cut:
+                    waited = time.monotonic() - asked
+                    shorter = max(1, min(self._exec_slice // 2, int(waited / 2)))
+                    if shorter < self._exec_slice:
+                        self._exec_slice = shorter
+                        continue
+                    if cut_in_a_row < self._retries:
+                        cut_in_a_row += 1
+                        continue
                 raise self._toolbox_hint(exc, name) from exc
             try:
                 status, rc, out, err = parse_wait_output(answer.result or "")
@@ -1389,6 +1447,9 @@ class DaytonaProvider(Provider):
             )
         was_running = state == "started"
         lost: ProviderError | None = None
+        if was_running:
+            # Finished commands' outputs (kept a while for re-sent waiters) stay out of the snapshot.
+            self.exec(name, ["sh", "-c", FORGET_OUTPUTS_SCRIPT, "agentbox-forget", EXEC_DIR], user=None)
         try:
             stopped = self._converge(name, "checkpoint", {"stopped"}, {"started": _stop_action}, STOP_TIMEOUT)
             try:
@@ -1460,6 +1521,11 @@ def _stop_action(sandbox: Any) -> None:
 
 def _recover_action(sandbox: Any) -> None:
     sandbox.recover(timeout=START_TIMEOUT)
+
+
+def _is_refusal_worth_retrying(exc: BaseException) -> bool:
+    """429 and 503: the service refused before doing anything. (Gateway cuts are not retried blindly.)"""
+    return status_of(exc) in (429, 503)
 
 
 def _is_api_error(exc: BaseException) -> bool:

@@ -156,6 +156,14 @@ class EngineAPI:
             raise EngineAPIError(status, _message(data, status))
         return data
 
+    def inspect_image(self, image: str) -> dict[str, Any] | None:
+        status, data = self._json_call("GET", f"/images/{_quote(image)}/json")
+        if status == 404:
+            return None
+        if status != 200:
+            raise EngineAPIError(status, _message(data, status))
+        return data
+
     # -- exec -----------------------------------------------------------------------------------
     def exec(
         self,

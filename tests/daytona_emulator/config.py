@@ -22,6 +22,7 @@ RUNTIME_SETTINGS = (
     "snapshot_activation_seconds",
     "throttle_limits",
     "rename_deleted",
+    "build_cache",
     "throttle_window_seconds",
     "toolbox_as_image_user",
 )
@@ -49,6 +50,9 @@ class EmulatorConfig:
     # As on Daytona: a deleted sandbox is renamed DESTROYED_<name>_<ms> at once (its name is free again) and
     # lingers, desired state `destroyed`, until it is gone. False: it keeps its name until then.
     rename_deleted: bool = True
+    # As on Daytona: a sandbox made from an image (a Dockerfile) reuses the first build of the same Dockerfile
+    # text, so `FROM repo:tag` is resolved once and never refreshed. False: resolved again at every create.
+    build_cache: bool = True
     # >0: create, start, stop and archive (auto-stop too) first only set the desired state, and the state
     # moves this long later, as on Daytona (the runner acts on the desired state); a create sits in `unknown`.
     desired_state_seconds: float = 0.0
@@ -99,7 +103,7 @@ def validate_runtime_setting(name: str, value: Any) -> Any:
         ):
             raise ValueError(f"throttle_limits maps throttler names ({', '.join(sorted(known))}) to whole numbers")
         return dict(value)
-    if name in ("toolbox_as_image_user", "rename_deleted"):
+    if name in ("toolbox_as_image_user", "rename_deleted", "build_cache"):
         if not isinstance(value, bool):
             raise ValueError(f"{name} must be true or false")
         return value

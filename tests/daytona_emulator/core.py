@@ -140,6 +140,8 @@ class Emulator:
         # Deleted sandboxes stay visible in list() for list_lag_seconds: (deleted at, list item).
         self.tombstones: list[tuple[float, dict[str, Any]]] = []
         self.snapshots: dict[str, SnapshotRecord] = {}
+        # Dockerfile hash -> the image its first build gave (Daytona's build cache).
+        self.build_cache: dict[str, str] = {}
         self.used_snapshot_names: set[str] = set()
         self.images_to_remove: set[str] = set()
         self.signed_previews: dict[str, tuple[str, int, float]] = {}
@@ -191,6 +193,7 @@ class Emulator:
             self.sandboxes.clear()
             self.tombstones.clear()
             self.snapshots.clear()
+            self.build_cache.clear()
             self.used_snapshot_names.clear()
             self.images_to_remove.clear()
             self.signed_previews.clear()
@@ -493,7 +496,13 @@ class Emulator:
         return answer
 
     def _provision(self, sb: SandboxRecord) -> None:
-        if not sb.image:
+        # Daytona caches what a Dockerfile built by the Dockerfile's hash: the same text (`FROM repo:tag`) gives
+        # the first build's image again, however the tag has moved since.
+        cache_key = _digest(sb.dockerfile) if sb.dockerfile is not None and self.config.build_cache else None
+        cached = self.build_cache.get(cache_key) if cache_key else None
+        if cached and self.backend.image_info(cached) is not None:
+            sb.image = cached
+        elif not sb.image:
             assert sb.dockerfile is not None
             tag = f"daytona-emulator-build/{_digest(sb.dockerfile)}:{self.config.instance_id}"
             try:
@@ -504,6 +513,9 @@ class Emulator:
         info = self.backend.image_info(sb.image)
         if info is None:
             raise BuildFailed(f"image {sb.image} is not in the local Docker engine and the emulator cannot pull it")
+        if cache_key and not cached:
+            with self.lock:
+                self.build_cache[cache_key] = info.image_id
         sb.restore_changes = info.restore_changes()
         sb.process_user = (info.user or "root") if self.config.toolbox_as_image_user else sb.user
         hostname = sb.name if _HOSTNAME_RE.match(sb.name) else f"sandbox-{sb.id[:8]}"

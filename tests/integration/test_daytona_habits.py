@@ -298,3 +298,77 @@ def test_deleted_sandboxes_linger_as_ghosts_that_are_no_boxes(emu: Emu, desired_
         ]
     finally:
         provider.destroy(name)
+
+
+@pytest.fixture
+def box(emu: Emu) -> Iterator[str]:
+    provider = emu.provider()
+    name = unique("box")
+    provider.create(spec(name))
+    try:
+        yield name
+    finally:
+        provider.destroy(name)
+
+
+@pytest.fixture
+def short_edge_cut(emu: Emu) -> Iterator[None]:
+    """The edge in front of the toolbox cuts any request still waiting after 2 s."""
+    emu.admin.set_config(proxy_timeout_seconds=2)
+    try:
+        yield
+    finally:
+        emu.admin.set_config(proxy_timeout_seconds=300, proxy_cut_mode="504")
+
+
+def test_a_long_command_outlives_a_short_edge_cut(emu: Emu, box: str, short_edge_cut: None) -> None:
+    """The waiter's slice (50 s by default) shrinks to fit the cut it meets; the command is never re-run.
+    (A minute: longer than the cuts a fixed slice with bounded retries could ride out.)"""
+    provider = emu.provider()  # default slice, nothing told about the cut
+    run = provider.exec(box, ["sh", "-c", "echo start >> /tmp/runs; sleep 60; echo done; echo err >&2"])
+    assert (run.rc, run.stdout, run.stderr) == (0, b"done\n", b"err\n")
+    emu.admin.set_config(proxy_cut_mode="drop")  # the same when the edge drops the connection instead
+    run = provider.exec(box, ["sh", "-c", "sleep 6; echo again"])
+    assert (run.rc, run.stdout) == (0, b"again\n")
+    assert provider.exec(box, ["cat", "/tmp/runs"]).stdout == b"start\n"
+
+
+def test_output_larger_than_dev_shm(emu: Emu, box: str) -> None:
+    """Daytona's /dev/shm is 64 MiB (Docker's default, as the emulator's containers); output is bigger."""
+    provider = emu.provider()
+    shm_kib = int(provider.exec(box, ["sh", "-c", "df -kP /dev/shm | tail -n 1"]).text.split()[1])
+    size = 70 * 1000 * 1000
+    assert shm_kib * 1024 < size
+    run = provider.exec(box, ["sh", "-c", f"yes x | tr -d '\\n' | head -c {size}; echo fine >&2"])
+    assert (run.rc, len(run.stdout), run.stderr) == (0, size, b"fine\n")
+    assert run.stdout.count(b"x") == size
+
+
+def test_a_moved_image_tag_is_built_anew(emu: Emu) -> None:
+    """Daytona reuses the build of the same Dockerfile text, so `FROM repo:tag` would never see the tag move:
+    the create names the content (a digest, or the image id), and the second box runs the new image."""
+    from tests.daytona_emulator import TEST_IMAGE, ensure_test_image, remove_test_image
+
+    client = docker.from_env()
+    built = ensure_test_image(client)
+    reference = f"localhost/agentbox-habits-{uuid.uuid4().hex[:6]}/box:v1"  # a registry reference
+    repository, tag = reference.rsplit(":", 1)
+    provider = emu.provider()
+    first, second = unique("tg1"), unique("tg2")
+    try:
+        client.images.get(TEST_IMAGE).tag(repository, tag)
+        provider.create(spec(first, image=reference))
+        assert provider.exec(first, ["sh", "-c", "cat /etc/mark 2>/dev/null || echo none"]).text == "none\n"
+        dockerfile = f"FROM {TEST_IMAGE}\nUSER root\nRUN echo two > /etc/mark\nUSER vscode\n"
+        client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=reference, rm=True, pull=False)
+        provider.create(spec(second, image=reference))
+        assert provider.exec(second, ["cat", "/etc/mark"]).text == "two\n"
+    finally:
+        provider.destroy(first)
+        provider.destroy(second)
+        try:
+            client.images.remove(reference, force=True)
+        except docker.errors.ImageNotFound:
+            pass
+        if built:
+            remove_test_image(client)

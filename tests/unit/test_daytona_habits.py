@@ -79,3 +79,20 @@ def test_listings_drop_ghosts_and_repeats() -> None:
     assert st.live_sandboxes([first, ghost, other, moved]) == [moved, other]
     assert st.live_sandboxes([first, SimpleNamespace(id="a", state="destroying", desired_state="destroyed",
                                                      name="DESTROYED_a_2")]) == []  # fmt: skip
+
+
+def test_output_lives_on_disk_and_survives_a_resent_waiter(tmp_path) -> None:
+    control, outputs = tmp_path / "shm" / "n1", tmp_path / "disk"
+    line = dt.command_line(["sh", "-c", "printf out; printf err >&2; exit 3"], user=None)
+    subprocess.run(["sh", "-c", dt.LAUNCH_SCRIPT, "launch", str(control), line, "", str(outputs)], check=True)
+
+    def wait() -> tuple:
+        done = subprocess.run(["sh", "-c", dt.WAIT_SCRIPT, "wait", str(control), "5"], capture_output=True,
+                              text=True, check=True)  # fmt: skip
+        return dt.parse_wait_output(done.stdout)
+
+    assert wait() == ("DONE", 3, b"out", b"err")
+    assert wait() == ("DONE", 3, b"out", b"err")  # asked again after a lost answer
+    assert (outputs / "n1" / "out").read_bytes() == b"out" and not (control.parent / "n1.done" / "out").exists()
+    subprocess.run(["sh", "-c", dt.FORGET_OUTPUTS_SCRIPT, "forget", str(control.parent)], check=True)
+    assert not (outputs / "n1").exists() and not (control.parent / "n1.done").exists()
