@@ -43,7 +43,6 @@ class RequestError(ValueError):
 class Request:
     operation: str
     args: dict[str, Any]
-    token: str | None = None  # only on channels where the socket is not the identity
     timeout: float = DEFAULT_APPROVAL_TIMEOUT
 
     def describe(self) -> str:
@@ -71,7 +70,7 @@ def parse_request(line: bytes) -> Request:
         raise RequestError(f"request is not one JSON object on one line: {exc}") from exc
     if not isinstance(raw, dict):
         raise RequestError("request must be a JSON object")
-    unknown = set(raw) - {"v", "op", "args", "token", "timeout"}
+    unknown = set(raw) - {"v", "op", "args", "timeout"}
     if unknown:
         raise RequestError(f"unknown request fields: {', '.join(sorted(unknown))}")
     if raw.get("v") != PROTOCOL_VERSION:
@@ -82,13 +81,10 @@ def parse_request(line: bytes) -> Request:
     args = raw.get("args", {})
     if not isinstance(args, dict):
         raise RequestError("'args' must be a JSON object")
-    token = raw.get("token")
-    if token is not None and not isinstance(token, str):
-        raise RequestError("'token' must be a string")
     timeout = raw.get("timeout", DEFAULT_APPROVAL_TIMEOUT)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_APPROVAL_TIMEOUT:
         raise RequestError(f"'timeout' must be a number of seconds in (0, {MAX_APPROVAL_TIMEOUT:g}]")
-    return Request(operation=operation, args=_CHECKERS[operation](args), token=token, timeout=float(timeout))
+    return Request(operation=operation, args=_CHECKERS[operation](args), timeout=float(timeout))
 
 
 def _fields(args: dict[str, Any], allowed: dict[str, type]) -> dict[str, Any]:
