@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from . import _relay_ops, _relay_state
+from ._relay_poll import Poller
 from ._relay_protocol import (
     MAX_REQUEST_BYTES,
     RateLimiter,
@@ -82,7 +83,7 @@ class Relay:
         self.limiter = RateLimiter()
         self.box_locks: dict[str, asyncio.Lock] = {}
         self.connections: dict[str, int] = {}
-        self.tunnels: dict[str, Tunnel] = {}  # docker_ssh boxes' channels (_relay_tunnel)
+        self.tunnels: dict[str, Tunnel | Poller] = {}  # channels of docker_ssh and Daytona boxes
         self.facts: dict[str, tuple[float, Any]] = {}  # box id -> (when looked up, BoxFacts)
         self.stopping = asyncio.Event()
         self.started = time.time()
@@ -102,10 +103,14 @@ class Relay:
                 self.tunnels.pop(box_id).stop()
                 self.facts.pop(box_id, None)
         for box_id, registration in self.registrations.items():
-            if registration.get("provider") == "docker_ssh" and box_id not in self.tunnels:
-                tunnel = Tunnel(registration, self.handle, asyncio.get_running_loop())
-                self.tunnels[box_id] = tunnel
-                tunnel.start()
+            if registration.get("provider") in ("docker_ssh", "daytona") and box_id not in self.tunnels:
+                loop = asyncio.get_running_loop()
+                if registration["provider"] == "docker_ssh":
+                    channel: Tunnel | Poller = Tunnel(registration, self.handle, loop)
+                else:
+                    channel = Poller(registration, self.handle, loop, _relay_ops.provider_of)
+                self.tunnels[box_id] = channel
+                channel.start()
             if box_id in self.servers or registration.get("provider") != "docker":
                 continue
             await self._listen(box_id)

@@ -266,15 +266,17 @@ def attach_box(provider: Any, name: str, box_id: str) -> dict[str, str]:
     """At create: register the box, make sure a relay serves it; {host dir: path in the box} to bind.
 
     Local engine: a socket directory bound into the box. Remote engine (docker_ssh): no bind; the
-    relay opens a channel over the engine's SSH connection (_relay_tunnel). Daytona: not served.
+    relay opens a channel over the engine's SSH connection (_relay_tunnel). Daytona: the relay
+    polls a queue in the box through the toolbox (_relay_poll).
     Creating a box never fails for the relay's sake: when the relay cannot be started here (the
     collection runs from a module's zip), the box's commands say how to start it, and a relay
     started later serves the box (it scans the registrations).
     """
-    if provider.name not in ("docker", "docker_ssh"):
-        return {}
     options: dict[str, Any] = {}
-    if provider.name == "docker_ssh":
+    if provider.name == "daytona":
+        # The API key stays out of the relay's files: the relay takes DAYTONA_API_KEY from its environment.
+        options["api_url"] = provider.engine
+    elif provider.name == "docker_ssh":
         from ._ssh import config_path
 
         # The relay may run with another environment: keep the SSH settings this create used.

@@ -1,0 +1,119 @@
+# Copyright (c) agentbox.box contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The relay's channel to a Daytona box: the box cannot reach the host, so the host polls.
+
+The in-box client writes its request to /run/agentbox/relay-queue/<id>.req. Every POLL_INTERVAL
+the relay runs one toolbox command in the box that prints every queued request and renames each
+to <id>.taken (so a request is collected once); each answer line is written back as <id>.out,
+replaced whole each time (the client reads the lines it has not shown yet). What arrives through
+the toolbox of that sandbox is that box's request. Cost: one toolbox call per running box per
+interval while idle, plus one per answer line; latency: up to one interval plus a toolbox round
+trip (about 2 s here against the emulator). A box that is not running is asked again after
+IDLE_INTERVAL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ._relay_protocol import MAX_REQUEST_BYTES
+
+LOG = logging.getLogger("agentbox-relay")
+QUEUE_DIR = "/run/agentbox/relay-queue"
+POLL_INTERVAL = 2.0
+IDLE_INTERVAL = 15.0
+MAX_PER_POLL = 16
+
+# Made 0700 for the box user; each queued request printed as "<id>\t<base64>" and set aside.
+COLLECT = r"""
+d=$1 max=$2 limit=$3
+mkdir -p "$d" && chmod 0700 "$d" && cd "$d" || exit 0
+n=0
+for f in *.req; do
+  [ -e "$f" ] || break
+  id=${f%.req}
+  case $id in *[!0-9a-f]*) rm -f "$f"; continue ;; esac
+  mv "$f" "$id.taken" || continue
+  printf '%s\t' "$id"; head -c "$limit" "$id.taken" | base64 -w0; echo
+  n=$((n + 1)); [ "$n" -ge "$max" ] && break
+done
+"""
+ANSWER = r'cat > "$1.tmp" && mv "$1.tmp" "$1"'
+
+Handler = Callable[[dict[str, Any], bytes, Callable[[dict[str, Any]], Awaitable[None]], Callable[[], Awaitable[Any]]],
+                   Awaitable[None]]
+
+
+class Poller:
+    """One Daytona box's queue, collected by a thread; requests are handled on the relay's loop."""
+
+    def __init__(self, registration: dict[str, Any], handle: Handler, loop: asyncio.AbstractEventLoop,
+                 provider_factory: Callable[[dict[str, Any]], Any]):
+        self.registration = registration
+        self.handle = handle
+        self.loop = loop
+        self.provider_factory = provider_factory
+        self.stopping = threading.Event()
+        self.exec_lock = threading.Lock()  # one toolbox call at a time per box
+        self.thread = threading.Thread(target=self._run, name=f"poll-{registration['id']}", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def _run(self) -> None:
+        provider = None
+        interval = POLL_INTERVAL
+        while not self.stopping.is_set():
+            try:
+                provider = provider or self.provider_factory(self.registration)
+                self._collect(provider)
+                interval = POLL_INTERVAL
+            except Exception as exc:  # noqa: BLE001 - a box not made yet, stopped or unreachable is asked later
+                LOG.info("queue of box %s not collected: %s", self.registration["name"], exc)
+                interval = min(interval * 2, IDLE_INTERVAL)
+            self.stopping.wait(interval)
+
+    def _collect(self, provider: Any) -> None:
+        with self.exec_lock:
+            run = provider.exec(self.registration["name"],
+                                ["sh", "-c", COLLECT, "sh", QUEUE_DIR, str(MAX_PER_POLL), str(MAX_REQUEST_BYTES + 1)])
+        run.check("collecting the relay queue", self.registration["name"])
+        for row in run.stdout.decode("ascii", "replace").splitlines():
+            request_id, _tab, encoded = row.partition("\t")
+            try:
+                line = base64.b64decode(encoded, validate=True)
+            except ValueError:
+                line = b"\x00"  # answered as malformed
+            asyncio.run_coroutine_threadsafe(self._request(provider, request_id, line), self.loop)
+
+    async def _request(self, provider: Any, request_id: str, line: bytes) -> None:
+        answers: list[str] = []
+        never: asyncio.Future = self.loop.create_future()  # no hang-up signal on a queue
+
+        async def send(message: dict[str, Any]) -> None:
+            answers.append(json.dumps(message))
+            data = ("\n".join(answers) + "\n").encode("utf-8")
+            target = f"{QUEUE_DIR}/{request_id}.out"
+            def write() -> None:
+                with self.exec_lock:
+                    provider.exec(self.registration["name"], ["sh", "-c", ANSWER, "sh", target], stdin=data)
+
+            await asyncio.to_thread(write)
+
+        async def hangup() -> Any:
+            return await never
+
+        try:
+            await self.handle(self.registration, line, send, hangup)
+        except Exception:
+            LOG.exception("request from box %s failed", self.registration["name"])
+            await send({"type": "error", "rc": 1, "message": "the relay failed on this request; see relay.log"})

@@ -1,0 +1,86 @@
+"""The relay and a Daytona box on the local emulator (real SDK, sandboxes are real containers): the box
+cannot reach the host, so the relay collects its queued requests through the toolbox and writes the
+answers back. The box's commits are fetched back into the host repository, then pushed to an origin
+the box cannot see.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import secrets
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import run_module
+from tests.daytona_emulator import running_emulator
+from tests.integration import test_relay as shared
+
+pytestmark = pytest.mark.integration
+
+host = shared.host
+project = shared.project
+
+
+@pytest.fixture(scope="module")
+def daytona(host: shared.Host) -> Iterator[dict[str, Any]]:
+    # Shipping fetches over file:// as root from a repo owned by uid 1000: git wants a global safe.directory.
+    Path(host.home, ".gitconfig").write_text("[safe]\n\tdirectory = *\n")
+    with running_emulator(image="agentbox/box:latest") as (api_url, api_key, _admin):
+        env = {"DAYTONA_API_KEY": api_key, "DAYTONA_API_URL": api_url}
+        # The relay takes the API key from its environment (it is never written to its files).
+        host.relay("stop")
+        subprocess.run([shared.RELAY, "start"], env={**host.env, **env}, check=True, capture_output=True)
+        yield {"url": api_url, "key": api_key, "env": env}
+        host.relay("stop")
+
+
+@pytest.fixture(scope="module")
+def daytona_box(host: shared.Host, project: dict[str, Path], daytona: dict[str, Any]) -> Iterator[tuple[Any, str]]:
+    from ansible_collections.agentbox.box.plugins.module_utils._daytona import DaytonaProvider
+
+    name = f"rl-dt-{secrets.token_hex(3)}"
+    env = {"HOME": host.home, **daytona["env"]}
+    created = run_module(
+        "agentbox_box",
+        {"name": name, "workspace": str(project["workspace"]), "provider": "daytona", "state": "started"},
+        env=env,
+    )
+    assert not created["failed"], created.get("msg")
+    provider = DaytonaProvider(api_key=daytona["key"], api_url=daytona["url"])
+    yield provider, name
+    run_module("agentbox_box", {"name": name, "provider": "daytona", "state": "absent"}, env=env)
+
+
+def test_push_from_a_daytona_box(
+    host: shared.Host, daytona_box: tuple[Any, str], project: dict[str, Path]
+) -> None:
+    provider, box = daytona_box
+    in_box = ["sh", "-c", "cd /workspace && git -c user.name=agent -c user.email=a@b.invalid "
+              "commit -q --allow-empty -m 'from daytona' && git rev-parse HEAD"]  # fmt: skip
+    head = provider.exec(box, in_box).check("commit in the box").text.strip()
+    pushed = provider.exec(box, ["sh", "-c", "cd /workspace && agentbox-ctl git push --timeout 120"])
+    assert pushed.rc == 0, pushed.stderr.decode()
+    assert shared.origin_ref(project, f"refs/heads/agentbox/{box}") == head
+    assert shared.git(project["workspace"], "rev-parse", f"refs/heads/agentbox/{box}").strip() == head
+    entry = [e for e in host.audit() if e["box"] == box and e.get("operation") == "git.push"][-1]
+    assert entry["provider"] == "daytona" and entry["decision"] == "allowed"
+    # The queue holds nothing afterwards: requests and answers are removed by the client.
+    left = provider.exec(box, ["sh", "-c", "ls -A /run/agentbox/relay-queue"]).check("list the queue").text.split()
+    assert left == []
+
+
+def test_approval_from_a_daytona_box(host: shared.Host, daytona_box: tuple[Any, str]) -> None:
+    provider, box = daytona_box
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        asked = pool.submit(provider.exec, box, ["sh", "-c", "cd /workspace && agentbox-ctl git push --as main"])
+        approval = host.wait_pending(box)
+        assert host.relay("approvals", "--deny", approval).returncode == 0
+        done = asked.result(timeout=shared.DEADLINE)
+    assert done.rc == 1
+    assert "waiting for approval on the host" in done.stderr.decode() and "denied" in done.stderr.decode()
+    assert os.path.exists(os.path.join(host.home, ".agentbox/relay/audit.jsonl"))
