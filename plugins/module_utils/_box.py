@@ -226,6 +226,7 @@ def _create_claimed(
         boot = boot_box(provider, name) if request.boot else None
         if restore is not None and request.boot:
             _agent.resume(provider, facts)  # a checkpoint remembers which agents ran, never their credentials
+        _relay_state.notify(box_id)  # the box runs now: a relay channel waiting for it opens at once
     except BaseException:
         try:
             _rollback.roll_back(provider, journal.record)

@@ -43,6 +43,7 @@ for f in *.req; do
   printf '%s\t' "$id"; head -c "$limit" "$id.taken" | base64 -w0; echo
   n=$((n + 1)); [ "$n" -ge "$max" ] && break
 done
+exit 0
 """
 ANSWER = r'cat > "$1.tmp" && mv "$1.tmp" "$1"'
 
@@ -60,14 +61,20 @@ class Poller:
         self.loop = loop
         self.provider_factory = provider_factory
         self.stopping = threading.Event()
+        self.wake = threading.Event()  # set by kick(): try now, not after the back-off
         self.exec_lock = threading.Lock()  # one toolbox call at a time per box
         self.thread = threading.Thread(target=self._run, name=f"poll-{registration['id']}", daemon=True)
 
     def start(self) -> None:
         self.thread.start()
 
+    def kick(self) -> None:
+        """The box may have just started: try the channel now."""
+        self.wake.set()
+
     def stop(self) -> None:
         self.stopping.set()
+        self.wake.set()
 
     def _run(self) -> None:
         provider = None
@@ -80,7 +87,9 @@ class Poller:
             except Exception as exc:  # noqa: BLE001 - a box not made yet, stopped or unreachable is asked later
                 LOG.info("queue of box %s not collected: %s", self.registration["name"], exc)
                 interval = min(interval * 2, IDLE_INTERVAL)
-            self.stopping.wait(interval)
+            if self.wake.wait(interval):
+                self.wake.clear()
+                interval = POLL_INTERVAL
 
     def _collect(self, provider: Any) -> None:
         with self.exec_lock:

@@ -43,6 +43,7 @@ READ_TIMEOUT = 30.0  # a box that connects must send its request within this
 RESCAN_INTERVAL = 2.0  # registrations made while the relay could not be told
 MAX_CONNECTIONS_PER_BOX = 8
 FACTS_TTL = 60.0
+IDLE_EXIT = 600.0  # a relay with no box registered this long ends itself
 PRUNE_EVERY = 30  # rescans between two checks for removed boxes (about a minute)
 
 
@@ -87,6 +88,7 @@ class Relay:
         self.facts: dict[str, tuple[float, Any]] = {}  # box id -> (when looked up, BoxFacts)
         self.stopping = asyncio.Event()
         self.started = time.time()
+        self.idle_since = time.monotonic()
 
     # -- boxes' sockets ---------------------------------------------------------------------------
     async def sync(self) -> None:
@@ -312,6 +314,9 @@ class Relay:
             return {"ok": True, "answered": self.answer(str(command.get("id", "")), name == "approve")}
         if name == "reload":
             await self.sync()
+            channel = self.tunnels.get(str(command.get("box", "")))
+            if channel is not None:
+                channel.kick()
             return {"ok": True, "boxes": sorted(self.servers)}
         if name == "stop":
             self.stopping.set()
@@ -331,9 +336,25 @@ class Relay:
         except OSError:
             LOG.exception("cannot write the audit log")
 
+    def should_exit(self) -> str | None:
+        """Why the relay should end by itself: its directory is gone (a temporary HOME removed), or it
+        has served no box for IDLE_EXIT seconds (the next create starts it again)."""
+        if not os.path.isdir(_relay_state.relay_home()):
+            return f"{_relay_state.relay_home()} is gone"
+        if self.registrations or self.pending:
+            self.idle_since = time.monotonic()
+        elif time.monotonic() - self.idle_since > IDLE_EXIT:
+            return f"no box registered for {IDLE_EXIT:.0f} s"
+        return None
+
     async def rescan_forever(self) -> None:
         rounds = 0
         while not self.stopping.is_set():
+            reason = self.should_exit()
+            if reason:
+                LOG.info("stopping: %s", reason)
+                self.stopping.set()
+                break
             if rounds % PRUNE_EVERY == 0:
                 try:
                     await asyncio.to_thread(prune_registrations, self.registrations)

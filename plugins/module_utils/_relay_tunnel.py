@@ -107,6 +107,7 @@ class Tunnel:
         self.handle = handle
         self.loop = loop
         self.stopping = threading.Event()
+        self.wake = threading.Event()  # set by kick(): try now, not after the back-off
         self.channel: Any = None
         self.write_lock = threading.Lock()
         self.hangups: dict[int, asyncio.Future] = {}
@@ -115,8 +116,13 @@ class Tunnel:
     def start(self) -> None:
         self.thread.start()
 
+    def kick(self) -> None:
+        """The box may have just started: try the channel now."""
+        self.wake.set()
+
     def stop(self) -> None:
         self.stopping.set()
+        self.wake.set()
         channel = self.channel
         if channel is not None:
             channel.close()
@@ -130,7 +136,9 @@ class Tunnel:
                 LOG.info("channel to box %s not open: %s", self.registration["name"], exc)
                 served = False
             delay = RETRY_MIN if served else min(delay * 2, RETRY_MAX)
-            self.stopping.wait(delay)
+            if self.wake.wait(delay):
+                self.wake.clear()
+                delay = RETRY_MIN
 
     def _serve_once(self) -> bool:
         """Open the channel and serve it until it ends; True when it carried at least one line."""

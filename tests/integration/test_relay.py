@@ -340,3 +340,15 @@ def test_registrations_of_removed_boxes_are_pruned(
     assert gone_id not in _relay_state.registered_boxes()
     assert not Path(_relay_state.box_socket_dir(gone_id)).exists()
     assert live_id in _relay_state.registered_boxes()
+
+
+def test_relay_ends_by_itself_when_its_home_is_removed() -> None:
+    home = tempfile.mkdtemp(prefix="abr-", dir="/tmp")
+    started = subprocess.run([RELAY, "start"], env={**os.environ, "HOME": home}, capture_output=True, text=True,
+                             check=True)
+    pid = json.loads(started.stdout)["pid"]
+    shutil.rmtree(home)  # as a test's temporary HOME goes at its end
+    deadline = time.monotonic() + DEADLINE
+    while Path(f"/proc/{pid}").exists():
+        assert time.monotonic() < deadline, f"relay {pid} still runs without its directory"
+        time.sleep(0.1)

@@ -64,7 +64,8 @@ def test_push_from_a_daytona_box(
               "commit -q --allow-empty -m 'from daytona' && git rev-parse HEAD"]  # fmt: skip
     head = provider.exec(box, in_box).check("commit in the box").text.strip()
     pushed = provider.exec(box, ["sh", "-c", "cd /workspace && agentbox-ctl git push --timeout 120"])
-    assert pushed.rc == 0, pushed.stderr.decode()
+    log = Path(host.home, ".agentbox/relay/relay.log").read_text()[-3000:]
+    assert pushed.rc == 0, f"{pushed.stderr.decode()}\nrelay.log:\n{log}"
     assert shared.origin_ref(project, f"refs/heads/agentbox/{box}") == head
     assert shared.git(project["workspace"], "rev-parse", f"refs/heads/agentbox/{box}").strip() == head
     entry = [e for e in host.audit() if e["box"] == box and e.get("operation") == "git.push"][-1]
