@@ -49,9 +49,10 @@ def _age(created: str, now: float) -> str:
 
 
 def _ports(ports: dict) -> str:
-    # In container port order, numerically (80 before 6080).
+    # In container port order, numerically (80 before 6080), in the form create_box.yml prints too
+    # (and `docker ps`): engine address -> box port.
     ordered = sorted((ports or {}).items(), key=lambda item: (len(str(item[0])), str(item[0])))
-    return ",".join(f"{host}->{container}" for container, host in ordered) or "-"
+    return ",".join(f"127.0.0.1:{host}->{container}" for container, host in ordered) or "-"
 
 
 def _agent(agent: dict | None) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _box, _journal, _naming, _rollback, _seed
+from . import _box, _git, _journal, _naming, _rollback, _seed
 from ._module import PROVIDER_ARGUMENT_SPEC, provider_from_params
 
 BOX_ARGUMENT_SPEC: dict[str, Any] = {
@@ -123,12 +123,20 @@ def _run(
                 result["destroyed"] = _box.destroy_box(
                     provider, existing, delete_branch=params["delete_branch"], moved_to=moved_to
                 )
-        elif not check_mode and name:
+                result["destroyed"]["box_removed"] = True
+        elif name:
             # The container went (docker rm -f) but its volume, registrations and branch may not have.
-            leftovers = _rollback.destroy_leftovers(provider, name, params["delete_branch"])
+            leftovers = None if check_mode else _rollback.destroy_leftovers(provider, name, params["delete_branch"])
+            if leftovers is None and params["delete_branch"] and provider.shares_host_filesystem:
+                # Destroyed earlier without delete_branch: the branch is still deleted when asked now,
+                # in the workspace's repositories (default the current directory).
+                leftovers = _forget_missing_box(name, _naming.workspace_path(params["workspace"]), check_mode)
+                if not (leftovers["branches_deleted"] or leftovers["worktrees_removed"]):
+                    result["destroyed"] = leftovers
+                    leftovers = None
             if leftovers is not None:
                 result["changed"] = True
-                result["destroyed"] = leftovers
+                result["destroyed"] = {**leftovers, "box_removed": False}
     elif existing is None:
         if state in ("stopped", "paused"):
             raise ValueError(f"no box called {name!r} on engine {provider.engine}: create it first (state=started)")
@@ -180,3 +188,21 @@ def _run(
                 result["box"] = _box.set_state(provider, existing, target, boot=params["boot"]).to_dict()
     result["diff"] = {"before": before, "after": result["box"]}
     return result, warnings
+
+
+def _forget_missing_box(name: str, workspace: str, check_mode: bool) -> dict[str, Any]:
+    """Delete branch agentbox/<name> (and the box's worktree registrations) in the workspace's
+    repositories for a box that no longer exists; what was (or, in check mode, would be) removed."""
+    branch = _naming.box_branch(name)
+    removed_worktrees: list[str] = []
+    deleted_branches: list[str] = []
+    for repo in _git.find_repos(workspace):
+        path = _seed.worktree_path(name, repo.sub)
+        registered = any(entry.get("worktree") == path for entry in _rollback.registrations(repo.common_dir))
+        if registered and (check_mode or _git.remove_worktree_registration(repo.common_dir, path)):
+            removed_worktrees.append(path)
+        # Never the branch the host has checked out: deleting it would leave the host's HEAD dangling.
+        if repo.head_branch != branch and _git.branch_exists(repo.root, branch):
+            if check_mode or _rollback.remove_branch(repo.root, branch):
+                deleted_branches.append(f"{repo.root}:{branch}")
+    return {"worktrees_removed": removed_worktrees, "branches_deleted": deleted_branches, "box_removed": False}

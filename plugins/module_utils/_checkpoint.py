@@ -520,7 +520,7 @@ def plan_capture(
     if existing and not replace:
         raise CheckpointError(
             f"checkpoint {name!r} already exists in this project (image {existing.image}"
-            f"{', broken: its image is gone' if existing.broken else ''}): pass replace: true to overwrite it, "
+            f"{', broken: its image is gone' if existing.broken else ''}): pass replace: true (playbooks/checkpoint.yml: -e replace=true) to overwrite it, "
             "or pick another name"
         )
     labels, _image_id = _box_image_labels(provider, facts)
@@ -1315,6 +1315,7 @@ def _run_restore(
         existing = outcome["untracked_existing"]
         blocked = set(outcome["untracked_blocked"])
         missing = [p for p in state.untracked if p not in existing and p not in blocked]
+        identical = 0
         if missing:
             provider.put_archive(box, outcome["physical"], tar_of_paths(host_root, missing))
         if existing:
@@ -1331,6 +1332,8 @@ def _run_restore(
                 .split()
             )
             for path, host_hash in zip(paths, hashed, strict=False):
+                if host_hash == existing[path]:
+                    identical += 1  # the box already has the host's file: carried, with nothing to copy
                 if host_hash != existing[path]:
                     result.conflicts.append(
                         {
@@ -1355,7 +1358,7 @@ def _run_restore(
         result.modified += state.modified
         result.deleted += state.deleted
         result.renamed += state.renamed
-        result.untracked += len(missing)
+        result.untracked += len(missing) + identical
     for conflict in result.conflicts:
         result.warnings.append(
             f"restore conflict in {conflict['repo']}/{conflict['path']} ({conflict['kind']}): the box's version was kept"

@@ -1661,7 +1661,7 @@ class DaytonaCheckpoints:
         if existing and not replace:
             raise _checkpoint.CheckpointError(
                 f"checkpoint {name!r} already exists in this project (snapshot {existing.image}"
-                f"{', broken: its snapshot is gone' if existing.broken else ''}): pass replace: true to overwrite "
+                f"{', broken: its snapshot is gone' if existing.broken else ''}): pass replace: true (playbooks/checkpoint.yml: -e replace=true) to overwrite "
                 "it, or pick another name"
             )
         parent = facts.checkpoint

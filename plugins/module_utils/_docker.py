@@ -100,7 +100,8 @@ _CLIENTS_LOCK = threading.Lock()
 _API_VERSIONS: dict[str, str] = {}
 
 
-def _unreachable(engine: str, exc: Exception) -> EngineUnreachable:
+def engine_unreachable(engine: str, exc: Exception) -> EngineUnreachable:
+    """The one message for an engine that does not answer: where it was looked for, and what to do."""
     where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock") if engine == "local" else engine
     return EngineUnreachable(
         f"the Docker engine at {where} does not answer ({exc}). Start it (scripts/ensure-docker.sh "
@@ -155,7 +156,7 @@ def _client_for(engine: str, ssh_options: dict[str, Any] | None = None) -> Any:
                 client = docker_client_over_ssh(engine, timeout=API_TIMEOUT, **(ssh_options or {}))
                 client.api.ping()
         except DockerException as exc:
-            raise _unreachable(engine, exc) from exc
+            raise engine_unreachable(engine, exc) from exc
         _CLIENTS[key] = client
         return client
 
@@ -219,7 +220,7 @@ class DockerProvider(Provider):
         try:
             yield self._direct
         except EngineUnanswered as exc:
-            raise _unreachable(self._engine, exc) from exc
+            raise engine_unreachable(self._engine, exc) from exc
         except EngineAPIError as exc:
             raise _engine_error(exc.status, exc.message, name, operation, self._engine, missing) from exc
 

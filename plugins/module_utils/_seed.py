@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shlex
 from typing import Any
 
@@ -162,6 +163,8 @@ def seed_copy(provider: Provider, box: str, workspace: str) -> SeedResult:
     """A workspace that is not a git repository: copy it as it is."""
     result = SeedResult(mode="copy", branch=None, base_commit=None)
     provider.put_archive(box, WORKSPACE, tar_of_tree(workspace))
+    # Not a git workspace: every file is untracked, and every one was copied.
+    result.untracked = sum(len(files) for _root, _dirs, files in os.walk(workspace))
     _finish(provider, box, None, result)
     return result
 

@@ -47,6 +47,8 @@ options:
     description:
       - The host directory the box works on. Default the current directory.
       - Used when creating, and to check that an existing box of that name belongs to this workspace.
+      - With O(state=absent) and O(delete_branch=true) for a box that no longer exists, the repository whose
+        C(agentbox/<name>) branch is deleted.
     type: path
   image:
     description:
@@ -106,7 +108,10 @@ options:
       - V(0) ships the whole history.
     type: int
   delete_branch:
-    description: With O(state=absent), also delete the box's branch in the host repository (kept by default).
+    description:
+      - With O(state=absent), also delete the box's branch in the host repository (kept by default).
+      - When the box is already gone, its branch (and any worktree registration it left) is still deleted, in
+        the repositories of O(workspace) (default the current directory); local engine only.
     type: bool
     default: false
 """
@@ -238,8 +243,20 @@ boot:
   type: dict
 destroyed:
   description: "Worktree registrations removed and branches deleted, with O(state=absent)."
-  returned: when destroyed
+  returned: when destroyed, or when O(delete_branch=true) looked for what a box already gone left behind
   type: dict
+  contains:
+    box_removed:
+      description: "Whether a box was removed (V(false): it was gone already)."
+      type: bool
+    worktrees_removed:
+      description: "Worktree paths unregistered from the host repository."
+      type: list
+      elements: str
+    branches_deleted:
+      description: "C(<repository>:<branch>) of each branch deleted."
+      type: list
+      elements: str
 """
 
 from ansible.module_utils.basic import AnsibleModule

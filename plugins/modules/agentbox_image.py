@@ -203,6 +203,7 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
+from ansible_collections.agentbox.box.plugins.module_utils._docker import engine_unreachable
 from ansible_collections.agentbox.box.plugins.module_utils._image import (
     ImageError,
     ImageRequest,
@@ -262,9 +263,8 @@ def main() -> None:
         client = docker.from_env()
         client.ping()
     except docker.errors.DockerException as exc:
-        module.fail_json(
-            msg=f"no Docker engine answers ({exc}): start one (scripts/ensure-docker.sh) or set DOCKER_HOST"
-        )
+        # The same message as every other module's: it names the socket (or DOCKER_HOST) tried.
+        module.fail_json(msg=str(engine_unreachable("local", exc)))
     try:
         result = ensure_image(client, request, docker.errors.ImageNotFound, docker.errors.APIError)
     except ImageError as exc:

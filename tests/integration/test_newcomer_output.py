@@ -1,0 +1,172 @@
+"""What the playbooks print tells the truth (issue 18, item 2), checked through ansible-playbook
+against the real engine and real git: carried counts on every path (worktree, plain copy,
+checkpoint restore), the checkpoint a box came from, one port form in create and list, the
+socket named when the engine is down, and delete_branch on a box that is already gone."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import pytest
+
+from tests.conftest import REPO, chown_tree, git, make_repo
+
+pytestmark = pytest.mark.integration
+
+IMAGE = "agentbox/box:latest"
+PLAYBOOK = REPO / ".venv" / "bin" / "ansible-playbook"
+
+
+class Player:
+    """Runs the collection's playbooks as a user would, from `cwd`, with its own HOME (checkpoint
+    manifests stay out of the real ~/.agentbox)."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.made: list[str] = []
+
+    def env(self, cwd: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+        return {
+            **os.environ,
+            "HOME": str(self.home),
+            "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+            "ANSIBLE_NOCOLOR": "1",
+            "PWD": str(cwd),
+            **(extra or {}),
+        }
+
+    def run(self, name: str, *extra: str, cwd: Path = REPO, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        argv = [str(PLAYBOOK), str(REPO / "playbooks" / name)]
+        for item in extra:
+            argv += ["-e", item]
+        return subprocess.run(argv, cwd=cwd, env=self.env(cwd, env), capture_output=True, text=True, timeout=900, check=False)
+
+    def ok(self, name: str, *extra: str, cwd: Path = REPO) -> str:
+        done = self.run(name, *extra, cwd=cwd)
+        assert done.returncode == 0, f"{name} {extra}\n{done.stdout[-5000:]}\n{done.stderr[-2000:]}"
+        return done.stdout
+
+    def create(self, workspace: Path, box: str, *extra: str) -> str:
+        self.made.append(box)
+        return self.ok("create_box.yml", f"workspace={workspace}", f"box={box}", *extra)
+
+
+def flat(output: str) -> str:
+    """Ansible's YAML callback folds long messages: compare with whitespace runs made single spaces."""
+    return " ".join(output.split())
+
+
+def line(output: str, key: str) -> str:
+    found = re.search(rf"^\s*-?\s*'?{key}:\s+(.*?)'?$", output, re.M)
+    assert found, f"no {key!r} line in:\n{output[-3000:]}"
+    return found.group(1).strip()
+
+
+@pytest.fixture
+def player(tmp_path: Path) -> Iterator[Player]:
+    if not docker.from_env().images.list(name=IMAGE):
+        pytest.fail(f"{IMAGE} is missing: build it first (ansible-playbook playbooks/build_image.yml)")
+    home = tmp_path / "home"
+    home.mkdir()
+    made = Player(home)
+    yield made
+    for box in made.made:
+        made.run("destroy_box.yml", f"box={box}")
+    engine = docker.from_env()
+    project_images = engine.images.list(filters={"label": f"io.agentbox.box={made.made[0]}"}) if made.made else []
+    for image in project_images:  # checkpoint images this test took
+        for tag in image.tags:
+            engine.images.remove(tag, force=True)
+
+
+def name(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(3)}"
+
+
+def test_plain_copy_counts_the_files_it_copied(player: Player, tmp_path: Path) -> None:
+    plain = tmp_path / "plain"
+    (plain / "sub").mkdir(parents=True)
+    for rel in ("a.txt", "b.txt", "sub/c.txt"):
+        (plain / rel).write_text(rel)
+    box = name("nc-copy")
+    out = player.create(plain, box)
+    assert line(out, "carried") == "3 files copied (not a git workspace)"
+    assert line(out, "from") == "the workspace (no checkpoint)"
+
+
+def test_ports_read_the_same_in_create_and_list(player: Player, tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "ws")
+    chown_tree(repo)
+    box = name("nc-ports")
+    created_ports = line(player.create(repo, box), "ports")
+    assert re.fullmatch(r"127\.0\.0\.1:\d+->80", created_ports), created_ports
+    listed = player.ok("list_boxes.yml", f"workspace={repo}")
+    row = next(text for text in listed.splitlines() if box in text)
+    assert created_ports in row.split(), row
+
+
+def test_restore_names_the_checkpoint_and_counts_what_it_carried(player: Player, tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "ws", {"README.md": "hello\n", "app.py": "v1\n", "gone.txt": "x\n"})
+    (repo / "app.py").write_text("v2\n")
+    git(repo, "rm", "-q", "gone.txt")
+    (repo / "notes").mkdir()
+    (repo / "notes/one.md").write_text("one\n")
+    (repo / "two.txt").write_text("two\n")
+    chown_tree(repo)
+    source = name("nc-src")
+    out = player.create(repo, source)
+    assert line(out, "carried") == "1 modified, 1 deleted, 0 renamed, 2 untracked"
+    checkpoint = f"warm-{secrets.token_hex(2)}"
+    saved = player.ok("checkpoint.yml", f"box={source}", f"checkpoint={checkpoint}")
+    hint = line(saved, "restore")
+    assert "-e provider=docker" in hint and "-e engine" not in hint  # the local engine
+    # A third untracked file arrives after the checkpoint: two are in the checkpoint already, one is copied.
+    (repo / "three.txt").write_text("three\n")
+    chown_tree(repo)
+    restored = name("nc-rst")
+    out = player.create(repo, restored, f"checkpoint={checkpoint}")
+    assert line(out, "from") == f"checkpoint {checkpoint}"
+    assert line(out, "carried") == "1 modified, 1 deleted, 0 renamed, 3 untracked"
+    engine = docker.from_env()
+    files = engine.containers.get(f"agentbox-{restored}").exec_run(
+        ["sh", "-c", "cd /workspace && cat notes/one.md two.txt three.txt app.py"], user="vscode"
+    )
+    assert files.output == b"one\ntwo\nthree\nv2\n"
+    for image in engine.images.list(filters={"label": "io.agentbox.kind=checkpoint"}):
+        if any(tag.endswith(f":{checkpoint}") for tag in image.tags):
+            for tag in image.tags:
+                engine.images.remove(tag, force=True)
+
+
+def test_delete_branch_of_a_box_already_destroyed(player: Player, tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "ws")
+    chown_tree(repo)
+    box = name("nc-gone")
+    player.create(repo, box)
+    out = flat(player.ok("destroy_box.yml", f"box={box}"))
+    assert f"destroyed {box}" in out and "branches deleted: none" in out
+    assert git(repo, "branch", "--list", f"agentbox/{box}").strip() == f"agentbox/{box}"
+    again = flat(player.ok("destroy_box.yml", f"box={box}", "delete_branch=true", cwd=repo))
+    assert f"no box called {box} (already gone)" in again
+    assert f"branches deleted: {repo}:agentbox/{box}" in again
+    assert git(repo, "branch", "--list", f"agentbox/{box}") == ""
+    third = flat(player.ok("destroy_box.yml", f"box={box}", "delete_branch=true", f"workspace={repo}"))
+    assert f"no box called {box} (already gone): no branch agentbox/{box} to delete" in third
+    assert git(repo, "status", "--porcelain") == ""  # the host's tree untouched
+
+
+def test_engine_down_names_the_socket(player: Player, tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "ws")
+    down = {"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"}
+    for playbook, extra in (("create_box.yml", (f"workspace={repo}", "box=nc-down")), ("list_boxes.yml", ())):
+        done = player.run(playbook, *extra, env=down)
+        assert done.returncode != 0
+        said = flat(done.stdout)
+        assert f"the Docker engine at unix://{tmp_path}/no-engine.sock does not answer" in said, said[-2000:]
+        assert "point DOCKER_HOST at a running engine" in said
