@@ -27,6 +27,8 @@ ansible-galaxy collection build --force --output-path "$build_dir" . >/dev/null
 # -p: the first collections_path entry is the checkout's own link farm (.collections), not for installs.
 ansible-galaxy collection install --force -p ~/.ansible/collections "$build_dir/agentbox-box-$version.tar.gz" >/dev/null
 echo "up: collection agentbox.box $version installed"
+# The same quiet output from any directory (a ~/.ansible.cfg, only when there is none).
+bash scripts/ansible-user-config.sh
 
 bash scripts/ensure-docker.sh
 ansible-playbook playbooks/build_image.yml

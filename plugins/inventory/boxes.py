@@ -96,8 +96,9 @@ options:
     default: true
   configure_connection:
     description:
-      - Set C(ansible_connection=agentbox.box.box) on every box. A C(compose) entry for C(ansible_connection)
-        still wins; set V(false) to choose the connection in C(group_vars) instead.
+      - Set C(ansible_connection=agentbox.box.box) and C(ansible_python_interpreter=/usr/bin/python3) (the box
+        image's) on every box. A C(compose) entry for either still wins; set V(false) to choose them in
+        C(group_vars) instead.
     type: bool
     default: true
 """
@@ -140,6 +141,7 @@ try:
     from ansible_collections.agentbox.box.plugins.module_utils._naming import project_id, sanitize_group
     from ansible_collections.agentbox.box.plugins.module_utils._provider import PROVIDERS, ProviderError
     from ansible_collections.agentbox.box.plugins.plugin_utils._providers import (
+        BOX_PYTHON,
         CONNECTION_PLUGIN,
         LOCAL_ENGINE,
         VAR_BOX,
@@ -340,6 +342,10 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         if self.get_option("configure_connection"):
             self.inventory.set_variable(host, "ansible_connection", CONNECTION_PLUGIN)
             full["ansible_connection"] = CONNECTION_PLUGIN
+            # Every box runs the box image's Debian python3: no interpreter discovery (a round trip
+            # and a warning per box when no ansible.cfg silences it).
+            self.inventory.set_variable(host, "ansible_python_interpreter", BOX_PYTHON)
+            full["ansible_python_interpreter"] = BOX_PYTHON
         if provider in PROVIDERS:
             self.inventory.add_child(provider, host)
         state = raw.get("state")

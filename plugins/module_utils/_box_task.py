@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _box, _git, _journal, _naming, _rollback, _seed
+from . import _box, _carry_env, _git, _journal, _naming, _rollback, _seed
 from ._module import PROVIDER_ARGUMENT_SPEC, provider_from_params
 
 BOX_ARGUMENT_SPEC: dict[str, Any] = {
@@ -34,6 +34,8 @@ BOX_ARGUMENT_SPEC: dict[str, Any] = {
     "ship_depth": {"type": "int"},
     "boot": {"type": "bool", "default": True},
     "delete_branch": {"type": "bool", "default": False},
+    "with_env": {"type": "bool", "default": False},
+    "carry_ignored": {"type": "list", "elements": "str", "default": []},
     **PROVIDER_ARGUMENT_SPEC,
 }
 
@@ -165,6 +167,15 @@ def _run(
                     journal=journal,
                 ),
             )
+            if params["with_env"] or params["carry_ignored"]:
+                try:
+                    result["carried_ignored"] = _carry_env.carry(
+                        provider, created.facts.name, workspace, params["with_env"], params["carry_ignored"], "/workspace"
+                    )
+                except BaseException:
+                    # Nothing half-made: the box (and the branch reserved for it) goes again.
+                    _box.destroy_box(provider, created.facts, delete_branch=True)
+                    raise
             if created.image_transfer:
                 result["image_transfer"] = created.image_transfer
             result["box"] = created.facts.to_dict()

@@ -107,6 +107,21 @@ options:
         (O(provider=docker_ssh), O(provider=daytona)). Default 200, or 100 when that packs over 20 MiB.
       - V(0) ships the whole history.
     type: int
+  with_env:
+    description:
+      - Also carry the workspace's ignored C(.env*) files (at any depth, as its C(.gitignore) rules ignore them)
+        into the new box, which seeding never does.
+      - They are written to a tmpfs in the box (C(/run/agentbox/carried)) and linked from C(/workspace), so no
+        checkpoint ever captures them; a box restored from a checkpoint gets them only when carried again.
+    type: bool
+    default: false
+  carry_ignored:
+    description:
+      - More ignored files to carry the same way as O(with_env), as globs (C(config/*.local); a bare name
+        matches at any depth). At most 16 MiB in all (they live in memory).
+    type: list
+    elements: str
+    default: []
   delete_branch:
     description:
       - With O(state=absent), also delete the box's branch in the host repository (kept by default).
@@ -237,6 +252,10 @@ access:
   type: dict
   sample: {"alias": "agentbox-fix-login", "ssh_config": "/home/me/.agentbox/ssh_config",
            "keys": ["/home/me/.ssh/id_ed25519"], "warnings": []}
+carried_ignored:
+  description: "Ignored files carried by O(with_env) and O(carry_ignored): C(files) (paths) and C(bytes)."
+  returned: when O(with_env) or O(carry_ignored) was given and the box was created
+  type: dict
 boot:
   description: "What the in-box start sequence reported (dockerd storage driver, supervisor), when it ran."
   returned: when the box was created or started

@@ -19,6 +19,10 @@ description:
   - The host's working tree, index and stash list are never modified.
   - O(state=fetched) brings the box's branch into the host repository as C(agentbox/<box>). On the local engine
     commits already land in the host repository, so there is nothing to fetch; remote boxes ship it back.
+  - O(state=downloaded) copies the box's working tree - uncommitted work included, ignored files left out by
+    the box's C(.gitignore) rules - to O(dest) on the controller, without committing anything, on every
+    provider. The files are unpacked as untrusted (no paths or links leaving O(dest), no devices, no setuid)
+    into a temporary directory renamed into place; the host workspace is never written.
   - M(agentbox.box.agentbox_box) seeds by itself when it creates a box; this module is for boxes made empty,
     and for bringing work back.
 author:
@@ -37,10 +41,18 @@ options:
     type: str
     required: true
   state:
-    description: V(present) seeds, V(fetched) brings the box's branch back to the host repository.
+    description:
+      - V(present) seeds, V(fetched) brings the box's branch back to the host repository, V(downloaded) copies
+        the box's working tree to O(dest).
     type: str
-    choices: [present, fetched]
+    choices: [present, fetched, downloaded]
     default: present
+  dest:
+    description:
+      - With O(state=downloaded), the controller directory to copy the tree to (default
+        C(~/.agentbox/export/<box>/)). It must be new, empty, or an earlier export (which is replaced), and
+        outside the box's host workspace.
+    type: path
   force:
     description:
       - With O(state=fetched), move the host's C(agentbox/<box>) branch even when that is not a fast-forward.
@@ -65,6 +77,11 @@ EXAMPLES = r"""
   agentbox.box.agentbox_worktree:
     box: scratch
     state: fetched
+
+- name: Copy its working tree (uncommitted work included) to ~/.agentbox/export/scratch/
+  agentbox.box.agentbox_worktree:
+    box: scratch
+    state: downloaded
 """
 
 RETURN = r"""
@@ -107,6 +124,11 @@ fetched:
   description: "The branch brought back and its head commit."
   returned: with O(state=fetched)
   type: dict
+downloaded:
+  description: "Where the tree went (C(dest)), C(files) and C(bytes) copied, C(seconds), and C(uncommitted) (the
+    box's C(git status --porcelain) lines)."
+  returned: with O(state=downloaded)
+  type: dict
 """
 
 
@@ -143,6 +165,12 @@ def _run(module: AnsibleModule) -> dict:
         for warning in record.get("warnings", []) if changed else []:
             module.warn(warning)
         return result
+    if module.params["state"] == "downloaded":
+        from ansible_collections.agentbox.box.plugins.module_utils import _export
+
+        result["downloaded"] = _export.download(provider, facts, module.params["dest"], module.check_mode)
+        result["changed"] = True
+        return result
     # fetched
     if provider.shares_host_filesystem:
         head = _git.git_out(facts.workspace, "rev-parse", f"refs/heads/{facts.branch}") if facts.branch else ""
@@ -162,7 +190,8 @@ def _run(module: AnsibleModule) -> dict:
 def main() -> None:
     argument_spec = {
         "box": {"type": "str", "required": True},
-        "state": {"type": "str", "default": "present", "choices": ["present", "fetched"]},
+        "state": {"type": "str", "default": "present", "choices": ["present", "fetched", "downloaded"]},
+        "dest": {"type": "path"},
         "force": {"type": "bool", "default": False},
         **PROVIDER_ARGUMENT_SPEC,
     }

@@ -29,6 +29,7 @@ VAR_ENGINE = "agentbox_engine"
 VAR_DAYTONA_API_URL = "agentbox_daytona_api_url"
 VAR_DAYTONA_TARGET = "agentbox_daytona_target"
 CONNECTION_PLUGIN = "agentbox.box.box"
+BOX_PYTHON = "/usr/bin/python3"  # the box image's (Debian's) interpreter
 LOCAL_ENGINE = "local"
 
 # Keyed by process id, like the Docker clients in _docker: Ansible forks a worker per task, and a
