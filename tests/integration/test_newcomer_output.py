@@ -8,7 +8,9 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -72,12 +74,14 @@ def line(output: str, key: str) -> str:
 def player(tmp_path: Path) -> Iterator[Player]:
     if not docker.from_env().images.list(name=IMAGE):
         pytest.fail(f"{IMAGE} is missing: build it first (ansible-playbook playbooks/build_image.yml)")
-    home = tmp_path / "home"
-    home.mkdir()
+    # Short: the relay that creating a box starts keeps its unix socket under HOME (107 bytes at most).
+    home = Path(tempfile.mkdtemp(prefix="abh-", dir="/tmp"))
     made = Player(home)
     yield made
     for box in made.made:
         made.run("destroy_box.yml", f"box={box}")
+    made.run("relay.yml", "state=stopped")
+    shutil.rmtree(home, ignore_errors=True)
     engine = docker.from_env()
     project_images = engine.images.list(filters={"label": f"io.agentbox.box={made.made[0]}"}) if made.made else []
     for image in project_images:  # checkpoint images this test took
