@@ -49,7 +49,7 @@ def test_every_column_aligned(tmp_path: Path) -> None:
     assert lines[0].split() == ["BOX", "STATE", "PROVIDER", "BRANCH", "WORKSPACE", "PORTS", "AGE", "AGENT"]
     rows = {line.split()[0]: line.split() for line in lines[1:]}
     assert rows["alpha"] == ["alpha", "running", "docker", "agentbox/alpha", "/src/app",
-                             "49153->80,49154->6080", "42s", "claude:working"]  # fmt: skip
+                             "127.0.0.1:49153->80,127.0.0.1:49154->6080", "42s", "claude:working"]  # fmt: skip
     assert rows["b"] == ["b", "paused", "docker_ssh@builder1", "-", "-", "-", "3h", "-"]
     assert rows["c-long-name"] == ["c-long-name", "stopped", "daytona", "agentbox/c-long-name", "/src/other", "-", "2d",
                                    "-"]  # fmt: skip
