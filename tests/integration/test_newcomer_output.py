@@ -64,6 +64,13 @@ def flat(output: str) -> str:
     return " ".join(output.split())
 
 
+def restore_hint(output: str) -> str:
+    """checkpoint.yml's restore command, unfolded (YAML may wrap it over lines)."""
+    found = re.search(r"restore: +(ansible-playbook playbooks/create_box\.yml .*?)'?(?: PLAY RECAP| TASK \[|$)", flat(output))
+    assert found, output[-3000:]
+    return found.group(1).strip().rstrip("'")
+
+
 def line(output: str, key: str) -> str:
     found = re.search(rf"^\s*-?\s*'?{key}:\s+(.*?)'?$", output, re.M)
     assert found, f"no {key!r} line in:\n{output[-3000:]}"
@@ -128,7 +135,7 @@ def test_restore_names_the_checkpoint_and_counts_what_it_carried(player: Player,
     assert line(out, "carried") == "1 modified, 1 deleted, 0 renamed, 2 untracked"
     checkpoint = f"warm-{secrets.token_hex(2)}"
     saved = player.ok("checkpoint.yml", f"box={source}", f"checkpoint={checkpoint}")
-    hint = line(saved, "restore")
+    hint = restore_hint(saved)
     assert "-e provider=docker" in hint and "-e engine" not in hint  # the local engine
     # A third untracked file arrives after the checkpoint: two are in the checkpoint already, one is copied.
     (repo / "three.txt").write_text("three\n")
