@@ -522,8 +522,6 @@ class DockerProvider(Provider):
         return removed
 
     def remove_leftover_volumes(self, name: str) -> list[dict[str, Any]]:
-        if self.find(name) is not None:
-            return []
         filters = {"label": [f"{label('box')}={name}", f"{label('kind')}=volume"]}
         removed = []
         for volume in self.client.volumes.list(filters=filters):

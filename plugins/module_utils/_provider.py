@@ -162,7 +162,8 @@ class Provider(abc.ABC):
         return True
 
     def remove_leftover_volumes(self, name: str) -> list[dict[str, Any]]:
-        """Per-box volumes of a box whose container is gone, removed: [{name, labels}]."""
+        """Per-box volumes of a box whose container is gone, removed: [{name, labels}]. The caller
+        has found no box of that name (a volume in use by a container is refused by the engine)."""
         return []
 
     # -- inside the box ---------------------------------------------------------------------
