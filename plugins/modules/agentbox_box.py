@@ -17,6 +17,9 @@ description:
     land directly in the host repository on the box's branch. The host's working tree, index and stash list
     are never modified.
   - Anything that fails half-way is undone; no container, volume, branch or worktree entry is left behind.
+    A create that was killed (Ctrl-C, SIGTERM, SIGKILL) is rolled back by the next create or destroy of that
+    name (see RV(recovered)); a box whose create never finished is never reported as created.
+  - Bad input fails before anything is made, saying what to do; see docs/modules.md.
 author:
   - agentbox.box developers (@agentbox)
 extends_documentation_fragment:
@@ -32,7 +35,8 @@ options:
     description:
       - The box name, C([a-z0-9][a-z0-9_.-]{0,62}). The container is C(agentbox-<name>).
       - Required unless O(state=present) or O(state=started), where it defaults to
-        C(<workspace basename>-<short id>) (a new box each run).
+        C(<workspace basename>-<short id>) (a new box each run). An empty string is an error, not a request
+        for that default.
     type: str
   state:
     description:
@@ -49,6 +53,8 @@ options:
       - Used when creating, and to check that an existing box of that name belongs to this workspace.
       - With O(state=absent) and O(delete_branch=true) for a box that no longer exists, the repository whose
         C(agentbox/<name>) branch is deleted.
+      - With O(state=absent), the workspace's new path when it moved after the box was made; the box's worktree
+        registration is found there by the box's id.
     type: path
   image:
     description:
@@ -74,8 +80,8 @@ options:
         type: int
   env:
     description:
-      - Extra environment variables of the box's processes. Not for secrets (they would be captured by
-        checkpoints); use O(secrets).
+      - Extra environment variables of the box's processes. Checkpoints do not keep them (a box restored from
+        one gets its own); still, keep secrets in O(secrets), which never reach the container's config.
     type: dict
     default: {}
   secrets:
@@ -261,7 +267,12 @@ boot:
   returned: when the box was created or started
   type: dict
 destroyed:
-  description: "Worktree registrations removed and branches deleted, with O(state=absent)."
+  description:
+    - "Worktree registrations removed and branches deleted, with O(state=absent)."
+    - "C(worktrees_not_found) lists registrations that could not be found (a workspace moved; pass its new path
+      as O(workspace))."
+    - "For a box whose container was removed by hand, C(volumes_removed) and C(branches_kept) (branches with
+      commits stay unless O(delete_branch))."
   returned: when destroyed, or when O(delete_branch=true) looked for what a box already gone left behind
   type: dict
   contains:
@@ -276,6 +287,12 @@ destroyed:
       description: "C(<repository>:<branch>) of each branch deleted."
       type: list
       elements: str
+recovered:
+  description:
+    - "What an earlier, interrupted create of this name had made and this task rolled back: C(stage) it stopped at,
+      C(pid), C(box_id), C(container_removed), C(worktrees_removed), C(branches_deleted)."
+  returned: when an interrupted create of the name was found
+  type: dict
 """
 
 from ansible.module_utils.basic import AnsibleModule
