@@ -153,14 +153,22 @@ def test_default_is_kept_with_the_other_project_settings(tmp_path: Path, monkeyp
     path = Path(_checkpoint.project_config_path("p1"))
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"someone_else": {"keep": True}}))
-    assert _checkpoint.project_default(None, "p1") is None
-    _checkpoint.set_project_default("p1", "warm-1", "/src/app")
-    assert _checkpoint.project_default(None, "p1") == "warm-1"
-    _checkpoint.set_project_default("p1", None)
-    assert json.loads(path.read_text()) == {"someone_else": {"keep": True}, "workspace": "/src/app"}
+    from ansible_collections.agentbox.box.plugins.module_utils._docker import DockerProvider
+
+    local = DockerProvider()  # no engine call: only its provider name and engine are read
+    assert _checkpoint.project_default(local, "p1") is None
+    _checkpoint.set_project_default("p1", "warm-1", "/src/app", provider=local)
+    assert _checkpoint.project_default(local, "p1") == "warm-1"
+    _checkpoint.set_project_default("p1", None, provider=local)
+    assert json.loads(path.read_text()) == {
+        "someone_else": {"keep": True}, "workspace": "/src/app", "default_checkpoints": {}}
+    # A default written before defaults were per engine is the local engine's.
+    path.write_text(json.dumps({"default_checkpoint": "old-1"}))
+    assert _checkpoint.project_default(local, "p1") == "old-1"
+    assert _checkpoint.project_default(DockerProvider(engine="u@127.0.0.1:2201"), "p1") is None
     path.write_text("{not json")
     with pytest.raises(_checkpoint.CheckpointError, match="not readable JSON"):
-        _checkpoint.project_default(None, "p1")
+        _checkpoint.project_default(local, "p1")
 
 
 def test_labels_carry_the_manifest_facts() -> None:
