@@ -2,7 +2,8 @@
 
   1. push of 1 and of 50 new commits: `agentbox-ctl git push` timed inside the box (the agent's
      wall time: client start, relay, host git) against `git push` of the same shape of commits
-     from a host clone of the same repository, to the same local bare origin;
+     from a host clone of the same repository, to the same local bare origin; and the same push
+     through `agentbox-relay-client` directly (what agentbox-ctl's own start costs);
   2. approval round trip: from the box's request until it is listed by the relay (what
      relay_approvals.yml shows), and from the user's approve until the box's command returns;
      plus the relay_approvals.yml playbook's own wall time, for reference.
@@ -40,10 +41,10 @@ GIT = ["git", "-c", "safe.directory=*", "-c", "user.name=Bench", "-c", "user.ema
 # N commits, each changing one small file, then the timed push; prints the push's nanoseconds.
 IN_BOX = r"""
 set -e
-n=$1 token=$2
+n=$1 token=$2 client=$3
 for i in $(seq "$n"); do echo "$token $i" > "f$((i % 10))"; git add -A; git commit -q -m "c$i"; done
 start=$(date +%s%N)
-agentbox-ctl git push >/dev/null 2>&1
+"$client" git push >/dev/null 2>&1
 end=$(date +%s%N)
 echo $((end - start))
 """
@@ -65,8 +66,8 @@ def host_push(clone: Path, commits: int, branch: str) -> float:
     return time.perf_counter() - started
 
 
-def box_push(provider: DockerProvider, box: str, commits: int) -> float:
-    run = provider.exec(box, ["sh", "-c", IN_BOX, "sh", str(commits), secrets.token_hex(4)], workdir="/workspace",
+def box_push(provider: DockerProvider, box: str, commits: int, client: str = "agentbox-ctl") -> float:
+    run = provider.exec(box, ["sh", "-c", IN_BOX, "sh", str(commits), secrets.token_hex(4), client], workdir="/workspace",
                         env={"GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@x.invalid",
                              "GIT_COMMITTER_NAME": "b", "GIT_COMMITTER_EMAIL": "b@x.invalid"})
     run.check("the in-box push", box)
@@ -125,14 +126,19 @@ def main() -> int:
         host_push(clone, 1, "host-bench")
         for commits in (1, 50):
             ours: list[float] = []
+            direct: list[float] = []
             host: list[float] = []
             for _run in range(args.runs):
                 ours.append(box_push(provider, box, commits))
+                # The same through the relay's client program itself, without agentbox-ctl's own start.
+                direct.append(box_push(provider, box, commits, "agentbox-relay-client"))
                 host.append(host_push(clone, commits, "host-bench"))
             results[f"push_{commits}"] = {
                 "relay": summary(ours),
+                "relay_client_direct": summary(direct),
                 "host": summary(host),
                 "ratio": round(statistics.median(o / h for o, h in zip(ours, host, strict=True)), 3),
+                "ratio_client_direct": round(statistics.median(d / h for d, h in zip(direct, host, strict=True)), 3),
             }
         listed: list[float] = []
         returned: list[float] = []
