@@ -57,6 +57,7 @@ from ._daytona_state import (
     desired_name,
     is_ghost,
     live_sandboxes,
+    network_settings,
     settled,
     snapshot_usable,
     state_name,
@@ -554,6 +555,8 @@ class DaytonaProvider(Provider):
         idle_timeout: int | None = None,
         auto_stop: int | None = None,
         auto_archive: int | None = None,
+        disk: int | None = None,
+        network: str | None = None,
         **_ignored: Any,
     ):
         self._api_key = api_key or os.environ.get("DAYTONA_API_KEY") or None
@@ -573,6 +576,13 @@ class DaytonaProvider(Provider):
         self._auto_archive = (
             auto_archive if auto_archive is not None else _env_minutes("AGENTBOX_DAYTONA_AUTO_ARCHIVE", None)
         )
+        # Disk in GiB for a box made from an image (Daytona's default is 3; Docker in the box wants more).
+        self._disk = disk if disk is not None else _env_minutes("AGENTBOX_DAYTONA_DISK", None, "GiB")
+        raw_network = network if network is not None else os.environ.get("AGENTBOX_DAYTONA_NETWORK")
+        try:
+            self._network = network_settings(raw_network)
+        except ValueError as exc:
+            raise ProviderError(f"AGENTBOX_DAYTONA_NETWORK={raw_network!r}: {exc}") from exc
         self._sandboxes: dict[str, Any] = {}
         self._sessions: set[str] = set()
         self._lock = threading.Lock()
@@ -726,6 +736,28 @@ class DaytonaProvider(Provider):
         )
         return getattr(preview, "url", None)
 
+    def preview_url(self, name: str, port: int, expires_in: int = PREVIEW_TTL_SECONDS) -> str:
+        """A signed preview URL of any port of the box, valid `expires_in` seconds (no header needed: treat it
+        as a credential)."""
+        sandbox = self._sandbox(name, "preview URL")
+        preview = self._call(
+            lambda: sandbox.create_signed_preview_url(port, expires_in_seconds=expires_in, request_timeout=API_TIMEOUT),
+            box=name,
+            operation=f"preview URL of port {port}",
+        )
+        return str(preview.url)
+
+    def ssh_access(self, name: str, minutes: int = 60) -> dict[str, str]:
+        """A Daytona SSH access token for the box: {command, token, expires_at}. The token is a credential."""
+        sandbox = self._sandbox(name, "SSH access")
+        access = self._call(
+            lambda: sandbox.create_ssh_access(expires_in_minutes=minutes, request_timeout=API_TIMEOUT),
+            box=name,
+            operation="SSH access",
+            idempotent=False,
+        )
+        return {"command": access.ssh_command, "token": access.token, "expires_at": str(access.expires_at)}
+
     def _facts_with_url(self, sandbox: Any, name: str) -> BoxFacts:
         url = None
         if state_name(sandbox.state) == "started" and settled("started", desired_name(sandbox)):
@@ -777,6 +809,7 @@ class DaytonaProvider(Provider):
         }
         if self._auto_archive is not None:
             common["auto_archive_interval"] = self._auto_archive
+        common.update(self._network)
         resources = dict(spec.resources or {})
         unsupported = sorted(set(resources) - {"memory", "cpus"})
         if unsupported:
@@ -787,6 +820,14 @@ class DaytonaProvider(Provider):
                 operation="create",
             )
         if self._ready_snapshot(spec.image, spec.name) is not None:
+            if self._disk:
+                raise ProviderError(
+                    f"AGENTBOX_DAYTONA_DISK cannot apply to a box started from the Daytona snapshot {spec.image!r} "
+                    "(its disk comes from the snapshot): make the snapshot with the disk you want, or use a "
+                    "registry image",
+                    box=spec.name,
+                    operation="create",
+                )
             if resources:
                 raise ProviderError(
                     f"resources cannot be set for a box started from the Daytona snapshot {spec.image!r} (its size "
@@ -796,10 +837,11 @@ class DaytonaProvider(Provider):
                 )
             return CreateSandboxFromSnapshotParams(snapshot=spec.image, **common)
         sizes = None
-        if resources:
+        if resources or self._disk:
             sizes = Resources(
                 cpu=max(1, math.ceil(float(resources["cpus"]))) if resources.get("cpus") else None,
                 memory=gib(resources["memory"]) if resources.get("memory") else None,
+                disk=self._disk or None,
             )
         return CreateSandboxFromImageParams(image=pinned_image(spec.image), resources=sizes, **common)
 

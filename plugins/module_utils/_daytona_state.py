@@ -138,3 +138,24 @@ def live_sandboxes(items: Any) -> list[Any]:
             continue
         by_id[str(getattr(item, "id", ""))] = item
     return list(by_id.values())
+
+
+def network_settings(value: str | None) -> dict[str, Any]:
+    """The create parameters for AGENTBOX_DAYTONA_NETWORK: '' (open), 'block_all', or up to 10 IPv4 CIDRs
+    separated by commas (checked as Daytona checks them, so a bad list fails before anything is made)."""
+    text = (value or "").strip()
+    if not text:
+        return {}
+    if text == "block_all":
+        return {"network_block_all": True}
+    networks = [part.strip() for part in text.split(",") if part.strip()]
+    if len(networks) > 10:
+        raise ValueError("Daytona allows at most 10 networks in an allow list")
+    for network in networks:
+        address, slash, prefix = network.partition("/")
+        octets = address.split(".")
+        if len(octets) != 4 or not all(o.isdigit() and 0 <= int(o) <= 255 and str(int(o)) == o for o in octets):
+            raise ValueError(f"{network!r} is not an IPv4 network (Daytona's allow lists are IPv4 CIDRs)")
+        if not slash or not prefix.isdigit() or not 0 <= int(prefix) <= 32:
+            raise ValueError(f"{network!r} needs a CIDR prefix length between 0 and 32 (e.g. /24)")
+    return {"network_allow_list": ",".join(networks)}

@@ -78,6 +78,7 @@ class SandboxRecord:
     network_block_all: bool
     build_info: dict[str, Any] | None
     dockerfile: str | None = None
+    network_allow_list: str | None = None
     state: str = "creating"
     desired_state: str = "started"
     pending: bool = True
@@ -259,6 +260,7 @@ class Emulator:
             "labels": dict(sb.labels),
             "public": sb.public,
             "networkBlockAll": sb.network_block_all,
+            "networkAllowList": sb.network_allow_list,
             "target": sb.target,
             "cpu": sb.cpu,
             "gpu": sb.gpu,
@@ -448,6 +450,9 @@ class Emulator:
             info = self.backend.image_info(image) if image else None
             user = (snapshot_user or self.config.default_user or (info.user if info and info.user else "")
                     or "root")
+        allow_list = body.get("networkAllowList")
+        if allow_list is not None:
+            habits.check_network_allow_list(allow_list)
         volumes = body.get("volumes") or []
         if not isinstance(volumes, list):
             raise ApiError(400, "volumes must be a list")
@@ -462,7 +467,7 @@ class Emulator:
             auto_stop=body.get("autoStopInterval", DEFAULT_STOP_MINUTES),
             auto_archive=body.get("autoArchiveInterval", DEFAULT_ARCHIVE_MINUTES),
             auto_delete=body.get("autoDeleteInterval", -1),
-            volumes=volumes, network_block_all=bool(body.get("networkBlockAll", False)),
+            volumes=volumes, network_block_all=bool(body.get("networkBlockAll", False)), network_allow_list=allow_list,
             build_info=None, dockerfile=dockerfile, ttl_minutes=body.get("ttlMinutes") or None,
         )
         if dockerfile is not None:
@@ -523,7 +528,8 @@ class Emulator:
         if sb.snapshot:
             env["DAYTONA_SANDBOX_SNAPSHOT"] = sb.snapshot
         sb.container_id = self.backend.create_container(
-            sb.id, hostname, sb.image, env, sb.entrypoint, sb.cpu, sb.memory, self.config.enforce_resources)
+            sb.id, hostname, sb.image, env, sb.entrypoint, sb.cpu, sb.memory, self.config.enforce_resources,
+            sb.network_block_all)
         self.backend.start(sb.container_id)
         self._resolve_user(sb)
 

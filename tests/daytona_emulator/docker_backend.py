@@ -161,7 +161,8 @@ class DockerBackend:
 
     # ---- containers ---------------------------------------------------------------------------------------
     def create_container(self, sandbox_id: str, hostname: str, image: str, env: dict[str, str],
-                         entrypoint: list[str] | None, cpu: int, memory_gib: int, enforce_resources: bool) -> str:
+                         entrypoint: list[str] | None, cpu: int, memory_gib: int, enforce_resources: bool,
+                         network_block_all: bool = False) -> str:
         kwargs: dict[str, Any] = {
             "image": image,
             "name": f"daytona-emu-{sandbox_id}",
@@ -178,6 +179,8 @@ class DockerBackend:
             kwargs["entrypoint"] = KEEP_ALIVE[:1]
             kwargs["command"] = KEEP_ALIVE[1:]
             kwargs["user"] = "0"
+        if network_block_all:
+            kwargs["network_mode"] = "none"  # loopback only: docker exec and the preview fetch still work
         if enforce_resources:
             kwargs["nano_cpus"] = int(cpu * 1e9)
             kwargs["mem_limit"] = f"{memory_gib}g"

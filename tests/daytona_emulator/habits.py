@@ -7,6 +7,7 @@ snapshots deactivated after 14 days unused and activated again through `pending`
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import math
 import re
@@ -156,3 +157,25 @@ class Throttler:
     def reset(self) -> None:
         with self._lock:
             self._windows.clear()
+
+
+def check_network_allow_list(value: Any) -> None:
+    """Daytona's check of `networkAllowList` (network-validation.util.ts): IPv4 CIDRs, at most 10."""
+    if not isinstance(value, str):
+        raise ApiError(400, "networkAllowList must be a string")
+    networks = [part.strip() for part in value.split(",")]
+    for network in networks:
+        if not network:
+            continue
+        address, _slash, prefix = network.partition("/")
+        try:
+            ipaddress.IPv4Address(address)
+        except ValueError:
+            raise ApiError(400, f'Invalid IP address: "{address}" in network "{network}". Must be a valid IPv4 '
+                                "address") from None
+        if not prefix:
+            raise ApiError(400, f'Invalid network format: "{network}". Missing CIDR prefix length (e.g., /24)')
+        if not prefix.isdigit() or not 0 <= int(prefix) <= 32:
+            raise ApiError(400, f"Invalid CIDR prefix length: {network}. Prefix must be between 0 and 32")
+    if len(networks) > 10:
+        raise ApiError(400, "Network allow list cannot contain more than 10 networks")

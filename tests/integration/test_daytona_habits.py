@@ -12,6 +12,7 @@ import io
 import json
 import tarfile
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -372,3 +373,57 @@ def test_a_moved_image_tag_is_built_anew(emu: Emu) -> None:
             pass
         if built:
             remove_test_image(client)
+
+
+def test_network_rules_disk_and_refusals_before_anything_is_made(emu: Emu) -> None:
+    """AGENTBOX_DAYTONA_NETWORK (block_all, or an IPv4 allow list) and AGENTBOX_DAYTONA_DISK reach the create;
+    a bad list, or a disk for a snapshot box (its disk is the snapshot's), fails before anything is made."""
+    from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
+    from tests.daytona_emulator import TEST_IMAGE, ensure_test_image, remove_test_image
+
+    with pytest.raises(ProviderError, match="needs a CIDR prefix"):
+        emu.provider(network="10.0.0.0")
+    with pytest.raises(ProviderError, match="not an IPv4 network"):
+        emu.provider(network="example.com/8")
+    sealed, allowed, big = unique("blk"), unique("alw"), unique("dsk")
+    with pytest.raises(ProviderError, match="AGENTBOX_DAYTONA_DISK cannot apply"):
+        emu.provider(disk=20).create(spec(big))
+    assert emu.provider().find(big) is None
+    client = docker.from_env()
+    built = ensure_test_image(client)
+    reference = f"localhost/agentbox-habits-{uuid.uuid4().hex[:6]}/disk:v1"
+    client.images.get(TEST_IMAGE).tag(*reference.rsplit(":", 1))
+    try:
+        emu.provider(network="block_all").create(spec(sealed))
+        emu.provider(network="10.0.0.0/8, 192.168.1.0/24").create(spec(allowed))
+        emu.provider(disk=20).create(spec(big, image=reference))
+        sdk = emu.sdk()
+        assert sdk.get(sealed).network_block_all is True
+        assert sdk.get(allowed).network_allow_list == "10.0.0.0/8,192.168.1.0/24"
+        assert sdk.get(big).disk == 20
+        assert emu.provider().exec(sealed, ["id", "-un"]).text == "vscode\n"  # a sealed box still runs commands
+    finally:
+        for name in (sealed, allowed, big):
+            emu.provider().destroy(name)
+        client.images.remove(reference, force=True)
+        if built:
+            remove_test_image(client)
+
+
+def test_preview_urls_of_any_port_and_ssh_access(emu: Emu, box: str) -> None:
+    provider = emu.provider()
+    provider.exec(box, ["sh", "-c", "mkdir -p /tmp/www && echo served > /tmp/www/index.html && "
+                                    "(nohup python3 -m http.server 8123 --directory /tmp/www >/dev/null 2>&1 &)"])  # fmt: skip
+    url = provider.preview_url(box, 8123, expires_in=120)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=30) as response:
+                assert response.read() == b"served\n"
+            break
+        except urllib.error.HTTPError:
+            assert time.monotonic() < deadline, "the server in the box never answered"
+            time.sleep(0.5)  # waiting for the server to listen, with a deadline
+    access = provider.ssh_access(box, minutes=5)
+    assert access["token"] and access["token"] in access["command"]
+    assert emu.sdk().get(box).validate_ssh_access(access["token"]).valid
