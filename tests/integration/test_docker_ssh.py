@@ -11,6 +11,7 @@ on the engine, and destroy leaves nothing on either engine.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -40,7 +41,9 @@ from ansible_collections.agentbox.box.plugins.module_utils._docker import Docker
 from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError  # noqa: E402
 
 pytestmark = pytest.mark.integration
-IMAGE = "agentbox/box:latest"
+# The box image under a tag of this run: another build moving agentbox/box:latest meanwhile must not
+# make the engines load a second 1.1 GB image (nor change what "the same image" means here).
+IMAGE = f"agentbox-test/ssh-box-{secrets.token_hex(4)}:pinned"
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "Host User",
     "GIT_AUTHOR_EMAIL": "host@example.invalid",
@@ -50,7 +53,17 @@ GIT_ENV = {
 
 
 @pytest.fixture(scope="module")
-def fleet():
+def fleet(box_image: str):
+    subprocess.run(["docker", "tag", box_image, IMAGE], check=True, capture_output=True)
+    try:
+        with engines_with_the_image() as engines:
+            yield engines
+    finally:
+        subprocess.run(["docker", "rmi", IMAGE], check=False, capture_output=True)
+
+
+@contextlib.contextmanager
+def engines_with_the_image():
     with EngineFleet(count=2, tmpfs_size="3g") as engines:  # the box image (1.1 GB) and its load must fit
         reports = {}
 
@@ -200,7 +213,7 @@ def test_two_engines_carry_over_commands_fetch_back_destroy(fleet, tmp_path, mon
         for index, engine in enumerate(targets):
             provider = DockerProvider(engine=engine, ssh_options={"strict_host_key_checking": True})
             name = f"abx-ssh-{index}-{secrets.token_hex(2)}"
-            created = _box.create_box(provider, _box.CreateRequest(name=name, workspace=str(repo)))
+            created = _box.create_box(provider, _box.CreateRequest(name=name, workspace=str(repo), image=IMAGE))
             boxes.append((provider, created.facts))
             assert created.facts.provider == "docker_ssh" and created.facts.engine == engine
             assert created.seed.mode == "shipped" and created.seed.branch == f"agentbox/{name}"
@@ -261,7 +274,7 @@ def test_port_forward_to_a_box_port(fleet, tmp_path):
     name = f"abx-port-{secrets.token_hex(2)}"
     token = secrets.token_hex(8)
     created = _box.create_box(
-        provider, _box.CreateRequest(name=name, workspace=str(tmp_path), ports=[8123], seed=False)
+        provider, _box.CreateRequest(name=name, workspace=str(tmp_path), ports=[8123], seed=False, image=IMAGE)
     )
     try:
         engine_port = created.facts.ports["8123"]
@@ -363,7 +376,7 @@ def test_disk_full_during_upload_leaves_nothing(fleet, tmp_path):
     name = f"abx-full-{secrets.token_hex(2)}"
     try:
         with pytest.raises(ProviderError) as failure:
-            _box.create_box(provider, _box.CreateRequest(name=name, workspace=str(repo)))
+            _box.create_box(provider, _box.CreateRequest(name=name, workspace=str(repo), image=IMAGE))
     finally:
         engine.shell("rm -f /var/lib/docker/filler")
     message = str(failure.value)
@@ -401,11 +414,11 @@ def test_module_end_to_end_with_user_at_host_port(fleet, tmp_path):
 
     common = f"name={name} provider=docker_ssh engine={engine.destination}"
     try:
-        created = module(f"{common} workspace={repo}")
+        created = module(f"{common} workspace={repo} image={IMAGE}")
         assert created["changed"] and created["box"]["engine"] == engine.destination
         assert created["box"]["provider"] == "docker_ssh" and created["seed"]["mode"] == "shipped"
         assert created["box"]["state"] == "running" and "80" in created["box"]["ports"]
-        again = module(f"{common} workspace={repo}")
+        again = module(f"{common} workspace={repo} image={IMAGE}")
         assert again["changed"] is False
     finally:
         gone = module(f"{common} state=absent")
@@ -418,7 +431,7 @@ def test_checkpoint_image_copied_between_engines(fleet, tmp_path):
     destination = DockerProvider(engine=fleet.engines[1].destination, ssh_options={})
     name = f"abx-ckpt-{secrets.token_hex(2)}"
     image = f"agentbox-ckpt-test{secrets.token_hex(4)}:first"
-    created = _box.create_box(source, _box.CreateRequest(name=name, workspace=str(tmp_path), seed=False, boot=False))
+    created = _box.create_box(source, _box.CreateRequest(name=name, workspace=str(tmp_path), seed=False, boot=False, image=IMAGE))
     try:
         run(source, name, "sh", "-c", "echo warm state > /home/vscode/warm.txt")
         committed = source.commit(name, image, {"io.agentbox.kind": "checkpoint", "io.agentbox.box": name})
@@ -451,7 +464,7 @@ def test_fleet_playbook_spreads_boxes_over_engines(fleet, tmp_path):
     def playbook(*extra: str) -> subprocess.CompletedProcess:
         done = subprocess.run(
             [str(REPO / ".venv/bin/ansible-playbook"), "-i", str(inventory), "playbooks/fleet_create.yml",
-             "-f", "4", "-e", f"workspace={repo}", "-e", f"prefix={prefix}", "-e", "count=4", *extra],
+             "-f", "4", "-e", f"workspace={repo}", "-e", f"prefix={prefix}", "-e", "count=4", "-e", f"image={IMAGE}", *extra],
             cwd=REPO, env=env, capture_output=True, text=True, check=False,
         )  # fmt: skip
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
@@ -507,3 +520,35 @@ def test_image_missing_everywhere_is_a_clear_error(fleet):
     with pytest.raises(ProviderError) as failure:
         _image_transfer.ensure_image(provider, f"agentbox-test-absent-{secrets.token_hex(3)}:none")
     assert "not on the local engine" in str(failure.value) and "box_image" in str(failure.value)
+
+
+def test_inventory_engines_and_the_connection_reach_a_box_over_ssh(fleet, tmp_path):
+    """The boxes inventory lists a remote engine's boxes (engines:), and the box connection runs modules
+    in them over that engine's SSH, with and without pipelining."""
+    engine = fleet.engines[0]
+    provider = DockerProvider(engine=engine.alias, ssh_options={})
+    name = f"abx-inv-{secrets.token_hex(2)}"
+    _box.create_box(provider, _box.CreateRequest(name=name, workspace=str(tmp_path), seed=False, boot=False,
+                                                 image=IMAGE))  # fmt: skip
+    try:
+        inventory = tmp_path / "remote.agentbox.yml"
+        inventory.write_text(f"plugin: agentbox.box.boxes\nlocal: false\nengines: ['{engine.alias}']\n"
+                             f"include: ['{name}']\n")  # fmt: skip
+        env = {**os.environ, **fleet.env, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
+        listed = subprocess.run([str(REPO / ".venv/bin/ansible-inventory"), "-i", str(inventory), "--host", name],
+                                cwd=REPO, env=env, capture_output=True, text=True, check=False)  # fmt: skip
+        assert listed.returncode == 0, listed.stdout + listed.stderr
+        host = json.loads(listed.stdout)
+        assert host["ansible_connection"] == "agentbox.box.box" and host["agentbox_engine"] == engine.alias
+        for pipelining in ("true", "false"):
+            done = subprocess.run(
+                [str(REPO / ".venv/bin/ansible"), "-i", str(inventory), name, "-e", f"ansible_pipelining={pipelining}",
+                 "-m", "ansible.builtin.command", "-a", "sh -c 'id -un; hostname'"],
+                cwd=REPO, env=env, capture_output=True, text=True, check=False,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+            container_id = engine.shell(f"docker inspect -f '{{{{.Config.Hostname}}}}' agentbox-{name}").stdout.strip()
+            assert f"{name} | CHANGED | rc=0 >>\nvscode\n{container_id}" in done.stdout, done.stdout
+    finally:
+        _box.destroy_box(provider, provider.find(name))
+    assert engine.agentbox_objects() == []
