@@ -22,9 +22,10 @@ import fcntl
 import hashlib
 import os
 import tempfile
+import threading
 import time
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Self
 
 from ._provider import Provider, ProviderError
@@ -56,6 +57,49 @@ class TransferReport:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+# A stream takes about a minute for the box image: every PROGRESS_SECONDS a line with the bytes so
+# far goes to TRANSFER_LOG and, when the controller's action plugin set `progress`, to the screen.
+PROGRESS_SECONDS = float(os.environ.get("AGENTBOX_PROGRESS_SECONDS", "5"))
+TRANSFER_LOG = "~/.agentbox/logs/image-transfer.log"
+progress: Callable[[str], None] | None = None
+
+
+class _Progress:
+    """Reports a running stream's figures every PROGRESS_SECONDS from a thread, until stopped."""
+
+    def __init__(self, what: str, raw: _Counter, sent: _Counter) -> None:
+        self.log = os.path.expanduser(TRANSFER_LOG)
+        self._what, self._raw, self._sent = what, raw, sent
+        self._started = time.monotonic()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def say(self, text: str) -> None:
+        try:
+            os.makedirs(os.path.dirname(self.log), exist_ok=True)
+            with open(self.log, "a", encoding="utf-8") as handle:
+                handle.write(time.strftime("%Y-%m-%dT%H:%M:%SZ ", time.gmtime()) + text + "\n")
+        except OSError:
+            pass
+        if progress is not None:
+            progress(text)
+
+    def _run(self) -> None:
+        while not self._done.wait(PROGRESS_SECONDS):
+            elapsed = time.monotonic() - self._started
+            self.say(f"{self._what}: {self._raw.count / 1e6:.0f} MB read, {self._sent.count / 1e6:.0f} MB sent, "
+                     f"{elapsed:.0f} s (log {self.log})")  # fmt: skip
+
+    def __enter__(self) -> Self:
+        self.say(f"{self._what}: started")
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._done.set()
+        self._thread.join()
 
 
 class _Counter:
@@ -211,12 +255,17 @@ def _stream(source: Provider, destination: Provider, image: str, compress: bool,
     raw = _Counter(_client(source).api.get_image(image, chunk_size=1 << 20))
     sent = _Counter(_gzip(raw) if compress else raw)
     failure = ""
-    try:
-        for message in _client(destination).api.load_image(sent, quiet=True):
-            if isinstance(message, dict) and (message.get("error") or message.get("errorDetail")):
-                failure = str(message.get("error") or message.get("errorDetail"))
-    except (DockerException, OSError) as exc:
-        failure = str(getattr(exc, "explanation", None) or exc)
+    with _Progress(f"streaming {image} to engine {destination.engine}", raw, sent) as reporter:
+        try:
+            for message in _client(destination).api.load_image(sent, quiet=True):
+                if isinstance(message, dict) and (message.get("error") or message.get("errorDetail")):
+                    failure = str(message.get("error") or message.get("errorDetail"))
+        except (DockerException, OSError) as exc:
+            failure = str(getattr(exc, "explanation", None) or exc)
+        reporter.say(
+            f"streaming {image} to engine {destination.engine}: {'failed: ' + failure[:200] if failure else 'done'}, "
+            f"{raw.count / 1e6:.0f} MB image, {sent.count / 1e6:.0f} MB sent in {time.monotonic() - started:.1f} s"
+        )
     loaded_id = _image_id(destination, image)
     expected_id = _image_id(source, image)
     if failure or loaded_id != expected_id:
