@@ -29,7 +29,7 @@ options:
     type: path
   agent_state:
     description:
-      - Also read each running box's coding agent (one exec per box) into C(agent) of its facts:
+      - Also read each running box's coding agent (one exec per box) into C(agent) of its facts,
         C({name, session, state, since}), or null when none ever ran (or the box is not running).
     type: bool
     default: false
