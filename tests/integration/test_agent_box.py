@@ -169,10 +169,12 @@ def test_claude_code_end_to_end_with_a_scripted_api_in_the_box(world: World, wor
     key = f"sk-ant-test-{secrets.token_hex(12)}"
     port = 8000 + secrets.randbelow(1000)
     container = world.client.containers.get(f"agentbox-{box}")
-    code, _ = world.sh(box, f"mkdir -p /tmp/standin && cat > /tmp/standin/api.py <<'EOF'\n{STANDIN.read_text()}\nEOF")
+    # The stand-in plays the API, which lives outside the box: its files (a log of the keys it saw) go
+    # on the tmpfs, where no checkpoint looks.
+    code, _ = world.sh(box, f"mkdir -p /run/agentbox/standin && cat > /run/agentbox/standin/api.py <<'EOF'\n{STANDIN.read_text()}\nEOF")
     assert code == 0
     container.exec_run(
-        ["python3", "/tmp/standin/api.py", str(port), "/tmp/standin/log.jsonl", "/workspace/from-agent.txt",
+        ["python3", "/run/agentbox/standin/api.py", str(port), "/run/agentbox/standin/log.jsonl", "/workspace/from-agent.txt",
          "written by Claude Code\n"],
         user="vscode",
         detach=True,
@@ -200,7 +202,7 @@ def test_claude_code_end_to_end_with_a_scripted_api_in_the_box(world: World, wor
     assert "agent: claude (tmux session claude) idle since" in status, status
 
     # The key reached the API (the host's key, from its environment) and the prompt arrived intact.
-    requests = [json.loads(line) for line in world.sh(box, "cat /tmp/standin/log.jsonl")[1].splitlines()]
+    requests = [json.loads(line) for line in world.sh(box, "cat /run/agentbox/standin/log.jsonl")[1].splitlines()]
     conversation = [r for r in requests if r["tools"]]
     assert conversation and all(r["x_api_key"] == key for r in requests), requests
     assert any(PROMPT in text for r in conversation for text in r["user_texts"]), conversation[0]["user_texts"]
