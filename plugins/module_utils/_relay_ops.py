@@ -15,6 +15,7 @@ import dataclasses
 import os
 import shutil
 import subprocess
+import tempfile
 from typing import Any
 
 from . import _git
@@ -22,6 +23,7 @@ from ._provider import BoxFacts, Provider, ProviderError, get_provider
 from ._relay_protocol import Request
 
 GH_TIMEOUT = 120
+BOX_BUNDLE = "agentbox-relay-fetch.bundle"
 
 
 @dataclasses.dataclass
@@ -124,12 +126,52 @@ def fetch(provider: Provider, facts: BoxFacts, request: Request) -> Outcome:
     refused = _check_remote(repo, remote)
     if refused:
         return refused
-    if not provider.shares_host_filesystem:
-        return Outcome(1, stderr="fetch into a box on a remote engine or Daytona is not supported yet: see docs/relay.md")
     # Only remote-tracking refs move; --no-write-fetch-head keeps the shared FETCH_HEAD untouched.
     result = _git.git(repo, "fetch", "--no-write-fetch-head", "--no-recurse-submodules", remote, check=False)
     stdout, stderr = _text(result)
+    if result.returncode == 0 and not provider.shares_host_filesystem:
+        stderr += _fetch_into_box(provider, facts, remote)
     return Outcome(result.returncode, stdout=stdout, stderr=stderr, data={"remote": remote})
+
+
+def _fetch_into_box(provider: Provider, facts: BoxFacts, remote: str) -> str:
+    """A shipped box (remote engine, Daytona) has its own clone: the host's refs/remotes/<remote>/*
+    go into it as a bundle made against the commit the box started from (which it has)."""
+    from ._seed import read_seed_record
+    from ._tarstream import tar_of_files
+
+    record = read_seed_record(provider, facts.name) or {}
+    entry = next((item for item in record.get("worktrees", []) if item.get("sub") == ""), None)
+    if entry is None:
+        raise ProviderError("the box has no shipped repository to fetch into", box=facts.name, operation="fetch")
+    repo, base = facts.workspace, entry["base"]
+    listed = _git.git_out(repo, "for-each-ref", "--format=%(refname)", f"refs/remotes/{remote}/").split()
+    wanted = [ref for ref in listed if not ref.endswith("/HEAD")
+              and _git.git_out(repo, "rev-list", "--count", ref, f"^{base}") != "0"]
+    if not wanted:
+        return ""
+    scratch = tempfile.mkdtemp(prefix="agentbox-relay-")
+    try:
+        bundle = os.path.join(scratch, "fetch.bundle")
+        identity = _git.owner_identity(repo)
+        if identity:  # host git runs as the repository's owner: let it write the bundle here
+            os.chown(scratch, identity[0], identity[1])
+        _git.git(repo, "bundle", "create", "-q", bundle, *wanted, f"^{base}")
+        with open(bundle, "rb") as handle:
+            data = handle.read()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    provider.put_archive(facts.name, "/tmp", tar_of_files({BOX_BUNDLE: (data, 0o644)}))
+    try:
+        fetched = provider.exec(
+            facts.name,
+            ["git", "-C", entry["path"], "fetch", "-q", "--no-tags", "--no-write-fetch-head", f"/tmp/{BOX_BUNDLE}",
+             f"+refs/remotes/{remote}/*:refs/remotes/{remote}/*"],
+        )
+    finally:
+        provider.exec(facts.name, ["rm", "-f", f"/tmp/{BOX_BUNDLE}"])
+    fetched.check("fetching the host's refs into the box's clone", facts.name)
+    return f"{len(wanted)} branch(es) of {remote} brought into the box's clone\n"
 
 
 def pull(provider: Provider, facts: BoxFacts, request: Request) -> Outcome:

@@ -100,3 +100,23 @@ def test_push_from_a_box_on_a_remote_engine(
         assert time.monotonic() < deadline, pushed.stderr.decode()
         time.sleep(0.2)
     assert shared.origin_ref(project, f"refs/heads/agentbox/{box}") == head
+
+
+def test_pull_brings_a_new_origin_commit_into_the_remote_box(
+    remote_box: tuple[DockerProvider, str], project: dict[str, Path]
+) -> None:
+    provider, box = remote_box
+    wait_for_channel(provider, box)
+    other = project["other"]
+    shared.git_as_owner(other, "pull", "-q", "--ff-only", "origin", "main")
+    (other / "remote-upstream.txt").write_text("for the remote box\n")
+    shared.git_as_owner(other, "add", "remote-upstream.txt")
+    shared.git_as_owner(other, "commit", "-q", "-m", "upstream for the remote box")
+    shared.git_as_owner(other, "push", "-q", "origin", "HEAD:main")
+    upstream = shared.git_as_owner(other, "rev-parse", "HEAD").strip()
+    identity = {"GIT_AUTHOR_NAME": "a", "GIT_AUTHOR_EMAIL": "a@b.invalid", "GIT_COMMITTER_NAME": "a",
+                "GIT_COMMITTER_EMAIL": "a@b.invalid"}
+    pulled = provider.exec(box, ["agentbox-ctl", "git", "pull"], workdir="/workspace", env=identity)
+    assert pulled.rc == 0, pulled.stderr.decode()
+    assert provider.exec(box, ["git", "merge-base", "--is-ancestor", upstream, "HEAD"], workdir="/workspace").rc == 0
+    assert provider.exec(box, ["cat", "remote-upstream.txt"], workdir="/workspace").text == "for the remote box\n"
