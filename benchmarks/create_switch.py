@@ -29,8 +29,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / ".collections"))
 sys.path.insert(0, str(REPO))
 
+# tests.conftest first: it installs Ansible's collection loader, which the collection's lazy imports need.
+from tests.conftest import chown_tree, git, make_repo  # noqa: E402, I001
+
 from ansible_collections.agentbox.box.plugins.module_utils import _box, _docker, _git  # noqa: E402
-from tests.conftest import chown_tree, git, make_repo  # noqa: E402
 
 IMAGE = "agentbox/box:latest"
 VENV = REPO / ".venv/bin"
