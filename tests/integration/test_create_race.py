@@ -149,7 +149,9 @@ def test_destroy_after_docker_rm_removes_the_leftovers(client: docker.DockerClie
     result = run_module("agentbox_box", {"name": name, "state": "absent"})
     assert not result["failed"] and result["changed"], result
     destroyed = result["destroyed"]
-    assert destroyed["volumes_removed"] == [f"agentbox-{name}-docker"]
+    # Its Docker volume and its editor server volumes (_editor_volumes).
+    assert sorted(destroyed["volumes_removed"]) == [
+        f"agentbox-{name}-cursor-server", f"agentbox-{name}-docker", f"agentbox-{name}-vscode-server"]
     assert destroyed["worktrees_removed"] == [f"/home/vscode/.agentbox-worktrees/{name}"]
     assert destroyed["branches_deleted"] == [f"{workspace}:agentbox/{name}"]  # it held no commits
     assert not client.volumes.list(filters={"label": f"io.agentbox.box={name}"})
