@@ -40,11 +40,14 @@ def extensions_volume(editor: str) -> str:
 def box_volumes(box: str, volume_labels: dict[str, str]) -> list[tuple[str, str, dict[str, str]]]:
     """(volume, mount path, labels) of every editor volume a new box mounts, outer before inner.
 
-    The per-box ones carry the box's volume labels (kind=volume, box, id): whatever removes a
-    box's volumes removes them too."""
+    The per-box ones carry the box's volume labels (kind=volume, box, id, workspace, branch...):
+    whatever removes a box's volumes removes them too. Not its worktree records: the box's own
+    volume carries those, and a box's leftovers are cleaned once per record, not once per volume.
+    The shared ones belong to no box: kind=editor-extensions, editor, user."""
+    identity = {key: value for key, value in volume_labels.items() if key != label("worktrees")}
     result = []
     for editor, directory in EDITORS.items():
-        server_labels = {**volume_labels, label("editor"): editor}
+        server_labels = {**identity, label("editor"): editor}
         result.append((server_volume(box, editor), f"{BOX_HOME}/{directory}", server_labels))
         shared_labels = {label("kind"): KIND_EXTENSIONS, label("editor"): editor, label("user"): _user()}
         result.append((extensions_volume(editor), f"{BOX_HOME}/{directory}/extensions", shared_labels))

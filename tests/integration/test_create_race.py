@@ -153,6 +153,7 @@ def test_destroy_after_docker_rm_removes_the_leftovers(client: docker.DockerClie
     assert sorted(destroyed["volumes_removed"]) == [
         f"agentbox-{name}-cursor-server", f"agentbox-{name}-docker", f"agentbox-{name}-vscode-server"]
     assert destroyed["worktrees_removed"] == [f"/home/vscode/.agentbox-worktrees/{name}"]
+    assert not destroyed["worktrees_not_found"], destroyed  # each record handled once
     assert destroyed["branches_deleted"] == [f"{workspace}:agentbox/{name}"]  # it held no commits
     assert not client.volumes.list(filters={"label": f"io.agentbox.box={name}"})
     assert registrations(workspace)[1:] == [] and agentbox_branches(workspace) == []
