@@ -87,7 +87,7 @@ def wall(argv: list[str], env: dict[str, str]) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     parser.add_argument("--runs", type=int, default=7)
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="agentbox-bench-agent-"))
@@ -106,7 +106,7 @@ def main() -> None:
               "checkpoint=none"], env)  # fmt: skip
         container = f"agentbox-{box}"
         cli, trivial_runs, agent_runs, agent_tasks, create_agent_tasks = [], [], [], [], []
-        for _ in range(args.runs):
+        for _run in range(args.runs):
             cli.append(wall(["docker", "exec", "-u", "vscode", container, "claude", "--version"], env))
             trivial_runs.append(wall([PLAYBOOK, "-i", "localhost,", str(trivial)], env))
             agent_runs.append(wall([PLAYBOOK, "playbooks/agent.yml", "-e", f"box={box}"], env))

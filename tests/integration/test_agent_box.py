@@ -171,7 +171,7 @@ def test_claude_code_end_to_end_with_a_scripted_api_in_the_box(world: World, wor
     container = world.client.containers.get(f"agentbox-{box}")
     # The stand-in plays the API, which lives outside the box: its files (a log of the keys it saw) go
     # on the tmpfs, where no checkpoint looks.
-    code, _ = world.sh(box, f"mkdir -p /run/agentbox/standin && cat > /run/agentbox/standin/api.py <<'EOF'\n{STANDIN.read_text()}\nEOF")
+    code, _output = world.sh(box, f"mkdir -p /run/agentbox/standin && cat > /run/agentbox/standin/api.py <<'EOF'\n{STANDIN.read_text()}\nEOF")
     assert code == 0
     container.exec_run(
         ["python3", "/run/agentbox/standin/api.py", str(port), "/run/agentbox/standin/log.jsonl", "/workspace/from-agent.txt",

@@ -107,7 +107,7 @@ def codex_and_opencode_in_a_box(client: Any, tmp_path: Path, image: str, workspa
         codex_argv, codex_env = argv_and_env("codex")
         assert codex_argv[-2:] == ["--dangerously-bypass-approvals-and-sandbox", 'say "hi"\nthen stop'], codex_argv
         assert f"OPENAI_API_KEY={key}" in codex_env.split("\0")
-        opencode_argv, _ = argv_and_env("opencode")
+        opencode_argv, _environ = argv_and_env("opencode")
         assert opencode_argv[-2:] == ["--prompt", "hello ü"], opencode_argv
         assert key not in json.dumps(client.api.inspect_container(f"agentbox-{box}"))
         # Their hook settings: Codex's notify program and trusted /workspace, OpenCode's event plugin.
