@@ -223,6 +223,10 @@ def test_attach_missing_box_removes_stale_alias(home: Path, repo_factory, boxes:
     assert done.returncode != 0
     assert f"no box called '{name}'" in done.stdout and "stale alias" in done.stdout, done.stdout
     assert f"agentbox-{name}" not in config.read_text()
+    # Destroy still removes what the removed container left (its volumes).
+    gone = run_module("agentbox_box", {"name": name, "state": "absent"})
+    assert not gone["failed"], gone.get("msg")
+    assert volume_names(f"io.agentbox.box={name}") == []
 
 
 def test_no_ssh_key_says_how_to_make_one(home: Path, repo_factory, boxes: list[str]) -> None:
