@@ -281,7 +281,10 @@ def attach_box(provider: Any, name: str, box_id: str) -> dict[str, str]:
 
         # The relay may run with another environment: keep the SSH settings this create used.
         options["ssh_options"] = {**provider.ssh_options, "config_file": config_path(provider.ssh_options.get("config_file"))}
-    directory = register_box(name, box_id, provider.name, provider.engine, options)
+    try:
+        directory = register_box(name, box_id, provider.name, provider.engine, options)
+    except RelayError:
+        return {}  # a HOME too long for a unix socket path: the box is made without a relay channel
     if not notify(box_id) and code_root() is not None:
         with contextlib.suppress(RelayError, OSError):
             start()
