@@ -56,6 +56,7 @@ from ._daytona_state import (
     changing,
     desired_name,
     is_ghost,
+    keeps_memory,
     live_sandboxes,
     network_settings,
     settled,
@@ -1059,7 +1060,13 @@ class DaytonaProvider(Provider):
         return self._facts(sandbox)
 
     def pause(self, name: str) -> BoxFacts:
-        """Stop, then archive (Daytona archives only a stopped sandbox)."""
+        """Stop, then archive (Daytona archives only a stopped sandbox); a linux-vm sandbox is paused instead,
+        keeping its memory, so the agent in it is not killed."""
+        current = self._get(name, "pause")
+        if current is not None and keeps_memory(current):
+            sandbox = self._converge(name, "pause", {"paused"}, {"started": _pause_action}, STOP_TIMEOUT)
+            self._sessions.discard(sandbox.id)
+            return self._facts(sandbox)
         sandbox = self._converge(
             name,
             "pause",
@@ -1073,8 +1080,9 @@ class DaytonaProvider(Provider):
     def resume(self, name: str) -> BoxFacts:
         """Start again and re-run the in-box start sequence (the stop ended every process)."""
         before = self._get(name, "resume")
-        was_running = (
-            before is not None and state_name(before.state) == "started" and settled("started", desired_name(before))
+        was_running = before is not None and (
+            (state_name(before.state) == "started" and settled("started", desired_name(before)))
+            or (state_name(before.state) == "paused" and keeps_memory(before))  # its processes were kept
         )
         facts = self.start(name)
         if not was_running:
@@ -1559,6 +1567,10 @@ def _start_action(sandbox: Any) -> None:
 
 def _stop_action(sandbox: Any) -> None:
     sandbox.stop(timeout=STOP_TIMEOUT)
+
+
+def _pause_action(sandbox: Any) -> None:
+    sandbox.pause(timeout=STOP_TIMEOUT)
 
 
 def _recover_action(sandbox: Any) -> None:

@@ -159,3 +159,8 @@ def network_settings(value: str | None) -> dict[str, Any]:
         if not slash or not prefix.isdigit() or not 0 <= int(prefix) <= 32:
             raise ValueError(f"{network!r} needs a CIDR prefix length between 0 and 32 (e.g. /24)")
     return {"network_allow_list": ",".join(networks)}
+
+
+def keeps_memory(sandbox: Any) -> bool:
+    """A linux-vm (or windows) sandbox: Daytona pauses it keeping its memory, so its processes live on."""
+    return str(getattr(sandbox, "sandbox_class", "") or "").lower() in ("linux-vm", "windows")

@@ -79,6 +79,8 @@ class SandboxRecord:
     build_info: dict[str, Any] | None
     dockerfile: str | None = None
     network_allow_list: str | None = None
+    # From the snapshot: "container", or "linux-vm"/"windows", which Daytona can pause keeping memory.
+    sandbox_class: str = "container"
     state: str = "creating"
     desired_state: str = "started"
     pending: bool = True
@@ -117,6 +119,7 @@ class SnapshotRecord:
     owned: bool  # the emulator made the image (commit/build) and removes it with the snapshot
     state: str
     general: bool = False
+    sandbox_class: str = "container"
     cpu: int = 1
     gpu: int = 0
     mem: int = 1
@@ -277,7 +280,7 @@ class Emulator:
             "createdAt": iso(sb.created),
             "updatedAt": iso(sb.updated),
             "lastActivityAt": iso(sb.last_activity),
-            "sandboxClass": "container",
+            "sandboxClass": sb.sandbox_class,
             "daemonVersion": "daytona-emulator",
             "runnerId": "emulator-runner",
             "toolboxProxyUrl": self.toolbox_url,
@@ -313,7 +316,7 @@ class Emulator:
             "sourceSandboxId": snap.source_sandbox_id,
             "regionIds": [self.config.target],
             "ref": snap.image_ref,
-            "sandboxClass": "container",
+            "sandboxClass": snap.sandbox_class,
         }
 
     # ---- the transition engine ----------------------------------------------------------------------------
@@ -410,6 +413,7 @@ class Emulator:
         dockerfile: str | None = None
         entrypoint: list[str] | None = None
         snapshot_user: str | None = None
+        sandbox_class = "container"
 
         if snapshot_ref is not None and build_info is not None:
             raise ApiError(400, "Cannot specify both a snapshot and build info")
@@ -438,6 +442,7 @@ class Emulator:
             image = snap.image_ref
             snapshot_name = snap.name
             snapshot_user = snap.user
+            sandbox_class = snap.sandbox_class
             entrypoint = snap.entrypoint
             size = {"cpu": snap.cpu, "memory": snap.mem, "disk": snap.disk, "gpu": snap.gpu}
             with self.lock:
@@ -468,6 +473,7 @@ class Emulator:
             auto_archive=body.get("autoArchiveInterval", DEFAULT_ARCHIVE_MINUTES),
             auto_delete=body.get("autoDeleteInterval", -1),
             volumes=volumes, network_block_all=bool(body.get("networkBlockAll", False)), network_allow_list=allow_list,
+            sandbox_class=sandbox_class,
             build_info=None, dockerfile=dockerfile, ttl_minutes=body.get("ttlMinutes") or None,
         )
         if dockerfile is not None:
@@ -557,14 +563,18 @@ class Emulator:
                 return self.sandbox_dto(sb)  # start is idempotent
             if sb.state in ("error", "build_failed"):
                 raise ApiError(400, "Sandbox is in an errored state")
-            if sb.state not in ("stopped", "archived", "archiving"):
+            if sb.state not in ("stopped", "archived", "archiving", "paused"):
                 raise ApiError(400, "Sandbox is not in valid state")
             transitional = "restoring" if sb.state == "archived" else "starting"
+            was_paused = sb.state == "paused"
 
         def work() -> None:
-            self.toolbox.forget_sandbox(sb.id)
             if not sb.container_id:
                 raise BackendError("the sandbox has no container")
+            if was_paused:
+                self.backend.unpause(sb.container_id)  # memory and processes as they were
+                return
+            self.toolbox.forget_sandbox(sb.id)
             self.backend.start(sb.container_id)
 
         def finish() -> None:
@@ -574,6 +584,26 @@ class Emulator:
             sb.mark_activity()
 
         return self._transition(sb, transitional, "started", work, finish, lifecycle=True)
+
+    def pause_sandbox(self, id_or_name: str) -> dict[str, Any]:
+        """POST /sandbox/{id}/pause: only linux-vm and windows sandboxes, which keep their memory (here: the
+        container's processes are frozen, `docker pause`); started again by start."""
+        sb = self.find(id_or_name)
+        with self.lock:
+            if sb.state != "started":
+                raise ApiError(400, "Sandbox must be in started state to pause")
+            self._require_settled(sb)
+            if sb.sandbox_class not in ("linux-vm", "windows"):
+                raise ApiError(422, "Pausing is not supported for this sandbox")
+
+        def work() -> None:
+            assert sb.container_id
+            self.backend.pause(sb.container_id)
+
+        def finish() -> None:
+            sb.state = "paused"
+
+        return self._transition(sb, "pausing", "paused", work, finish, lifecycle=True)
 
     def stop_sandbox(self, id_or_name: str, force: bool = False) -> dict[str, Any]:
         sb = self.find(id_or_name)
@@ -693,7 +723,7 @@ class Emulator:
             snap = SnapshotRecord(
                 id=str(uuid.uuid4()), name=name, image_ref=f"{repository}:{tag}", owned=True, state="pending",
                 cpu=sb.cpu, gpu=sb.gpu, mem=sb.memory, disk=sb.disk, source_sandbox_id=sb.id,
-                entrypoint=sb.entrypoint, user=sb.user,
+                entrypoint=sb.entrypoint, user=sb.user, sandbox_class=sb.sandbox_class,
             )
             # As on Daytona (v0.190): the snapshot exists only once the capture has ended (the runner's commit
             # and push); until then get/list do not know it. A failed capture makes no snapshot at all.
@@ -728,12 +758,15 @@ class Emulator:
         if entrypoint is not None and not (isinstance(entrypoint, list) and all(isinstance(e, str) for e in entrypoint)):
             raise ApiError(400, "entrypoint must be a list of strings")
         sizes = {key: _optional_int(body, key, minimum=0) for key in ("cpu", "memory", "disk", "gpu")}
+        sandbox_class = body.get("sandboxClass") or "container"
+        if sandbox_class not in ("container", "linux-vm", "windows"):
+            raise ApiError(400, "sandboxClass must be container, linux-vm or windows")
         with self.lock:
             name = self._reserve_snapshot_name(body.get("name"))
         snap = SnapshotRecord(
             id=str(uuid.uuid4()), name=name, image_ref="", owned=False, state="pending",
             cpu=sizes["cpu"] or 1, mem=sizes["memory"] or 1, disk=sizes["disk"] or 3, gpu=sizes["gpu"] or 0,
-            entrypoint=entrypoint,
+            entrypoint=entrypoint, sandbox_class=sandbox_class,
         )
         if image_name is not None:
             if not isinstance(image_name, str) or not image_name:

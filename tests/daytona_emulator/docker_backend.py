@@ -220,6 +220,18 @@ class DockerBackend:
                 return
             raise BackendError(f"container stop failed: {exc.explanation or exc}") from exc
 
+    def pause(self, container_id: str) -> None:
+        try:
+            self.client.api.pause(container_id)
+        except docker.errors.APIError as exc:
+            raise BackendError(f"container pause failed: {exc.explanation or exc}") from exc
+
+    def unpause(self, container_id: str) -> None:
+        try:
+            self.client.api.unpause(container_id)
+        except docker.errors.APIError as exc:
+            raise BackendError(f"container unpause failed: {exc.explanation or exc}") from exc
+
     def remove(self, container_id: str) -> None:
         try:
             self.client.api.remove_container(container_id, force=True, v=True)

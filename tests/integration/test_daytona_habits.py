@@ -427,3 +427,24 @@ def test_preview_urls_of_any_port_and_ssh_access(emu: Emu, box: str) -> None:
     access = provider.ssh_access(box, minutes=5)
     assert access["token"] and access["token"] in access["command"]
     assert emu.sdk().get(box).validate_ssh_access(access["token"]).valid
+
+
+def test_a_linux_vm_box_pauses_keeping_its_processes(emu: Emu) -> None:
+    """linux-vm sandboxes pause keeping memory (Daytona's pause, not stop + archive): the agent lives on."""
+    from daytona import CreateSnapshotParams, SandboxClass
+
+    sdk = emu.sdk()
+    snapshot = f"agentbox-vm-{uuid.uuid4().hex[:6]}"
+    sdk.snapshot.create(CreateSnapshotParams(name=snapshot, image=IMAGE, sandbox_class=SandboxClass.LINUX_VM))
+    provider = emu.provider()
+    name = unique("vm")
+    try:
+        provider.create(spec(name, image=snapshot))
+        agent = provider.exec(name, ["sh", "-c", "nohup sleep 1000 >/dev/null 2>&1 & echo $!"]).text.strip()
+        assert provider.pause(name).state == "paused"
+        assert sdk.get(name).state == "paused"
+        assert provider.resume(name).state == "running"
+        assert provider.exec(name, ["kill", "-0", agent]).rc == 0  # the same process, not a restarted box
+    finally:
+        provider.destroy(name)
+        sdk.snapshot.delete(sdk.snapshot.get(snapshot))
