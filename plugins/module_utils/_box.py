@@ -10,11 +10,12 @@ side effect made so far (container, volume, worktree registrations, the reserved
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from typing import Any
 
-from . import _agent, _git, _journal, _naming, _preflight, _relay_state, _rollback, _seed
+from . import _agent, _git, _gitlayer, _journal, _naming, _preflight, _relay_state, _rollback, _seed
 from ._provider import BoxFacts, BoxSpec, Provider, ProviderError
 
 DEFAULT_IMAGE = "agentbox/box:latest"
@@ -166,10 +167,8 @@ def _create_claimed(
         _journal.pause_point("reserved")
         plans = [_seed.WorktreePlan.for_repo(repo, name, branch) for repo in repos] if shares_git else []
         for plan in plans:
-            # A .git the box user does not own (root's checkout): grant it access rather than make a box
-            # whose agent cannot commit. Without ACL support the seeding warns instead.
-            if plan.owner_uid == 0 and _git.grant_box_access(plan.common_dir, _seed.BOX_UID):
-                plan.owner_uid = _seed.BOX_UID
+            # The box's view of each .git is an overlay that the box user owns (_gitlayer), whoever owns the host's.
+            plan.owner_uid = _seed.BOX_UID
         carry = _seed.capture_all(repos) if repos and (request.seed or restore) else {}
         labels = _naming.box_labels(
             box=name,
@@ -186,6 +185,7 @@ def _create_claimed(
             labels[_naming.label("worktrees")] = json.dumps(
                 [{"git_dir": p.common_dir, "path": p.path, "sub": p.sub} for p in plans], separators=(",", ":")
             )
+            labels[_naming.label("git_layers")] = "1"
         labels[_naming.label("image")] = image  # the name it was made from (a listing shows only the id)
         # Whether a seed record must exist once the create finished (labels cannot change later).
         labels[_naming.label("seed")] = "true" if (request.seed or restore is not None) else "false"
@@ -202,7 +202,7 @@ def _create_claimed(
             env=dict(request.env),
             ports=sorted({WEB_PORT, *request.ports}),
             resources=dict(request.resources),
-            bind_paths=sorted({plan.common_dir for plan in plans}),
+            bind_paths=_gitlayer.layer_paths([plan.common_dir for plan in plans]),
             secrets=dict(request.secrets),
         )
         journal.write(stage="creating")
@@ -211,6 +211,8 @@ def _create_claimed(
         facts = provider.create(spec)
         journal.write(stage="seeding")
         _journal.pause_point("created")
+        if spec.bind_paths:
+            _gitlayer.prepare(provider, name, spec.bind_paths)
         if request.boot:
             # dockerd takes about as long to come up as seeding takes: start it now, in the background.
             early_boot(provider, name)
@@ -291,6 +293,8 @@ def seed_existing(provider: Provider, facts: BoxFacts) -> tuple[bool, dict[str, 
         for repo in repos:
             plan = _seed.WorktreePlan.for_repo(repo, facts.name, facts.branch)
             plan.path = by_sub[repo.sub]["path"]
+            if _gitlayer.has_layers(facts):
+                plan.owner_uid = _seed.BOX_UID
             plans.append(plan)
     carry = _seed.capture_all(repos) if repos else {}
     try:
@@ -339,7 +343,16 @@ def destroy_box(
 
     `moved_to`: where the workspace is now, when it moved after the box was made; its registrations
     are found there by the box's id. What could not be found is reported, never claimed removed.
+    The box's last commits are brought into its branch first (they live in the box's git layer).
     """
+    warnings: list[str] = []
+    if provider.shares_host_filesystem and _gitlayer.has_layers(facts) and not delete_branch:
+        try:
+            if facts.state != "running":
+                facts = provider.start(facts.name)  # the container only: git is all that runs
+            _gitlayer.import_work(provider, facts)
+        except (ProviderError, _git.GitError) as exc:
+            warnings.append(f"the box's last commits could not be brought into {facts.branch} on the host: {exc}")
     provider.destroy(facts.name)
     if facts.id:
         _relay_state.forget_box(facts.id)
@@ -352,7 +365,9 @@ def destroy_box(
     if provider.shares_host_filesystem:
         for record in worktree_records(facts):
             repo_root = facts.workspace if not record["sub"] else f"{facts.workspace}/{record['sub']}"
-            if _git.remove_worktree_registration(record["git_dir"], record["path"]):
+            if _gitlayer.has_layers(facts):
+                pass  # registered in the box's git layer, which went with the box: nothing on the host
+            elif _git.remove_worktree_registration(record["git_dir"], record["path"]):
                 removed_worktrees.append(record["path"])
             else:
                 found = _rollback.find_registration_by_id(moved_to, record, facts.id) if moved_to else None
@@ -369,6 +384,8 @@ def destroy_box(
     report: dict[str, Any] = {"worktrees_removed": removed_worktrees, "branches_deleted": deleted_branches}
     if not_found:
         report["worktrees_not_found"] = not_found
+    if warnings:
+        report["warnings"] = warnings
     return report
 
 
@@ -390,7 +407,15 @@ def set_state(provider: Provider, facts: BoxFacts, state: str, boot: bool = True
     if state == "stopped":
         if facts.state == "stopped":
             return facts
+        if facts.state == "paused":
+            # A paused box runs nothing, not even a shutdown: resume it so its services stop cleanly too.
+            facts = provider.resume(facts.name)
         if facts.state == "running":
+            if provider.shares_host_filesystem:
+                # A stopped box's commits are on the host. A box that broke its own git keeps them
+                # in its layer: destroy tries again (and says so), the stop goes ahead.
+                with contextlib.suppress(ProviderError, _git.GitError):
+                    _gitlayer.import_work(provider, facts)
             # Let the supervisor stop services cleanly: `docker stop` alone SIGKILLs them.
             provider.exec(facts.name, ["sh", "-c", "command -v agentbox-ctl >/dev/null && agentbox-ctl shutdown || true"])
         return provider.stop(facts.name)

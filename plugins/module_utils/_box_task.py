@@ -126,6 +126,8 @@ def _run(
                     provider, existing, delete_branch=params["delete_branch"], moved_to=moved_to
                 )
                 result["destroyed"]["box_removed"] = True
+                warnings.extend(result["destroyed"].pop("warnings", []))
+                warnings.extend(result["destroyed"].pop("warnings", []))
         elif name:
             # The container went (docker rm -f) but its volume, registrations and branch may not have.
             leftovers = None if check_mode else _rollback.destroy_leftovers(provider, name, params["delete_branch"])

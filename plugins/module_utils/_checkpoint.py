@@ -43,7 +43,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from . import _ckpt_env, _git, _naming, _seed
+from . import _ckpt_env, _git, _gitlayer, _naming, _seed
 from ._provider import BoxFacts, Provider, ProviderError
 from ._tarstream import tar_of_paths, tar_of_tree
 
@@ -548,6 +548,9 @@ def _worktree_heads(provider: Provider, facts: BoxFacts) -> list[dict[str, str]]
     from ._box import worktree_records
 
     records = worktree_records(facts)
+    if _gitlayer.has_layers(facts):
+        # The box's worktrees are registered in its git layer, not in the host's .git.
+        return _gitlayer.box_heads(provider, facts, records)
     heads = []
     for record in records:
         listing = _git.git(record["git_dir"], f"--git-dir={record['git_dir']}", "worktree", "list", "--porcelain")

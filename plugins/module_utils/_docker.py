@@ -18,6 +18,7 @@ from typing import IO, Any
 
 from . import _editor_volumes
 from ._engine_api import EngineAPI, EngineAPIError, EngineUnanswered, feed_stdin, local_engine
+from ._gitlayer import create_layers, remove_layers
 from ._naming import container_name, docker_volume_name, label, strip_labels
 from ._provider import (
     BoxFacts,
@@ -317,6 +318,7 @@ class DockerProvider(Provider):
         resources = spec.resources or {}
         created_volume = False
         container = None
+        layers: dict[str, str] = {}
         try:
             # Only a volume made here is removed on failure: one with this name may belong to a box
             # that another run is creating at this moment.
@@ -325,8 +327,10 @@ class DockerProvider(Provider):
             made = self.client.volumes.create(name=volume, labels=volume_labels)
             created_volume = (made.attrs.get("Labels") or {}).get(label("id")) == spec.box_id
             volumes = {volume: {"bind": "/var/lib/docker", "mode": "rw"}}
-            for path in spec.bind_paths:
-                volumes[path] = {"bind": path, "mode": "rw"}
+            # Never the host's .git itself: an overlay whose writes stay in the box's volumes (_gitlayer).
+            layers = create_layers(self.client, spec.name, spec.box_id, spec.labels, spec.bind_paths)
+            for layer, path in layers.items():
+                volumes[layer] = {"bind": path, "mode": "rw"}
             for host_path, box_path in spec.mounts.items():
                 volumes[host_path] = {"bind": box_path, "mode": "ro"}
             # Editor servers (per box) and their extensions (shared by the user's boxes): _editor_volumes.
@@ -368,7 +372,7 @@ class DockerProvider(Provider):
             container.reload()
             return self._facts(container)
         except ImageNotFound as exc:
-            self._remove_half_made(container, volume if created_volume else None, spec.name)
+            self._remove_half_made(container, volume if created_volume else None, spec.name, layers)
             raise ProviderError(
                 f"image {spec.image!r} is not on engine {self._engine}: build it with the box_image role "
                 "(playbooks/create_box.yml does) or pass another 'image'",
@@ -376,7 +380,7 @@ class DockerProvider(Provider):
                 operation="create",
             ) from exc
         except APIError as exc:
-            self._remove_half_made(container, volume if created_volume else None, spec.name)
+            self._remove_half_made(container, volume if created_volume else None, spec.name, layers)
             if exc.status_code == 409 and container is None:
                 raise ProviderError(
                     f"a container called {cname!r} already exists on engine {self._engine}: pick another box name",
@@ -385,17 +389,25 @@ class DockerProvider(Provider):
                 ) from exc
             raise ProviderError(str(exc.explanation or exc), box=spec.name, operation="create") from exc
         except DockerException as exc:
-            self._remove_half_made(container, volume if created_volume else None, spec.name)
+            self._remove_half_made(container, volume if created_volume else None, spec.name, layers)
             message = getattr(exc, "explanation", None) or str(exc)
             raise ProviderError(str(message), box=spec.name, operation="create") from exc
         except BaseException:
-            self._remove_half_made(container, volume if created_volume else None, spec.name)
+            self._remove_half_made(container, volume if created_volume else None, spec.name, layers)
             raise
 
-    def _remove_half_made(self, container: Any, volume: str | None, box: str | None = None) -> None:
+    def _remove_half_made(
+        self, container: Any, volume: str | None, box: str | None = None, layers: dict[str, str] | None = None
+    ) -> None:
         if container is not None:
             try:
                 container.remove(force=True, v=True)
+            except DockerException:
+                pass
+        # The box's git layers: each overlay, then its upper and work volumes (named by this box's id).
+        for name in [layer + suffix for layer in layers or {} for suffix in ("", "-upper", "-work")]:
+            try:
+                self.client.volumes.get(name).remove(force=True)
             except DockerException:
                 pass
         # The box's editor server volumes were made in the same run as its volume: both are ours.
@@ -495,6 +507,7 @@ class DockerProvider(Provider):
                 pass
             except APIError as exc:
                 raise ProviderError(str(exc.explanation or exc), box=name, operation="destroy") from exc
+        remove_layers(self.client, name)
 
     def destroy_if_id(self, name: str, box_id: str) -> bool:
         """Remove the container and volume of box `box_id` only: by the engine's id once the label
@@ -519,6 +532,7 @@ class DockerProvider(Provider):
                     volume.remove(force=True)
             except (NotFound, APIError):
                 pass  # gone, or in use by the container of the run that won the name
+        remove_layers(self.client, name, box_id)
         return removed
 
     def remove_leftover_volumes(self, name: str) -> list[dict[str, Any]]:
@@ -532,6 +546,8 @@ class DockerProvider(Provider):
             except APIError as exc:
                 raise ProviderError(str(exc.explanation or exc), box=name, operation="destroy") from exc
             removed.append({"name": volume.name, "labels": volume.attrs.get("Labels") or {}})
+        # The box's git layers too (a box's commits not yet fetched go with them).
+        removed += [{"name": layer, "labels": {}} for layer in remove_layers(self.client, name)]
         return removed
 
     # -- inside the box -------------------------------------------------------------------------

@@ -26,6 +26,65 @@ class GitError(RuntimeError):
     pass
 
 
+# Settings that win over anything the repository's own config says (command-line -c beats repo
+# config, and children such as upload-pack inherit them): nothing the repository, or a box that
+# once wrote to it, planted can make host git run a program. Filter drivers are neutralised per
+# repository by name (see _filter_overrides), as their names are the repository's to choose.
+HARDENED_CONFIG = (
+    "core.hooksPath=/dev/null",
+    "core.fsmonitor=false",
+    "core.sshCommand=ssh",
+    "core.pager=cat",
+    "core.editor=true",
+    "sequence.editor=true",
+    "core.askPass=",
+    "credential.helper=",
+    "diff.external=",
+    "gc.auto=0",
+    "maintenance.auto=false",
+    "submodule.recurse=false",
+    "fetch.recurseSubmodules=false",
+    "commit.gpgSign=false",
+    "tag.gpgSign=false",
+    "protocol.ext.allow=never",
+)
+# Environment for every host git call: no system config (GIT_CONFIG_NOSYSTEM), no pager, no
+# editor, no prompt, and no optional locks (reads must not rewrite the index).
+HARDENED_ENV = {
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_OPTIONAL_LOCKS": "0",
+    "GIT_TERMINAL_PROMPT": "0",
+    "GIT_PAGER": "cat",
+    "GIT_EDITOR": "true",
+    "GIT_SEQUENCE_EDITOR": "true",
+    "LC_ALL": "C",
+}
+_FILTER_KEYS = r"^filter\..*\.(clean|smudge|process)$"
+_filter_cache: dict[str, list[str]] = {}
+
+
+def _filter_overrides(repo: str, env: dict[str, str], identity: tuple[int, int, str] | None) -> list[str]:
+    """`-c filter.<name>.<clean|smudge|process>=` for each filter driver the repository's config
+    defines: an empty command turns the driver off. Reading config runs nothing."""
+    cached = _filter_cache.get(repo)
+    if cached is not None:
+        return cached
+    probe = subprocess.run(
+        ["git", "-c", "safe.directory=*", "-C", repo, "config", "--includes", "--name-only", "--get-regexp", _FILTER_KEYS],
+        env=env,
+        capture_output=True,
+        check=False,
+        user=identity[0] if identity else None,
+        group=identity[1] if identity else None,
+    )
+    overrides: list[str] = []
+    for key in probe.stdout.decode("utf-8", "replace").split():
+        # A required filter that does not run is an error: say it is not required.
+        overrides += ["-c", f"{key}=", "-c", f"{key.rpartition('.')[0]}.required=false"]
+    _filter_cache[repo] = overrides
+    return overrides
+
+
 def git(
     repo: str,
     *args: str,
@@ -33,13 +92,21 @@ def git(
     check: bool = True,
     input_bytes: bytes | None = None,
 ) -> subprocess.CompletedProcess:
-    # safe.directory: the controller user may not own the repo (root driving a user's checkout).
-    argv = ["git", "-c", "safe.directory=*", "-C", repo, *args]
-    full_env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C", "GIT_TERMINAL_PROMPT": "0", **(env or {})}
+    """Run host git in `repo`: the one place every host git call of the collection goes through.
+
+    It runs as the repository's owner (never root on someone else's repository) with settings
+    no repository config can override (HARDENED_CONFIG, HARDENED_ENV, filters turned off).
+    """
+    full_env = {**os.environ, **HARDENED_ENV, **(env or {})}
     identity = owner_identity(repo)
     if identity:
         full_env["HOME"] = identity[2]
+    hardened = [part for setting in HARDENED_CONFIG for part in ("-c", setting)]
     try:
+        filters = _filter_overrides(repo, full_env, identity)
+        # safe.directory: root acting as the owner may still meet a root-owned .git inside a
+        # user's tree; git is already the owner, and the settings above cover what it guards.
+        argv = ["git", "-c", "safe.directory=*", *hardened, *filters, "-C", repo, *args]
         result = subprocess.run(
             argv,
             env=full_env,
@@ -172,19 +239,37 @@ def _repo_at(path: str, sub: str) -> Repo | None:
 
 
 def find_repos(workspace: str) -> list[Repo]:
-    """The workspace's own repo (first) and each first-level nested repo; [] when not a repo."""
+    """The workspace's own repo (first), then each first-level nested repo and each checked-out
+    submodule of the workspace's repo (at any depth), by path; [] when not a repo."""
     root = _repo_at(workspace, "")
     if root is None:
         return []
-    repos = [root]
-    for entry in sorted(os.listdir(workspace)):
+    subs = set(_submodule_paths(root.root))
+    for entry in os.listdir(workspace):
         path = os.path.join(workspace, entry)
-        if entry.startswith(".") or not os.path.isdir(path) or os.path.islink(path):
-            continue
-        nested = _repo_at(path, entry)
+        if not entry.startswith(".") and os.path.isdir(path) and not os.path.islink(path):
+            subs.add(entry)
+    repos = [root]
+    for sub in sorted(subs):
+        nested = _repo_at(os.path.join(workspace, sub), sub)
         if nested is not None:
             repos.append(nested)
     return repos
+
+
+def _submodule_paths(root: str) -> list[str]:
+    """Paths of the repo's submodules that are checked out (an uninitialised one has no .git)."""
+    if not os.path.isfile(os.path.join(root, ".gitmodules")):
+        return []
+    listed = git(root, "config", "--file", ".gitmodules", "-z", "--get-regexp", r"^submodule\..*\.path$", check=False)
+    paths = []
+    for entry in listed.stdout.decode("utf-8", "surrogateescape").split("\0"):
+        _key, _sep, path = entry.partition("\n")
+        path = os.path.normpath(path.strip("/")) if path else ""
+        inside = os.path.realpath(os.path.join(root, path)).startswith(root.rstrip("/") + "/")
+        if path and not path.startswith("..") and inside and os.path.exists(os.path.join(root, path, ".git")):
+            paths.append(path)
+    return paths
 
 
 @dataclasses.dataclass
@@ -263,30 +348,6 @@ def reserve_branch(repos: list[Repo], box: str, limit: int = 100, reason: str = 
         for repo in made:
             git(repo.root, "update-ref", "-d", f"refs/heads/{name}", repo.head, check=False)
     raise GitError(f"no free branch name for box {box!r} after {limit} tries: delete old agentbox/{box}* branches")
-
-
-def grant_box_access(common_dir: str, uid: int = 1000) -> bool:
-    """Let the box user write a .git it does not own (a root-owned repository), with POSIX ACLs.
-
-    Only the .git directory's ACLs change (default ACLs too, so what git creates later stays
-    writable); the working tree, index content and stash are untouched. False when setfacl is
-    missing or the filesystem refuses ACLs.
-    """
-    if os.geteuid() != 0 or shutil.which("setfacl") is None:
-        return False
-    # The box user must also reach it: a .git under a directory it cannot enter (/root) stays root's.
-    parent = os.path.dirname(common_dir.rstrip("/"))
-    while parent and parent != "/":
-        info = os.stat(parent)
-        if not (info.st_mode & 0o001 or info.st_uid == uid):
-            return False
-        parent = os.path.dirname(parent)
-    result = subprocess.run(
-        ["setfacl", "-R", "-m", f"u:{uid}:rwX", "-m", f"d:u:{uid}:rwX", common_dir],
-        capture_output=True,
-        check=False,
-    )
-    return result.returncode == 0
 
 
 def delete_branch(repo_root: str, name: str) -> None:

@@ -297,7 +297,8 @@ def fetch_box_branch(
     """
     box = facts.name
     record = _seed.read_seed_record(provider, box)
-    if not record or record.get("mode") != "shipped":
+    # A local box whose .git is an overlay (_gitlayer) keeps its commits in the box too.
+    if not record or record.get("mode") not in ("shipped", "worktree"):
         raise ProviderError(
             "this box was not seeded by shipping the repository (its commits are already in the host repo, or "
             "it has no git workspace): nothing to fetch",
@@ -328,7 +329,7 @@ def _fetch_one(provider: Provider, box: str, repo: _git.Repo, entry: dict[str, A
         raise ProviderError(f"the box's repo at {path} has no branch {branch} any more", box=box, operation="fetch")
     tip = tip_run.text.strip()
     if not _host_has_commit(repo.root, tip):
-        _fetch_bundle(provider, box, repo, path, ref, base)
+        fetch_bundle(provider, box, repo.root, path, ref, base)
     previous = _git.git(repo.root, "rev-parse", "--verify", "-q", ref, check=False).stdout.decode().strip()
     if previous == tip:
         return _report(repo, entry, tip, previous, 0, changed=False)
@@ -369,8 +370,9 @@ def _report(repo: _git.Repo, entry: dict[str, Any], tip: str, previous: str, new
     }
 
 
-def _fetch_bundle(provider: Provider, box: str, repo: _git.Repo, path: str, ref: str, base: str) -> None:
-    """New commits: a bundle made in the box against the base the host has, fetched on the host."""
+def fetch_bundle(provider: Provider, box: str, repo_root: str, path: str, ref: str, base: str) -> None:
+    """New commits: a bundle made in the box against the base the host has, fetched on the host
+    (where index-pack re-hashes every object; no host ref moves here)."""
     made = _box_git(provider, box, path, "bundle", "create", "-q", BUNDLE_PATH, ref, f"^{base}")
     made.check(f"git bundle of {ref} in {path}", box)
     scratch = tempfile.mkdtemp(prefix="agentbox-fetch-")
@@ -380,16 +382,16 @@ def _fetch_bundle(provider: Provider, box: str, repo: _git.Repo, path: str, ref:
         # git may run as the repo's owner (see _git): let it read the bundle.
         os.chmod(scratch, 0o755)
         os.chmod(bundle, 0o644)
-        verify = _git.git(repo.root, "bundle", "verify", "-q", bundle, check=False)
+        verify = _git.git(repo_root, "bundle", "verify", "-q", bundle, check=False)
         if verify.returncode != 0:
             raise ProviderError(
-                f"the box's commits do not apply to {repo.root}: "
+                f"the box's commits do not apply to {repo_root}: "
                 f"{verify.stderr.decode('utf-8', 'replace').strip()[-500:]} (the base commit {base[:12]} the box "
                 "started from is missing there)",
                 box=box,
                 operation="fetch",
             )
-        _git.git(repo.root, "fetch", "-q", "--no-tags", "--no-write-fetch-head", bundle, ref)
+        _git.git(repo_root, "fetch", "-q", "--no-tags", "--no-write-fetch-head", bundle, ref)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         provider.exec(box, ["rm", "-f", BUNDLE_PATH], user="vscode")

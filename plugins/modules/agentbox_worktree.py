@@ -134,7 +134,7 @@ downloaded:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.agentbox.box.plugins.module_utils import _box, _git, _naming
+from ansible_collections.agentbox.box.plugins.module_utils import _box, _git, _gitlayer, _naming
 from ansible_collections.agentbox.box.plugins.module_utils._module import (
     PROVIDER_ARGUMENT_SPEC,
     provider_from_params,
@@ -172,7 +172,7 @@ def _run(module: AnsibleModule) -> dict:
         result["changed"] = True
         return result
     # fetched
-    if provider.shares_host_filesystem:
+    if provider.shares_host_filesystem and not _gitlayer.has_layers(facts):
         head = _git.git_out(facts.workspace, "rev-parse", f"refs/heads/{facts.branch}") if facts.branch else ""
         result["fetched"] = {"branch": facts.branch, "commit": head, "note": "commits already land in the host repo"}
         return result

@@ -173,7 +173,7 @@ def test_create_carries_everything_and_leaves_host_untouched(engine, boxes, tmp_
     assert host_snapshot(repo) == before
 
 
-def test_commit_in_box_lands_on_host_branch(engine, boxes, tmp_path):
+def test_commit_in_box_reaches_host_branch_when_fetched(engine, boxes, tmp_path):
     repo = make_repo(tmp_path / "ws")
     chown_tree(repo)
     name = box_name()
@@ -187,7 +187,12 @@ def test_commit_in_box_lands_on_host_branch(engine, boxes, tmp_path):
         "git -c user.email=a@b -c user.name=agent commit -q -m 'made in the box' && git rev-parse HEAD",
     )
     assert rc == 0, out
-    assert git(repo, "rev-parse", f"agentbox/{name}").strip() == out.strip().splitlines()[-1]
+    made = out.strip().splitlines()[-1]
+    # The box's writes stay in its git layer until the host fetches them (docs/architecture.md).
+    assert git(repo, "rev-parse", f"agentbox/{name}").strip() != made
+    fetched = run_module("agentbox_worktree", {"box": name, "state": "fetched"})
+    assert fetched["changed"] and fetched["fetched"]["repos"][0]["new_commits"] == 1
+    assert git(repo, "rev-parse", f"agentbox/{name}").strip() == made
     assert git(repo, "log", "-1", "--format=%s", f"agentbox/{name}").strip() == "made in the box"
     assert not (repo / "boxfile").exists()  # the host's own tree is not the box's
 
@@ -383,7 +388,7 @@ def test_empty_box_seeded_later_by_agentbox_worktree(engine, boxes, tmp_path):
     rc, out = exec_in(engine, name, "cat /workspace/a.txt")
     assert rc == 0 and out == "changed\n"
     fetched = run_module("agentbox_worktree", {"box": name, "state": "fetched"})
-    assert fetched["changed"] is False and fetched["fetched"]["branch"] == f"agentbox/{name}"
+    assert fetched["changed"] is False and fetched["fetched"]["repos"][0]["branch"] == f"agentbox/{name}"
 
 
 def test_playbooks_create_list_switch_destroy(engine, tmp_path):
@@ -424,7 +429,7 @@ def test_playbooks_create_list_switch_destroy(engine, tmp_path):
 
 
 def test_root_owned_repository_is_made_writable_for_the_box(engine, boxes, tmp_path):
-    """A checkout owned by root (as on a CI machine): the box still commits, through ACLs on .git only."""
+    """A checkout owned by root (as on a CI machine): the box still commits, in its own git layer."""
     if os.geteuid() != 0:
         pytest.skip("needs root: to own the test repository")
     repo = make_repo(tmp_path / "ws", {"a.txt": "a\n"})
@@ -441,6 +446,7 @@ def test_root_owned_repository_is_made_writable_for_the_box(engine, boxes, tmp_p
         "cd /workspace && cat wip.txt && git add wip.txt && git -c user.email=a@b -c user.name=agent commit -q -m boxed",
     )
     assert rc == 0, out
+    assert run_module("agentbox_worktree", {"box": name, "state": "fetched"})["changed"]
     assert git(repo, "log", "-1", "--format=%s", f"agentbox/{name}").strip() == "boxed"
     assert (repo / "a.txt").stat().st_mode == mode_before  # the working tree is not touched
     assert (repo / "a.txt").stat().st_uid == 0

@@ -1,0 +1,194 @@
+# Copyright (c) agentbox.box contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The trust boundary between a box and the host's .git (local engine).
+
+A box never gets the host's .git itself, not even read-only: root in the box (vscode has
+passwordless sudo, and boxes carry CAP_SYS_ADMIN for Docker-in-box) can `mount -o remount,rw`
+any bind mount and write through it. Instead each host .git reaches the box as an overlay that
+the engine mounts: the host's .git is the lower layer, which overlayfs never writes; every write
+the box makes (objects, refs, its worktree's admin directory, but also a planted hook or config)
+lands in an upper layer held in a Docker volume of that box. Remounting or unmounting it in the
+box reaches nothing of the host: the lower directory is not in the box's mount namespace.
+
+The host takes the box's work only through git's own transport: the box's branch is bundled in
+the box and fetched on the host (`_ship.fetch_box_branch`), where index-pack re-hashes every
+object, and only `refs/heads/agentbox/<box>` moves. That happens at stop, destroy, checkpoint
+and on `agentbox_worktree state=fetched`.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from typing import Any
+
+from ._naming import CONTAINER_PREFIX, label
+from ._provider import BoxFacts, Provider, ProviderError
+
+KIND = "gitlayer"
+BOX_UID = 1000
+
+
+def layer_paths(common_dirs: list[str]) -> list[str]:
+    """The .git directories that need a layer: one inside another (a submodule's
+    .git/modules/<name>) is already covered by the outer one's."""
+    unique = sorted({os.path.realpath(path) for path in common_dirs})
+    return [path for path in unique if not any(path.startswith(outer + "/") for outer in unique if outer != path)]
+
+
+def layer_names(box: str, box_id: str, index: int) -> tuple[str, str, str]:
+    """(overlay, upper, work) volume names of a box's index-th layer; the id keeps a new box of
+    an old name from ever meeting a previous box's writes."""
+    stem = f"{CONTAINER_PREFIX}{box}-{box_id}-git{index}"
+    return stem, f"{stem}-upper", f"{stem}-work"
+
+
+def create_layers(client: Any, box: str, box_id: str, labels: dict[str, str], paths: list[str]) -> dict[str, str]:
+    """Make the volumes; {overlay volume: host .git path} to mount at that same path.
+
+    On failure the volumes made so far are removed before the error goes on.
+    """
+    made: list[Any] = []
+    mounts: dict[str, str] = {}
+    tagged = {**labels, label("kind"): KIND}
+    try:
+        for index, path in enumerate(paths):
+            overlay, upper_name, work_name = layer_names(box, box_id, index)
+            upper = client.volumes.create(name=upper_name, labels=tagged)
+            made.append(upper)
+            work = client.volumes.create(name=work_name, labels=tagged)
+            made.append(work)
+            options = f"lowerdir={path},upperdir={upper.attrs['Mountpoint']},workdir={work.attrs['Mountpoint']}"
+            if any(char in path for char in ",:"):
+                raise ProviderError(
+                    f"{path} holds a ',' or ':', which an overlay mount cannot name: move the repository",
+                    box=box,
+                    operation="create",
+                )
+            layer = client.volumes.create(
+                name=overlay,
+                driver="local",
+                driver_opts={"type": "overlay", "device": "overlay", "o": options},
+                labels=tagged,
+            )
+            made.insert(0, layer)
+            mounts[overlay] = path
+    except BaseException:
+        _remove(made)
+        raise
+    return mounts
+
+
+def remove_layers(client: Any, box: str, box_id: str | None = None) -> list[str]:
+    """Remove every git layer volume of the box called `box` (of that id only, when given; found
+    by labels); their names."""
+    wanted = [f"{label('box')}={box}", f"{label('kind')}={KIND}", *([f"{label('id')}={box_id}"] if box_id else [])]
+    volumes = client.volumes.list(filters={"label": wanted})
+    # The overlay before its upper and work directories.
+    volumes.sort(key=lambda volume: (volume.name.endswith(("-upper", "-work")), volume.name))
+    return _remove(volumes)
+
+
+def _remove(volumes: list[Any]) -> list[str]:
+    removed = []
+    for volume in volumes:
+        try:
+            volume.remove(force=True)
+            removed.append(volume.name)
+        except Exception:  # noqa: BLE001 - one volume that will not go must not keep the others
+            pass
+    return removed
+
+
+# Run as root in the box, on the overlay (the box's own view), before git uses it. Arguments:
+# the layer paths. The box user must be able to reach and write the .git whoever owns it on
+# the host: its parents in the box (made by the engine, or the image's /root) get o+x, and its
+# directories and small files become vscode's (the copy-up lands in the box's upper layer;
+# objects, packs, LFS content and index files keep their owner: git never rewrites them in
+# place). A submodule's core.worktree names a host path that the box does not have.
+PREPARE_SCRIPT = r"""
+for g in "$@"; do
+  d=$(dirname "$g")
+  while [ "$d" != / ]; do chmod o+x "$d"; d=$(dirname "$d"); done
+  find "$g" \( -path '*/objects/??' -o -path '*/objects/pack' -o -path '*/lfs' \) -prune ! -user 1000 \
+    -exec chown 1000:1000 {} + -o ! -name index ! -user 1000 -exec chown -h 1000:1000 {} +
+  for c in "$g"/modules/*/config "$g"/modules/*/*/config "$g"/modules/*/*/*/config; do
+    [ -f "$c" ] && git config --file "$c" --unset core.worktree 2>/dev/null
+  done
+done
+true
+"""
+
+
+def prepare_command(paths: list[str]) -> str:
+    """PREPARE_SCRIPT as one shell command line, for folding into another in-box script."""
+    return "set -- " + " ".join(shlex.quote(path) for path in paths) + "\n" + PREPARE_SCRIPT
+
+
+def prepare(provider: Provider, box: str, paths: list[str]) -> None:
+    provider.exec(box, ["sh", "-c", PREPARE_SCRIPT, "prepare", *paths], user="root").check(
+        "preparing the box's view of the host .git", box
+    )
+
+
+def has_layers(facts: BoxFacts) -> bool:
+    """True for a box whose .git is an overlay (made since the layers exist): its commits reach
+    the host only by import. Older boxes had the .git bind-mounted, so theirs are already there."""
+    return facts.labels.get("git_layers") == "1"
+
+
+def import_work(provider: Provider, facts: BoxFacts) -> dict[str, Any]:
+    """Bring the box's branch into the host repositories (the box's own branch only, moved to
+    wherever the box has it: the box may amend and rebase its branch). Needs a running box;
+    nothing to do for a box without layers or without a seed record."""
+    if not has_layers(facts) or facts.state != "running":
+        return {"repos": [], "changed": False}
+    from . import _seed, _ship
+
+    if _seed.read_seed_record(provider, facts.name) is None:
+        return {"repos": [], "changed": False}
+    return _ship.fetch_box_branch(provider, facts, facts.workspace, force=True)
+
+
+def box_heads(provider: Provider, facts: BoxFacts, records: list[dict[str, str]]) -> list[dict[str, str]]:
+    """[{sub, git_dir, path, branch, commit}] of the box's worktrees, every commit brought into
+    the host first (a checkpoint names them). A box that is not running cannot have moved since
+    it was stopped, which imported its branch: the host's branch is its state."""
+    from . import _git, _ship
+
+    host_roots = {record["sub"]: os.path.join(facts.workspace, record["sub"]) for record in records}
+    heads = []
+    if facts.state != "running":
+        for record in records:
+            tip = _git.git(host_roots[record["sub"]], "rev-parse", "--verify", "-q", f"refs/heads/{facts.branch}")
+            heads.append({**_head_keys(record), "branch": facts.branch, "commit": tip.stdout.decode().strip()})
+        return heads
+    import_work(provider, facts)
+    script = 'for p in "$@"; do git -C "$p" rev-parse --verify -q "HEAD^{commit}" || echo -; ' \
+        'git -C "$p" symbolic-ref -q --short HEAD || echo -; done'
+    run = provider.exec(facts.name, ["sh", "-c", script, "heads", *[record["path"] for record in records]])
+    lines = run.text.split("\n")
+    for position, record in enumerate(records):
+        commit, branch = ([*lines[2 * position:2 * position + 2], "-", "-"])[:2]
+        if commit == "-":
+            raise ProviderError(f"the box's worktree {record['path']} has no commit checked out", box=facts.name)
+        root = host_roots[record["sub"]]
+        if _git.git(root, "cat-file", "-e", f"{commit}^{{commit}}", check=False).returncode != 0:
+            # Checked out off the box's branch: bring that commit too, against the box's base.
+            _ship.fetch_bundle(provider, facts.name, root, record["path"], "HEAD", _base_of(provider, facts, record["sub"]))
+        heads.append({**_head_keys(record), "branch": "" if branch == "-" else branch, "commit": commit})
+    return heads
+
+
+def _head_keys(record: dict[str, str]) -> dict[str, str]:
+    return {"sub": record.get("sub", ""), "git_dir": record["git_dir"], "path": record["path"]}
+
+
+def _base_of(provider: Provider, facts: BoxFacts, sub: str) -> str:
+    from . import _seed
+
+    record = _seed.read_seed_record(provider, facts.name) or {}
+    for entry in record.get("worktrees", []):
+        if entry.get("sub") == sub:
+            return str(entry.get("base", ""))
+    raise ProviderError(f"the box's seed record names no base commit for {sub or 'the workspace'}", box=facts.name)

@@ -1,0 +1,297 @@
+"""The trust boundary between a box and the host's .git, tried the way a hostile agent would.
+
+The agent in a box is assumed hostile: as vscode, and as root through its passwordless sudo (root
+in a box has CAP_SYS_ADMIN, so it can remount or unmount whatever is mounted there). Whatever it
+writes to the .git it sees, the host must never run, and no host ref may move but the box's own
+branch, and that only through a fetch. See docs/architecture.md, "The trust boundary".
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import pytest
+
+from tests.conftest import chown_tree, git, make_repo, run_module
+
+pytestmark = pytest.mark.integration
+
+IMAGE = "agentbox/box:latest"
+BOX_UID = 1000
+
+
+@pytest.fixture(scope="module")
+def engine() -> docker.DockerClient:
+    client = docker.from_env()
+    if not any(IMAGE in image.tags for image in client.images.list(name="agentbox/box")):
+        pytest.fail(f"{IMAGE} is missing: build it first (ansible-playbook playbooks/build_image.yml)")
+    return client
+
+
+@pytest.fixture
+def boxes(engine: docker.DockerClient) -> Iterator[list[str]]:
+    names: list[str] = []
+    yield names
+    for name in names:
+        run_module("agentbox_box", {"name": name, "state": "absent", "delete_branch": True})
+        for leftover in engine.containers.list(all=True, filters={"name": f"agentbox-{name}"}):
+            leftover.remove(force=True, v=True)
+
+
+def box_name(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(3)}"
+
+
+def in_box(engine: docker.DockerClient, name: str, script: str, user: str = "vscode") -> tuple[int, str]:
+    result = engine.containers.get(f"agentbox-{name}").exec_run(["bash", "-c", script], user=user, demux=False)
+    return result.exit_code, result.output.decode("utf-8", "replace")
+
+
+def as_owner(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    """The host user's own git (uid 1000 owns the test repos), as they would run it."""
+    env = {**os.environ, "HOME": str(repo.parent), "GIT_AUTHOR_NAME": "Host", "GIT_AUTHOR_EMAIL": "host@example.invalid"}
+    env.update(GIT_COMMITTER_NAME="Host", GIT_COMMITTER_EMAIL="host@example.invalid")
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, env=env, user=BOX_UID,
+                          group=BOX_UID, check=False)
+
+
+def snapshot(repo: Path) -> dict[str, object]:
+    """What the host trusts in its .git: every ref but the boxes' own, and the bytes of config,
+    HEAD, packed-refs, hooks/, info/ and worktrees/ (the host's own worktree registrations)."""
+    gitdir = repo / ".git"
+    refs = [
+        line
+        for line in git(repo, "for-each-ref", "--format=%(refname) %(objectname)").splitlines()
+        if not line.startswith(("refs/heads/agentbox/", "refs/agentbox/"))
+    ]
+    files: dict[str, bytes] = {}
+    for name in ("config", "HEAD", "packed-refs"):
+        if (gitdir / name).exists():
+            files[name] = (gitdir / name).read_bytes()
+    for folder in ("hooks", "info", "worktrees"):
+        for path in sorted((gitdir / folder).rglob("*")) if (gitdir / folder).exists() else []:
+            if path.is_file() and path.name != "index":
+                files[str(path.relative_to(gitdir))] = path.read_bytes()
+            elif path.is_dir():
+                files[str(path.relative_to(gitdir)) + "/"] = oct(path.stat().st_mode).encode()
+    return {"refs": refs, "files": files}
+
+
+# Every write the issue lists, aimed at the .git the box sees (at the host's own path). Arguments:
+# the .git path, the host marker directory (absent in the box), the host worktree's admin name.
+ATTACK = r"""
+G=$1 M=$2 W=$3
+cd /workspace
+hook='#!/bin/sh
+touch "'$M'/hook-$(basename "$0")" 2>/dev/null; exit 0'
+for h in pre-commit commit-msg post-commit reference-transaction post-checkout pre-auto-gc post-index-change; do
+  printf '%s\n' "$hook" > "$G/hooks/$h" && chmod +x "$G/hooks/$h" && echo "wrote hooks/$h"
+done
+git config --file "$G/config" core.fsmonitor "touch $M/fsmonitor; false" && echo "wrote core.fsmonitor"
+git config --file "$G/config" core.hooksPath "$G/hooks" && echo "wrote core.hooksPath"
+git config --file "$G/config" core.sshCommand "touch $M/ssh; ssh" && echo "wrote core.sshCommand"
+git config --file "$G/config" filter.evil.clean "sh -c 'touch $M/filter; cat'" && echo "wrote filter"
+git config --file "$G/config" core.pager "touch $M/pager; cat" && echo "wrote core.pager"
+mkdir -p "$G/info" && printf '* filter=evil\n' > "$G/info/attributes" && echo "wrote info/attributes"
+git -c user.name=e -c user.email=e@e commit-tree -m evil "HEAD^{tree}" > /tmp/evil && git update-ref refs/heads/main "$(cat /tmp/evil)" && echo "moved main"
+printf '%s refs/heads/main\n' "$(cat /tmp/evil)" > "$G/packed-refs" && echo "wrote packed-refs"
+git update-ref refs/heads/feature "$(cat /tmp/evil)" && echo "moved feature"
+echo "gitdir: /nowhere" > "$G/worktrees/$W/gitdir" && echo "wrote worktrees/$W/gitdir"
+echo "$(cat /tmp/evil)" > "$G/worktrees/$W/HEAD" && echo "wrote worktrees/$W/HEAD"
+true
+"""
+
+# Root in the box: reach the host's .git under the box's view, by remounting and unmounting.
+ROOT_ESCAPE = r"""
+G=$1 M=$2
+mount -o remount,rw "$G" && echo remounted
+mount -o remount,rw,bind "$G" && echo rebound
+printf '#!/bin/sh\ntouch %s/root-hook\n' "$M" > "$G/hooks/post-commit" && chmod +x "$G/hooks/post-commit" && echo "wrote as root"
+while umount "$G" 2>/dev/null; do echo unmounted; done
+mkdir -p "$G/hooks" && printf '#!/bin/sh\ntouch %s/root-hook\n' "$M" > "$G/hooks/pre-commit" && chmod +x "$G/hooks/pre-commit" && echo "wrote under the mount"
+grep -c " $G " /proc/mounts
+true
+"""
+
+
+def test_a_hostile_box_cannot_plant_anything_the_host_runs(engine, boxes, tmp_path):
+    repo = make_repo(tmp_path / "ws", {"a.txt": "a\n", "b.txt": "b\n"})
+    git(repo, "worktree", "add", "-q", str(tmp_path / "host-wt"), "-b", "feature")
+    chown_tree(tmp_path)
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    markers.chmod(0o777)
+    gitdir = str(repo / ".git")
+    before = snapshot(repo)
+
+    name = box_name("atk")
+    boxes.append(name)
+    made = run_module("agentbox_box", {"name": name, "workspace": str(repo)})
+    assert made.get("failed") is not True, made
+    assert made["box"]["labels"]["git_layers"] == "1"
+
+    attack = engine.containers.get(f"agentbox-{name}").exec_run(
+        ["bash", "-c", ATTACK, "attack", gitdir, str(markers), "host-wt"], user="vscode"
+    )
+    out = attack.output.decode()
+    # The writes succeed, in the box's own view: it may do as it likes with its copy.
+    for done in ("wrote hooks/pre-commit", "wrote core.fsmonitor", "moved main", "wrote packed-refs",
+                 "wrote worktrees/host-wt/gitdir", "wrote info/attributes"):
+        assert done in out, out
+    # Root (sudo) in a second box: remount its view read-write, unmount it, write beneath.
+    escaper = box_name("esc")
+    boxes.append(escaper)
+    assert run_module("agentbox_box", {"name": escaper, "workspace": str(repo)}).get("failed") is not True
+    escape = engine.containers.get(f"agentbox-{escaper}").exec_run(
+        ["bash", "-c", ROOT_ESCAPE, "escape", gitdir, str(markers)], user="root"
+    )
+    out = escape.output.decode()
+    assert "remounted" in out and "unmounted" in out and "wrote under the mount" in out, out
+
+    # Nothing of it reached the host.
+    assert snapshot(repo) == before
+    assert not any(markers.iterdir())
+
+    # The host user works on, and the collection runs create, checkpoint, fetch and destroy.
+    (repo / "a.txt").write_text("host edit, carried over by the next create\n")
+    done = as_owner(repo, "commit", "-q", "-am", "host commit")
+    assert done.returncode == 0, done.stderr
+    as_owner(repo, "status", "--porcelain")
+    host_main = git(repo, "rev-parse", "main").strip()
+    (repo / "b.txt").write_text("host edit left uncommitted\n")
+    second = box_name("atk2")
+    boxes.append(second)
+    assert run_module("agentbox_box", {"name": second, "workspace": str(repo)}).get("failed") is not True
+    checkpoint = f"ck-{secrets.token_hex(3)}"
+    taken = run_module("agentbox_checkpoint", {"box": name, "name": checkpoint})
+    assert taken.get("failed") is not True, taken
+    try:
+        fetched = run_module("agentbox_worktree", {"box": name, "state": "fetched"})
+        assert fetched.get("failed") is not True, fetched
+        for box in (name, second, escaper):
+            gone = run_module("agentbox_box", {"name": box, "state": "absent"})
+            assert gone.get("failed") is not True, gone
+    finally:
+        run_module("agentbox_checkpoint", {"box": name, "name": checkpoint, "state": "absent"})
+
+    assert not any(markers.iterdir()), sorted(p.name for p in markers.iterdir())
+    assert git(repo, "rev-parse", "main").strip() == host_main
+    after = snapshot(repo)
+    main_before = next(line for line in before["refs"] if line.startswith("refs/heads/main "))
+    assert [line for line in after["refs"] if not line.startswith("refs/heads/main ")] == [
+        line for line in before["refs"] if line != main_before
+    ]
+    assert after["files"] == before["files"]
+    # The only ref the box moved is its own branch, and only to commits git verified on fetch.
+    assert git(repo, "fsck", "--connectivity-only", "--no-dangling").strip() == ""
+
+
+def test_the_agent_commits_amends_and_rebases_and_the_host_fetches_it(engine, boxes, tmp_path):
+    repo = make_repo(tmp_path / "ws", {"a.txt": "a\n"})
+    chown_tree(repo)
+    name = box_name("ag")
+    boxes.append(name)
+    assert run_module("agentbox_box", {"name": name, "workspace": str(repo)}).get("failed") is not True
+    ident = "-c user.email=agent@example.invalid -c user.name=agent"
+    rc, out = in_box(engine, name, f"""
+        set -e
+        cd /workspace
+        echo one > one.txt && git add one.txt && git {ident} commit -q -m one
+        echo two > two.txt && git add two.txt && git {ident} commit -q -m two
+        git {ident} commit -q --amend -m 'two, amended'
+        GIT_SEQUENCE_EDITOR='sed -i 1s/^pick/reword/' GIT_EDITOR='sed -i 1s/.*/one,\\ reworded/' \
+          git {ident} rebase -q -i HEAD~2
+        git {ident} gc --auto -q
+        git log --format=%s
+    """)
+    assert rc == 0, out
+    assert out.strip().splitlines()[-3:] == ["two, amended", "one, reworded", "initial"], out
+    head = in_box(engine, name, "git -C /workspace rev-parse HEAD")[1].strip()
+    fetched = run_module("agentbox_worktree", {"box": name, "state": "fetched"})
+    assert fetched["changed"], fetched
+    assert git(repo, "rev-parse", f"agentbox/{name}").strip() == head
+    assert git(repo, "log", "--format=%s", f"agentbox/{name}").splitlines() == ["two, amended", "one, reworded", "initial"]
+    # A rewrite in the box moves the box's own branch on the next fetch, nothing else.
+    rc, out = in_box(engine, name, f"cd /workspace && git {ident} commit -q --amend -m 'amended again'")
+    assert rc == 0, out
+    # Destroy brings the last commits in before the box goes.
+    gone = run_module("agentbox_box", {"name": name, "state": "absent"})
+    assert gone.get("failed") is not True, gone
+    assert git(repo, "log", "-1", "--format=%s", f"agentbox/{name}").strip() == "amended again"
+
+
+def test_root_owned_repository_under_a_private_directory(engine, boxes, tmp_path):
+    """/root/src/app-like: root's repository under a 0700 parent. The box user commits in its own
+    layer; the host .git gets no ACL and no file changes owner."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to own the test repository")
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    repo = make_repo(private / "app", {"a.txt": "a\n"})
+    owners = {str(p): (p.stat().st_uid, stat.S_IMODE(p.stat().st_mode)) for p in (repo / ".git").rglob("*")}
+    name = box_name("root")
+    boxes.append(name)
+    made = run_module("agentbox_box", {"name": name, "workspace": str(repo)})
+    assert made.get("failed") is not True, made
+    assert not made["seed"]["warnings"], made["seed"]["warnings"]
+    rc, out = in_box(engine, name, "cd /workspace && echo x > x && git add x && "
+                     "git -c user.email=a@b -c user.name=agent commit -q -m boxed && git log -1 --format=%s")
+    assert rc == 0 and out.strip() == "boxed", out
+    acl = subprocess.run(["getfacl", "-R", "-s", "-p", str(repo / ".git")], capture_output=True, text=True, check=False)
+    assert acl.stdout.strip() == "", acl.stdout[:2000]
+    assert {str(p): (p.stat().st_uid, stat.S_IMODE(p.stat().st_mode)) for p in (repo / ".git").rglob("*")
+            if str(p) in owners} == owners
+    assert stat.S_IMODE(private.stat().st_mode) == 0o700
+    assert run_module("agentbox_worktree", {"box": name, "state": "fetched"})["changed"]
+    assert git(repo, "log", "-1", "--format=%s", f"agentbox/{name}").strip() == "boxed"
+
+
+def test_the_collections_host_git_ignores_repository_planted_config(engine, boxes, tmp_path):
+    """Defence in depth: a repository whose own config plants hooks, an fsmonitor, a filter and a
+    pager (whoever wrote them) runs none of them when the collection's host git reads it."""
+    repo = make_repo(tmp_path / "ws", {"a.txt": "a\n", "b.txt": "b\n"})
+    markers = tmp_path / "markers"
+    markers.mkdir(mode=0o777)
+    markers.chmod(0o777)
+    hooks = repo / ".git" / "hooks"
+    for hook in ("pre-commit", "post-commit", "reference-transaction", "post-checkout", "pre-auto-gc",
+                 "post-index-change", "post-rewrite", "fsmonitor-watchman"):
+        (hooks / hook).write_text(f"#!/bin/sh\ntouch {markers}/hook-{hook} 2>/dev/null\nexit 0\n")
+        (hooks / hook).chmod(0o755)
+    for key, value in (
+        ("core.fsmonitor", f"touch {markers}/fsmonitor 2>/dev/null; false"),
+        ("filter.evil.clean", f"sh -c 'touch {markers}/filter 2>/dev/null; cat'"),
+        ("filter.evil.smudge", "cat"),
+        ("filter.evil.required", "true"),
+        ("core.pager", f"touch {markers}/pager 2>/dev/null; cat"),
+        ("core.sshCommand", f"touch {markers}/ssh 2>/dev/null; ssh"),
+        ("gc.auto", "1"),
+    ):
+        git(repo, "config", key, value)
+    (repo / ".git" / "info" / "attributes").write_text("*.txt filter=evil\n")
+    chown_tree(repo)
+    (repo / "a.txt").write_text("dirty, so create hashes it\n")
+
+    name = box_name("cfg")
+    boxes.append(name)
+    made = run_module("agentbox_box", {"name": name, "workspace": str(repo)})
+    assert made.get("failed") is not True, made
+    assert made["seed"]["modified"] == 1
+    rc, out = in_box(engine, name, "cd /workspace && git -c user.email=a@b -c user.name=a commit -qam boxed")
+    assert rc == 0, out
+    checkpoint = f"ck-{secrets.token_hex(3)}"
+    try:
+        assert run_module("agentbox_checkpoint", {"box": name, "name": checkpoint}).get("failed") is not True
+        assert run_module("agentbox_worktree", {"box": name, "state": "fetched"}).get("failed") is not True
+        assert run_module("agentbox_box", {"name": name, "state": "stopped"}).get("failed") is not True
+        assert run_module("agentbox_box", {"name": name, "state": "absent"}).get("failed") is not True
+    finally:
+        run_module("agentbox_checkpoint", {"box": name, "name": checkpoint, "state": "absent"})
+    assert sorted(p.name for p in markers.iterdir()) == []
+    assert git(repo, "log", "-1", "--format=%s", f"agentbox/{name}").strip() == "boxed"
