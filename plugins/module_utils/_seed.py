@@ -2,11 +2,12 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Seeding a box's /workspace from the host workspace: the one place that does it.
 
-Local engine (`provider.shares_host_filesystem`): each repo's .git is bind-mounted at its host
-path, so the box registers its own `git worktree` on the branch reserved for it; commits land
-straight in the host repo. The host's uncommitted state is then carried over byte for byte:
-tracked changes as a `git stash create` commit (already in the shared object store), untracked
-files as a tar stream. A workspace that is not a git repo is copied as it is.
+Local engine (`provider.shares_host_filesystem`): each repo's .git reaches the box at its host
+path as an overlay whose writes stay in the box's own layer (_gitlayer), so the box registers its
+own `git worktree` on the branch reserved for it; its commits reach the host repo by fetch. The
+host's uncommitted state is then carried over byte for byte: tracked changes as a `git stash
+create` commit (already in the object store the box reads), untracked files as a tar stream.
+Submodules are nested repos like any other. A workspace that is not a git repo is copied as it is.
 
 Layout in the box: the worktree lives at /home/vscode/.agentbox-worktrees/<box> (a path unique
 to the box, so boxes of one repo never collide in the host's worktree list) and /workspace is a
