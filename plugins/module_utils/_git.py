@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -27,18 +28,16 @@ class GitError(RuntimeError):
 
 
 # Settings that win over anything the repository's own config says (command-line -c beats repo
-# config, and children such as upload-pack inherit them): nothing the repository, or a box that
-# once wrote to it, planted can make host git run a program. Filter drivers are neutralised per
-# repository by name (see _filter_overrides), as their names are the repository's to choose.
+# config, and children such as upload-pack inherit them): none of them is something a user needs
+# for what the collection does on the host. Program-running settings a user may rightly hold in
+# their global config (credential helpers, core.sshCommand for the relay's push) are handled per
+# repository instead (_local_overrides): only a value the repository's own config sets is replaced.
 HARDENED_CONFIG = (
     "core.hooksPath=/dev/null",
     "core.fsmonitor=false",
-    "core.sshCommand=ssh",
     "core.pager=cat",
     "core.editor=true",
     "sequence.editor=true",
-    "core.askPass=",
-    "credential.helper=",
     "diff.external=",
     "gc.auto=0",
     "maintenance.auto=false",
@@ -48,10 +47,11 @@ HARDENED_CONFIG = (
     "tag.gpgSign=false",
     "protocol.ext.allow=never",
 )
-# Environment for every host git call: no system config (GIT_CONFIG_NOSYSTEM), no pager, no
-# editor, no prompt, and no optional locks (reads must not rewrite the index).
+# Environment for every host git call: no pager, no editor, no prompt, and no optional locks
+# (reads must not rewrite the index). GIT_CONFIG_NOSYSTEM is added except for the commands that
+# may talk to a remote for the relay (push, fetch, pull, ls-remote): a system-wide credential
+# helper is the administrator's, and those need it.
 HARDENED_ENV = {
-    "GIT_CONFIG_NOSYSTEM": "1",
     "GIT_OPTIONAL_LOCKS": "0",
     "GIT_TERMINAL_PROMPT": "0",
     "GIT_PAGER": "cat",
@@ -59,29 +59,57 @@ HARDENED_ENV = {
     "GIT_SEQUENCE_EDITOR": "true",
     "LC_ALL": "C",
 }
-_FILTER_KEYS = r"^filter\..*\.(clean|smudge|process)$"
-_filter_cache: dict[str, list[str]] = {}
+NETWORK_COMMANDS = frozenset({"push", "fetch", "pull", "ls-remote"})
+# Keys that make git run a program (or pick one), matched on git's canonical key names.
+_PROGRAM_KEYS = re.compile(
+    r"^(core\.(sshcommand|askpass|gitproxy|alternaterefscommand|worktree)|credential\.(.+\.)?helper"
+    r"|diff\..+\.(command|textconv)|merge\..+\.driver|filter\..+\.(clean|smudge|process)"
+    r"|gpg\.(.+\.)?program|remote\..+\.(uploadpack|receivepack|vcs)|pager\..+|interactive\.difffilter"
+    r"|uploadpack\.packobjectshook|ssh\.variant)$",
+    re.IGNORECASE,
+)
+_NEUTRAL = {"core.sshcommand": "ssh", "core.worktree": ".."}
+_override_cache: dict[str, list[str]] = {}
 
 
-def _filter_overrides(repo: str, env: dict[str, str], identity: tuple[int, int, str] | None) -> list[str]:
-    """`-c filter.<name>.<clean|smudge|process>=` for each filter driver the repository's config
-    defines: an empty command turns the driver off. Reading config runs nothing."""
-    cached = _filter_cache.get(repo)
+def _local_overrides(repo: str, env: dict[str, str], identity: tuple[int, int, str] | None) -> list[str]:
+    """`-c` settings that undo every program-running key the repository's own config (local or
+    worktree scope, includes followed) sets: back to the user's global or system value when there
+    is one, else neutral (empty: no filter, no helper, no driver). Reading config runs nothing."""
+    cached = _override_cache.get(repo)
     if cached is not None:
         return cached
     probe = subprocess.run(
-        ["git", "-c", "safe.directory=*", "-C", repo, "config", "--includes", "--name-only", "--get-regexp", _FILTER_KEYS],
-        env=env,
+        ["git", "-c", "safe.directory=*", "-C", repo, "config", "--show-scope", "-z", "--list", "--includes"],
+        env={key: value for key, value in env.items() if key != "GIT_CONFIG_NOSYSTEM"},
         capture_output=True,
         check=False,
         user=identity[0] if identity else None,
         group=identity[1] if identity else None,
     )
+    fields = probe.stdout.decode("utf-8", "surrogateescape").split("\0")
+    planted: list[str] = []
+    trusted: dict[str, list[str]] = {}
+    for scope, entry in zip(fields[0::2], fields[1::2], strict=False):
+        key, _sep, value = entry.partition("\n")
+        if not _PROGRAM_KEYS.match(key):
+            continue
+        if scope in ("local", "worktree"):
+            if key not in planted:
+                planted.append(key)
+        elif scope in ("global", "system"):
+            trusted.setdefault(key, []).append(value)
     overrides: list[str] = []
-    for key in probe.stdout.decode("utf-8", "replace").split():
-        # A required filter that does not run is an error: say it is not required.
-        overrides += ["-c", f"{key}=", "-c", f"{key.rpartition('.')[0]}.required=false"]
-    _filter_cache[repo] = overrides
+    for key in planted:
+        if key.lower() == "core.worktree":
+            continue  # a submodule's own: where its working tree is, not a program
+        # An empty value resets a list (credential helpers) and turns a filter or driver off.
+        overrides += ["-c", f"{key}={_NEUTRAL.get(key.lower(), '')}"]
+        overrides += [part for value in trusted.get(key, []) for part in ("-c", f"{key}={value}")]
+        if key.lower().startswith("filter.") and not trusted.get(key):
+            # A required filter that does not run is an error: say it is not required.
+            overrides += ["-c", f"{key.rpartition('.')[0]}.required=false"]
+    _override_cache[repo] = overrides
     return overrides
 
 
@@ -95,18 +123,21 @@ def git(
     """Run host git in `repo`: the one place every host git call of the collection goes through.
 
     It runs as the repository's owner (never root on someone else's repository) with settings
-    no repository config can override (HARDENED_CONFIG, HARDENED_ENV, filters turned off).
+    no repository config can override (HARDENED_CONFIG, HARDENED_ENV, _local_overrides).
     """
     full_env = {**os.environ, **HARDENED_ENV, **(env or {})}
+    command = next((arg for arg in args if not arg.startswith("-")), "")
+    if command not in NETWORK_COMMANDS:
+        full_env["GIT_CONFIG_NOSYSTEM"] = "1"
     identity = owner_identity(repo)
     if identity:
         full_env["HOME"] = identity[2]
     hardened = [part for setting in HARDENED_CONFIG for part in ("-c", setting)]
     try:
-        filters = _filter_overrides(repo, full_env, identity)
+        overrides = _local_overrides(repo, full_env, identity)
         # safe.directory: root acting as the owner may still meet a root-owned .git inside a
         # user's tree; git is already the owner, and the settings above cover what it guards.
-        argv = ["git", "-c", "safe.directory=*", *hardened, *filters, "-C", repo, *args]
+        argv = ["git", "-c", "safe.directory=*", *hardened, *overrides, "-C", repo, *args]
         result = subprocess.run(
             argv,
             env=full_env,

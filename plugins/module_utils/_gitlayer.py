@@ -48,6 +48,13 @@ def create_layers(client: Any, box: str, box_id: str, labels: dict[str, str], pa
 
     On failure the volumes made so far are removed before the error goes on.
     """
+    for path in paths:
+        if any(char in path for char in ",:\n"):
+            raise ProviderError(
+                f"{path!r} holds a ',', ':' or line break, which an overlay mount cannot name: move the repository",
+                box=box,
+                operation="create",
+            )
     made: list[Any] = []
     mounts: dict[str, str] = {}
     tagged = {**labels, label("kind"): KIND}
@@ -59,12 +66,6 @@ def create_layers(client: Any, box: str, box_id: str, labels: dict[str, str], pa
             work = client.volumes.create(name=work_name, labels=tagged)
             made.append(work)
             options = f"lowerdir={path},upperdir={upper.attrs['Mountpoint']},workdir={work.attrs['Mountpoint']}"
-            if any(char in path for char in ",:"):
-                raise ProviderError(
-                    f"{path} holds a ',' or ':', which an overlay mount cannot name: move the repository",
-                    box=box,
-                    operation="create",
-                )
             layer = client.volumes.create(
                 name=overlay,
                 driver="local",
@@ -84,9 +85,13 @@ def remove_layers(client: Any, box: str, box_id: str | None = None) -> list[str]
     by labels); their names."""
     wanted = [f"{label('box')}={box}", f"{label('kind')}={KIND}", *([f"{label('id')}={box_id}"] if box_id else [])]
     volumes = client.volumes.list(filters={"label": wanted})
-    # The overlay before its upper and work directories.
-    volumes.sort(key=lambda volume: (volume.name.endswith(("-upper", "-work")), volume.name))
-    return _remove(volumes)
+    overlays = [volume for volume in volumes if not volume.name.endswith(("-upper", "-work"))]
+    removed = _remove(overlays)
+    # An overlay still there is mounted by a container (another create of this name, racing):
+    # its upper and work volumes stay with it.
+    kept = {volume.name for volume in overlays if volume.name not in removed}
+    layers = [volume for volume in volumes if volume not in overlays and volume.name.rsplit("-", 1)[0] not in kept]
+    return removed + _remove(layers)
 
 
 def _remove(volumes: list[Any]) -> list[str]:
@@ -192,3 +197,46 @@ def _base_of(provider: Provider, facts: BoxFacts, sub: str) -> str:
         if entry.get("sub") == sub:
             return str(entry.get("base", ""))
     raise ProviderError(f"the box's seed record names no base commit for {sub or 'the workspace'}", box=facts.name)
+
+
+def refresh_view(provider: Provider, facts: BoxFacts) -> int:
+    """Bring the host's branches, tags and remote-tracking refs into the box's view of the .git.
+
+    The lower layer is the host's .git as the box found it at start: overlayfs keeps what it has
+    looked up, so what the host fetches or commits later does not show in a running box (a
+    restart shows it). This ships it, the way the host takes the box's work, the other way round:
+    a bundle of the host's refs made on the host and fetched in the box, into the box's own view
+    (the box's own agentbox/ branches are left alone). The number of refs shipped."""
+    import shutil
+    import tempfile
+
+    from . import _git
+    from ._tarstream import tar_of_paths
+
+    base = facts.labels.get("base_commit", "")
+    if not has_layers(facts) or facts.state != "running" or not base:
+        return 0
+    listed = _git.git_out(facts.workspace, "for-each-ref", "--format=%(refname)", "refs/heads/", "refs/remotes/", "refs/tags/")
+    refs = [ref for ref in listed.split() if not ref.startswith("refs/heads/agentbox/")]
+    if not refs:
+        return 0
+    scratch = tempfile.mkdtemp(prefix="agentbox-view-")
+    try:
+        identity = _git.owner_identity(facts.workspace)
+        if identity:
+            os.chown(scratch, identity[0], identity[1])
+        bundle = os.path.join(scratch, "agentbox-view.bundle")
+        made = _git.git(facts.workspace, "bundle", "create", "-q", bundle, *refs, "--not", base, check=False)
+        if made.returncode != 0 or not os.path.exists(bundle):
+            return 0  # nothing past the box's base: it has every commit, and its refs are the host's
+        provider.put_archive(facts.name, "/tmp", tar_of_paths(scratch, ["agentbox-view.bundle"]))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    specs = [f"+{prefix}*:{prefix}*" for prefix in ("refs/heads/", "refs/remotes/", "refs/tags/")]
+    script = (
+        'cd /workspace && git fetch -q --no-write-fetch-head --update-head-ok --no-tags /tmp/agentbox-view.bundle "$@"; '
+        "rc=$?; rm -f /tmp/agentbox-view.bundle; exit $rc"
+    )
+    run = provider.exec(facts.name, ["sh", "-c", script, "view", *specs])
+    run.check("bringing the host's branches into the box", facts.name)
+    return len(refs)

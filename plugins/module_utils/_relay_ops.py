@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 from typing import Any
 
-from . import _git
+from . import _git, _gitlayer
 from ._provider import BoxFacts, Provider, ProviderError, get_provider
 from ._relay_protocol import Request
 
@@ -100,8 +100,8 @@ def push(provider: Provider, facts: BoxFacts, request: Request) -> Outcome:
     if refused:
         return refused
     notes = ""
-    if not provider.shares_host_filesystem:
-        # The box's commits live in its own clone: bring them into the host repository first.
+    if not provider.shares_host_filesystem or _gitlayer.has_layers(facts):
+        # The box's commits live in its own clone, or its own git layer: bring them into the host repository first.
         from ._ship import fetch_box_branch
 
         fetched = fetch_box_branch(provider, facts, force=bool(args["force"]))
@@ -131,6 +131,9 @@ def fetch(provider: Provider, facts: BoxFacts, request: Request) -> Outcome:
     stdout, stderr = _text(result)
     if result.returncode == 0 and not provider.shares_host_filesystem:
         stderr += _fetch_into_box(provider, facts, remote)
+    elif result.returncode == 0 and _gitlayer.has_layers(facts):
+        # The box sees the host's .git as it was when it started: ship what was fetched into its view.
+        _gitlayer.refresh_view(provider, facts)
     return Outcome(result.returncode, stdout=stdout, stderr=stderr, data={"remote": remote})
 
 

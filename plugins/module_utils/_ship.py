@@ -298,7 +298,7 @@ def fetch_box_branch(
     box = facts.name
     record = _seed.read_seed_record(provider, box)
     # A local box whose .git is an overlay (_gitlayer) keeps its commits in the box too.
-    if not record or record.get("mode") not in ("shipped", "worktree"):
+    if not record or record.get("mode") not in ("shipped", "worktree", "checkpoint"):
         raise ProviderError(
             "this box was not seeded by shipping the repository (its commits are already in the host repo, or "
             "it has no git workspace): nothing to fetch",

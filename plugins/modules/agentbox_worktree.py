@@ -11,14 +11,16 @@ version_added: 0.1.0
 description:
   - O(state=present) seeds C(/workspace) of a box made with O(agentbox.box.agentbox_box#module:seed=false).
     On the local engine the box registers its own C(git worktree) on the branch C(agentbox/<box>) (suffix
-    C(-2), C(-3)... when taken) against the host's bind-mounted C(.git); first-level nested repositories get
-    their own worktree on the same branch name. The host's uncommitted state is then carried over byte for
+    C(-2), C(-3)... when taken) against its own overlay of the host's C(.git) (its writes never reach the
+    host's); first-level nested repositories and submodules get their own worktree on the same branch name. The host's uncommitted state is then carried over byte for
     byte - staged and unstaged changes, deletions, renames and untracked, not ignored files, with modes,
     symlinks, empty files and any file name. A workspace that is not a git repository is copied.
     A box that is already seeded is left alone (V(changed=false)).
   - The host's working tree, index and stash list are never modified.
-  - O(state=fetched) brings the box's branch into the host repository as C(agentbox/<box>). On the local engine
-    commits already land in the host repository, so there is nothing to fetch; remote boxes ship it back.
+  - O(state=fetched) brings the box's branch into the host repository as C(agentbox/<box>): the box bundles it,
+    the host fetches the bundle (git verifies every object) and moves only that branch. On the local engine it
+    also brings the host's current branches, tags and remote-tracking refs into the box's view of the C(.git),
+    which otherwise shows them as they were when the box started.
   - O(state=downloaded) copies the box's working tree - uncommitted work included, ignored files left out by
     the box's C(.gitignore) rules - to O(dest) on the controller, without committing anything, on every
     provider. The files are unpacked as untrusted (no paths or links leaving O(dest), no devices, no setuid)
@@ -121,7 +123,9 @@ seed:
       type: list
       elements: str
 fetched:
-  description: "The branch brought back and its head commit."
+  description:
+    - "Per repository (C(repos)): the branch brought back, its commit, the previous one, the number of new
+      commits and whether it moved. C(view_refreshed): how many host refs were brought into a local box's view."
   returned: with O(state=fetched)
   type: dict
 downloaded:
@@ -183,6 +187,8 @@ def _run(module: AnsibleModule) -> dict:
         return result
     fetched = _ship.fetch_box_branch(provider, facts, facts.workspace, force=module.params["force"])
     result["changed"] = any(repo.get("changed") for repo in fetched.get("repos", []))
+    if _gitlayer.has_layers(facts):
+        fetched["view_refreshed"] = _gitlayer.refresh_view(provider, facts)
     result["fetched"] = fetched
     return result
 

@@ -281,6 +281,8 @@ def test_warm_state_survives_restore_and_source_is_untouched(lab: Lab) -> None:
     unstaged = lab.sh(new_box, "cd /workspace && git diff --name-only && tail -n 1 lib.js")
     assert "app.js" in unstaged.split() and "lib.js" in unstaged.split() and "three (not staged)" in unstaged
     host_head = lab.git(workspace, "rev-parse", "main")
+    # The restored box's merge commit is in its own git layer until the host fetches it.
+    assert not lab.module("agentbox_worktree", {"box": new_box, "state": "fetched"}).get("failed")
     new_head = lab.git(workspace, "rev-parse", f"agentbox/{new_box}")
     lab.git(workspace, "merge-base", "--is-ancestor", host_head, new_head)
     lab.git(workspace, "merge-base", "--is-ancestor", checkpoint["commit"], new_head)
