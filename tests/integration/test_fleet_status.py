@@ -99,8 +99,9 @@ def fleet():
         in_box(inv, names[1], "printf 'b1\\nb2\\nb3\\n' >> app.py\n")
         # c: one commit, then stopped; main moves on by two commits meanwhile (c is behind by 2).
         in_box(inv, names[2], f"echo c > c.txt && git add c.txt && {commit} -m 'Commit in c'\n")
-        docker_stop = subprocess.run(["docker", "stop", "-t", "1", f"agentbox-{names[2]}"], capture_output=True, check=False)
-        assert docker_stop.returncode == 0, docker_stop.stderr
+        # Stopped through the collection, which brings the box's branch into the host repository first.
+        run([str(VENV_BIN / "ansible"), "localhost", "-m", "agentbox.box.agentbox_box", "-a",
+             json.dumps({"name": names[2], "state": "stopped"})])  # fmt: skip
         for index in range(2):
             (workspace / f"main{index}.txt").write_text("main\n")
             host_git(workspace, "add", "-A")
