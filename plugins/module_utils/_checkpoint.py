@@ -599,8 +599,8 @@ def _guard_secrets(provider: Provider, facts: BoxFacts, container_env: list[str]
 
 
 # The cleanup empties /tmp, /var/tmp, apt caches and /var/log with `rm -rf`, which follows into
-# whatever is mounted there: a workspace under /tmp has its host .git bind-mounted at that same
-# path, and a plain run deletes it on the host. So the cleanup runs in a private mount namespace
+# whatever is mounted there: a workspace under /tmp has its .git (the box's git layer) mounted at that same
+# path, and a plain run deletes the box's view of it. So the cleanup runs in a private mount namespace
 # (the box has CAP_SYS_ADMIN) where every host mount is covered by an empty placeholder (a tiny
 # tmpfs, or /dev/null for a file): `rm` sees nothing to delete, and cannot remove the mount points
 # themselves (busy), so the box's own namespace keeps its mounts reachable too.
@@ -1369,7 +1369,7 @@ def _run_restore(
 
 
 # The in-box half of a restore; stdin is the JSON request built by restore_workspace, stdout's last
-# line the JSON answer. Runs as the repository's owner against the host .git bind-mounted in the box.
+# line the JSON answer. Runs as the repository's owner against the box's view of the host .git (its git layer).
 RESTORE_SCRIPT = r'''
 import json, os, shutil, subprocess, sys, tempfile, time
 

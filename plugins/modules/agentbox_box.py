@@ -13,9 +13,11 @@ description:
   - On creation the box gets its own branch C(agentbox/<name>) and C(/workspace) with the host's uncommitted
     work carried over byte for byte (staged, unstaged, deleted, renamed and untracked files), Docker inside
     the box, and the in-box supervisor started.
-  - On the local engine the workspace's C(.git) is bind-mounted at its host path, so commits made in the box
-    land directly in the host repository on the box's branch. The host's working tree, index and stash list
-    are never modified.
+  - On the local engine the workspace's C(.git) reaches the box at its host path as an overlay whose writes
+    stay in the box's own volumes, so nothing the box writes there (hooks, config, refs) reaches the host. The
+    box's branch is fetched into the host repository (git verifies every object) when the box is stopped or
+    destroyed, at a checkpoint, and with M(agentbox.box.agentbox_worktree) O(agentbox.box.agentbox_worktree#module:state=fetched).
+    The host's working tree, index and stash list are never modified.
   - Anything that fails half-way is undone; no container, volume, branch or worktree entry is left behind.
     A create that was killed (Ctrl-C, SIGTERM, SIGKILL) is rolled back by the next create or destroy of that
     name (see RV(recovered)); a box whose create never finished is never reported as created.

@@ -17,7 +17,7 @@ description:
     symlinks, empty files and any file name. A workspace that is not a git repository is copied.
     A box that is already seeded is left alone (V(changed=false)).
   - The host's working tree, index and stash list are never modified.
-  - O(state=fetched) brings the box's branch into the host repository as C(agentbox/<box>): the box bundles it,
+  - O(state=fetched) brings the box's branch into the host repository as C(agentbox/<box>); the box bundles it,
     the host fetches the bundle (git verifies every object) and moves only that branch. On the local engine it
     also brings the host's current branches, tags and remote-tracking refs into the box's view of the C(.git),
     which otherwise shows them as they were when the box started.
