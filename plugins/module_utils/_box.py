@@ -350,7 +350,7 @@ def destroy_box(
         try:
             if facts.state != "running":
                 facts = provider.start(facts.name)  # the container only: git is all that runs
-            _gitlayer.import_work(provider, facts)
+            _gitlayer.import_work(provider, dataclasses.replace(facts, workspace=moved_to) if moved_to else facts)
         except (ProviderError, _git.GitError) as exc:
             warnings.append(f"the box's last commits could not be brought into {facts.branch} on the host: {exc}")
     provider.destroy(facts.name)

@@ -18,7 +18,7 @@ from typing import IO, Any
 
 from . import _editor_volumes
 from ._engine_api import EngineAPI, EngineAPIError, EngineUnanswered, feed_stdin, local_engine
-from ._gitlayer import create_layers, remove_layers
+from ._gitlayer import create_layers, remove_layers, rescue_commits
 from ._naming import container_name, docker_volume_name, label, strip_labels
 from ._provider import (
     BoxFacts,
@@ -537,6 +537,8 @@ class DockerProvider(Provider):
 
     def remove_leftover_volumes(self, name: str) -> list[dict[str, Any]]:
         filters = {"label": [f"{label('box')}={name}", f"{label('kind')}=volume"]}
+        # Commits still in the box's git layers are brought into the host before the layers go.
+        rescue_commits(self.client, name)
         removed = []
         for volume in self.client.volumes.list(filters=filters):
             try:

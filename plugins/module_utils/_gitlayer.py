@@ -240,3 +240,66 @@ def refresh_view(provider: Provider, facts: BoxFacts) -> int:
     run = provider.exec(facts.name, ["sh", "-c", script, "view", *specs])
     run.check("bringing the host's branches into the box", facts.name)
     return len(refs)
+
+
+def rescue_commits(client: Any, box: str) -> list[str]:
+    """A box whose container was removed by hand (`docker rm -f`) left its git layers, holding
+    commits never fetched. Bring each repository's box branch into the host from them, the usual
+    way: a throwaway container of the box's image mounts the layer, bundles the branch as the box
+    user, and the host fetches the bundle (verified by git). Only that branch moves; what cannot
+    be read is left (the caller removes the layers). The branches moved, as 'repo:branch'."""
+    import json
+    import shutil
+    import tempfile
+
+    from . import _git
+
+    moved: list[str] = []
+    volumes = client.volumes.list(filters={"label": [f"{label('box')}={box}", f"{label('kind')}={KIND}"]})
+    for volume in volumes:
+        if volume.name.endswith(("-upper", "-work")):
+            continue
+        labels = {key.removeprefix(label("")): value for key, value in (volume.attrs.get("Labels") or {}).items()}
+        options = dict(part.partition("=")[::2] for part in (volume.attrs.get("Options") or {}).get("o", "").split(","))
+        lower, branch, workspace = options.get("lowerdir", ""), labels.get("branch", ""), labels.get("workspace", "")
+        try:
+            records = json.loads(labels.get("worktrees") or "[]")
+        except ValueError:
+            records = []
+        for record in records:
+            git_dir, sub = record.get("git_dir", ""), record.get("sub", "")
+            root = os.path.join(workspace, sub) if sub else workspace
+            if not (lower and branch and (git_dir == lower or git_dir.startswith(lower + "/")) and os.path.isdir(root)):
+                continue
+            host_tip = _git.git(root, "rev-parse", "--verify", "-q", f"refs/heads/{branch}", check=False)
+            if host_tip.returncode != 0:
+                continue
+            base = host_tip.stdout.decode().strip()
+            scratch = tempfile.mkdtemp(prefix="agentbox-rescue-")
+            try:
+                os.chmod(scratch, 0o777)  # the box user writes the bundle; the host only reads it through git
+                script = 'git -c safe.directory="*" --git-dir="$1" bundle create -q /out/rescue.bundle "refs/heads/$2" "^$3"'
+                try:
+                    client.containers.run(
+                        labels.get("image") or "agentbox/box:latest",
+                        ["sh", "-c", script, "rescue", git_dir, branch, base],
+                        user="1000:1000",
+                        network_disabled=True,
+                        remove=True,
+                        volumes={volume.name: {"bind": lower, "mode": "rw"}, scratch: {"bind": "/out", "mode": "rw"}},
+                    )
+                except Exception:  # noqa: BLE001 - no new commits (empty bundle) or an unreadable layer
+                    continue
+                bundle = os.path.join(scratch, "rescue.bundle")
+                if not os.path.isfile(bundle) or os.path.islink(bundle):
+                    continue
+                if _git.git(root, "bundle", "verify", "-q", bundle, check=False).returncode != 0:
+                    continue
+                _git.git(root, "fetch", "-q", "--no-tags", "--no-write-fetch-head", bundle, f"refs/heads/{branch}")
+                tip = _git.git(root, "bundle", "list-heads", bundle, f"refs/heads/{branch}").stdout.split()[:1]
+                if tip and _git.git(root, "update-ref", "-m", f"agentbox: rescued from box {box}'s git layer",
+                                    f"refs/heads/{branch}", tip[0].decode(), base, check=False).returncode == 0:
+                    moved.append(f"{root}:{branch}")
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+    return moved

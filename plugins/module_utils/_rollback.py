@@ -137,7 +137,9 @@ def destroy_leftovers(provider: Provider, name: str, delete_branch: bool) -> dic
         except ValueError:
             records = []
         for record in records:
-            if remove_box_registration(record["git_dir"], record["path"], branch, box_id):
+            if labels.get(label("git_layers")) == "1":
+                pass  # registered in the box's git layer only: nothing on the host
+            elif remove_box_registration(record["git_dir"], record["path"], branch, box_id):
                 report["worktrees_removed"].append(record["path"])
             else:
                 report["worktrees_not_found"].append(f"{record['git_dir']}:{record['path']}")

@@ -213,10 +213,13 @@ def test_a_create_killed_at_each_point_is_finished_by_the_next_create(
     # One box, one registration, one branch: nothing of the killed run is left.
     assert [c.name for c in client.containers.list(all=True, filters={"label": f"io.agentbox.box={name}"})] == [
         f"agentbox-{name}"]
-    # Its Docker volume and its editor server volumes (_editor_volumes), each once.
-    assert sorted(v.name for v in client.volumes.list(filters={"label": f"io.agentbox.box={name}"})) == [
-        f"agentbox-{name}-cursor-server", f"agentbox-{name}-docker", f"agentbox-{name}-vscode-server"]
-    assert registrations(workspace)[1:] == [f"/home/vscode/.agentbox-worktrees/{name}"]
+    # Its Docker volume, its editor server volumes (_editor_volumes) and its git layer (overlay, upper,
+    # work) of the new id only, each once; its worktree is registered in that layer, never in the host repository.
+    layer = f"agentbox-{name}-{box['id']}-git0"
+    assert sorted(v.name for v in client.volumes.list(filters={"label": f"io.agentbox.box={name}"})) == sorted([
+        f"agentbox-{name}-cursor-server", f"agentbox-{name}-docker", f"agentbox-{name}-vscode-server",
+        layer, f"{layer}-upper", f"{layer}-work"])
+    assert registrations(workspace)[1:] == []
     assert agentbox_branches(workspace) == [f"agentbox/{name}"]
     assert not index_copies(worker), "the killed worker's index copy was removed"
     code, seed = in_box(client, name, "cat /etc/agentbox/seed.json")

@@ -59,12 +59,15 @@ def finish(procs: list[subprocess.Popen]) -> list[tuple[int, str]]:
 
 
 def healthy(client: docker.DockerClient, workspace: Path, name: str) -> None:
-    """One running box of that name, seeded, with one registration and one branch in the host repo."""
+    """One running box of that name, seeded, with its worktree registered in its own git layer (never
+    in the host repo) and one branch in the host repo."""
     boxes = client.containers.list(all=True, filters={"label": f"io.agentbox.box={name}"})
     assert [(c.name, c.status) for c in boxes] == [(f"agentbox-{name}", "running")]
     code, record = in_box(client, name, "cat /etc/agentbox/seed.json")
     assert code == 0 and json.loads(record)["untracked"] == 1
-    assert registrations(workspace)[1:] == [f"/home/vscode/.agentbox-worktrees/{name}"]
+    assert registrations(workspace)[1:] == []
+    code, listed = in_box(client, name, "git -C /workspace worktree list --porcelain | grep -c agentbox-worktrees")
+    assert code == 0 and listed.strip() == "1", listed
     assert agentbox_branches(workspace) == [f"agentbox/{name}"]
 
 
@@ -116,7 +119,7 @@ def test_four_creates_of_one_name_from_four_controllers(client: docker.DockerCli
     assert len(boxes) == 1 and boxes[0].status == "running"
     branch = boxes[0].labels["io.agentbox.branch"]
     assert agentbox_branches(workspace) == [branch]
-    assert registrations(workspace)[1:] == [f"/home/vscode/.agentbox-worktrees/{name}"]
+    assert registrations(workspace)[1:] == []
     assert client.volumes.get(f"agentbox-{name}-docker").name
     code, record = in_box(client, name, "cat /etc/agentbox/seed.json")
     assert code == 0 and json.loads(record)["branch"] == branch
@@ -149,11 +152,14 @@ def test_destroy_after_docker_rm_removes_the_leftovers(client: docker.DockerClie
     result = run_module("agentbox_box", {"name": name, "state": "absent"})
     assert not result["failed"] and result["changed"], result
     destroyed = result["destroyed"]
-    # Its Docker volume and its editor server volumes (_editor_volumes).
-    assert sorted(destroyed["volumes_removed"]) == [
+    # Its Docker volume, its editor server volumes (_editor_volumes) and its git layer (overlay, upper,
+    # work); its registration lived in that layer.
+    removed = sorted(destroyed["volumes_removed"])
+    assert [v for v in removed if "-git0" not in v] == [
         f"agentbox-{name}-cursor-server", f"agentbox-{name}-docker", f"agentbox-{name}-vscode-server"]
-    assert destroyed["worktrees_removed"] == [f"/home/vscode/.agentbox-worktrees/{name}"]
-    assert not destroyed["worktrees_not_found"], destroyed  # each record handled once
+    assert len([v for v in removed if "-git0" in v]) == 3, removed
+    assert destroyed["worktrees_removed"] == []
+    assert not destroyed["worktrees_not_found"], destroyed  # a git layer's registration is not looked for
     assert destroyed["branches_deleted"] == [f"{workspace}:agentbox/{name}"]  # it held no commits
     assert not client.volumes.list(filters={"label": f"io.agentbox.box={name}"})
     assert registrations(workspace)[1:] == [] and agentbox_branches(workspace) == []
@@ -190,6 +196,7 @@ def test_destroy_of_a_box_whose_workspace_moved(client: docker.DockerClient, wor
     shutil.move(str(workspace), str(moved))
     result = run_module("agentbox_box", {"name": name, "state": "absent", "workspace": str(moved)})
     assert not result["failed"] and result["changed"], result
-    assert result["destroyed"]["worktrees_removed"] == [f"/home/vscode/.agentbox-worktrees/{name}"], result
+    # Registered in the box's own git layer: nothing to find in the moved repository, and nothing claimed.
+    assert result["destroyed"]["worktrees_removed"] == [], result
     assert registrations(moved)[1:] == []
     assert not client.containers.list(all=True, filters={"label": f"io.agentbox.box={name}"})
