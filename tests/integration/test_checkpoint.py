@@ -236,10 +236,13 @@ def test_warm_state_survives_restore_and_source_is_untouched(lab: Lab) -> None:
     labels = lab.client.images.get(manifest["image"]).labels
     assert labels["io.agentbox.kind"] == "checkpoint" and labels["io.agentbox.checkpoint"] == checkpoint["name"]
     assert labels["io.agentbox.project"] == project and labels["io.agentbox.checkpoint.commit"] == manifest["commit"]
-    # The cleanup ran in the box, but never reached the host .git bind-mounted under /tmp: the one
-    # change there is the ref the controller adds to keep the checkpoint's commit.
+    # The cleanup ran in the box, but never reached the host .git mounted under /tmp: the changes
+    # there are the ref the controller adds to keep the checkpoint's commit, and the box's own
+    # branch, fetched from the box's git layer at the checkpoint.
     pin = f"refs/agentbox/checkpoints/{project}/{checkpoint['name']} {checkpoint['commit']}"
-    expected = {**host_git_before, "refs": "\n".join(sorted([*host_git_before["refs"].splitlines(), pin]))}
+    own = f"refs/heads/agentbox/{source} "
+    refs_before = [line for line in host_git_before["refs"].splitlines() if not line.startswith(own)]
+    expected = {**host_git_before, "refs": "\n".join(sorted([*refs_before, pin, own + checkpoint["commit"]]))}
     after = lab.host_git_state(workspace)
     assert {**after, "refs": "\n".join(sorted(after["refs"].splitlines()))} == expected
 
