@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _box, _carry_env, _git, _journal, _naming, _rollback, _seed
+from . import _box, _carry_env, _git, _gitlayer, _journal, _naming, _rollback, _seed
 from ._module import PROVIDER_ARGUMENT_SPEC, provider_from_params
 
 BOX_ARGUMENT_SPEC: dict[str, Any] = {
@@ -110,7 +110,11 @@ def _run(
     moved_to = None
     if existing and params["workspace"]:
         record = next(iter(_box.worktree_records(existing)), None)
-        if state == "absent" and record and _rollback.find_registration_by_id(workspace, record, existing.id):
+        moved = state == "absent" and record and (
+            _rollback.find_registration_by_id(workspace, record, existing.id)
+            or _gitlayer.branch_reserved_for(workspace, existing)
+        )
+        if moved:
             moved_to = workspace  # the box's workspace, moved since: its registration names the box's id
         else:
             _box.check_owner(existing, _naming.project_id(workspace))

@@ -303,3 +303,15 @@ def rescue_commits(client: Any, box: str) -> list[str]:
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
     return moved
+
+
+def branch_reserved_for(workspace: str, facts: BoxFacts) -> bool:
+    """Whether the repository at `workspace` is where this box's branch was reserved (the branch's
+    reflog names the box's id): how destroy knows a moved workspace, the box's worktree being
+    registered in its git layer rather than in the host repository."""
+    from . import _git
+
+    if not (facts.branch and facts.id and has_layers(facts)):
+        return False
+    log = _git.git(workspace, "reflog", "show", "--format=%gs", f"refs/heads/{facts.branch}", "--", check=False)
+    return log.returncode == 0 and f" id {facts.id}" in log.stdout.decode("utf-8", "replace")
