@@ -16,7 +16,8 @@ log_file=${AGENTBOX_DOCKERD_LOG:-/var/log/agentbox-dockerd.log}
 wait_seconds=${AGENTBOX_DOCKERD_WAIT:-60}
 # busybox-static: the Daytona emulator's tests build a tiny image from it.
 # acl: setfacl lets boxes commit into a root-owned repository.
-host_packages=(docker.io fuse-overlayfs debootstrap openssh-server git busybox-static acl)
+# rsync: the access tests copy through `rsync -e ssh` over a box's alias.
+host_packages=(docker.io fuse-overlayfs debootstrap openssh-server git busybox-static acl rsync)
 
 say() { printf 'ensure-docker: %s\n' "$*" >&2; }
 
