@@ -610,6 +610,8 @@ command -v unshare >/dev/null 2>&1 || exit 90
 exec unshare --mount --propagation private sh -c '
   cleanup=$1; shift
   for mount_point in "$@"; do
+    # Under a parent covered already (a volume inside a volume): out of reach, nothing to cover.
+    [ -e "$mount_point" ] || continue
     if [ -d "$mount_point" ]; then
       mount -t tmpfs -o size=64k,mode=0755 agentbox-shield "$mount_point" || exit 90
     else
