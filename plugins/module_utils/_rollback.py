@@ -124,13 +124,9 @@ def destroy_leftovers(provider: Provider, name: str, delete_branch: bool) -> dic
         return None
     report: dict[str, Any] = {"volumes_removed": [v["name"] for v in volumes], "worktrees_removed": [],
                               "worktrees_not_found": [], "branches_deleted": [], "branches_kept": []}
-    seen: set[str] = set()
     for volume in volumes:
         labels = volume["labels"]
         box_id = labels.get(label("id"), "")
-        if box_id in seen:
-            continue  # every per-box volume carries the box's labels: its host side is cleaned once
-        seen.add(box_id)
         if box_id:
             _relay_state.forget_box(box_id)
         branch = labels.get(label("branch"), "")
