@@ -71,7 +71,7 @@ def remove_boxes(made: list) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--json", help="write the figures here too")
     args = parser.parse_args()

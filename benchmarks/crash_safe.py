@@ -36,7 +36,7 @@ def median_ms(samples: list[float]) -> float:
 
 def timed(step, runs: int) -> list[float]:
     samples = []
-    for _ in range(runs):
+    for _run in range(runs):
         started = time.perf_counter()
         step()
         samples.append(time.perf_counter() - started)
@@ -56,7 +56,7 @@ def main() -> None:
     creates: list[float] = []
     names: list[str] = []
     try:
-        for _ in range(args.runs):
+        for _run in range(args.runs):
             name = f"bench-cs-{secrets.token_hex(3)}"
             names.append(name)
             started = time.perf_counter()

@@ -112,6 +112,7 @@ class Poller:
             answers.append(json.dumps(message))
             data = ("\n".join(answers) + "\n").encode("utf-8")
             target = f"{QUEUE_DIR}/{request_id}.out"
+
             def write() -> None:
                 with self.exec_lock:
                     provider.exec(self.registration["name"], ["sh", "-c", ANSWER, "sh", target], stdin=data)

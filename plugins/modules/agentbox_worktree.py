@@ -12,9 +12,10 @@ description:
   - O(state=present) seeds C(/workspace) of a box made with O(agentbox.box.agentbox_box#module:seed=false).
     On the local engine the box registers its own C(git worktree) on the branch C(agentbox/<box>) (suffix
     C(-2), C(-3)... when taken) against its own overlay of the host's C(.git) (its writes never reach the
-    host's); first-level nested repositories and submodules get their own worktree on the same branch name. The host's uncommitted state is then carried over byte for
-    byte - staged and unstaged changes, deletions, renames and untracked, not ignored files, with modes,
-    symlinks, empty files and any file name. A workspace that is not a git repository is copied.
+    host's); first-level nested repositories and submodules get their own worktree on the same branch name.
+    The host's uncommitted state is then carried over byte for byte - staged and unstaged changes,
+    deletions, renames and untracked, not ignored files, with modes, symlinks, empty files
+    and any file name. A workspace that is not a git repository is copied.
     A box that is already seeded is left alone (V(changed=false)).
   - The host's working tree, index and stash list are never modified.
   - O(state=fetched) brings the box's branch into the host repository as C(agentbox/<box>); the box bundles it,

@@ -77,7 +77,7 @@ def test_four_creates_of_one_name_on_one_controller(client: docker.DockerClient,
     names.append(name)
     report = tmp_path / "winner"
     # Whichever run takes the name first is held once its container exists, while the others arrive.
-    procs = [start_create(workspace, name, "created", report) for _ in range(4)]
+    procs = [start_create(workspace, name, "created", report) for _attempt in range(4)]
     paused_at_pid = wait_until(lambda: report.exists() and report.read_text(), "one create taking the name")
     assert paused_at_pid
     losers = wait_until(lambda: [p for p in procs if p.poll() is not None] if sum(
@@ -125,8 +125,9 @@ def test_four_creates_of_one_name_from_four_controllers(client: docker.DockerCli
     assert code == 0 and json.loads(record)["branch"] == branch
 
 
-def test_someone_elses_container_under_the_name_is_never_touched(client: docker.DockerClient, workspace: Path,
-                                                                  names: list[str]) -> None:
+def test_someone_elses_container_under_the_name_is_never_touched(
+    client: docker.DockerClient, workspace: Path, names: list[str]
+) -> None:
     name = f"theirs-{os.urandom(3).hex()}"
     theirs = client.containers.create(IMAGE, ["sleep", "infinity"], name=f"agentbox-{name}")
     try:
@@ -142,8 +143,9 @@ def test_someone_elses_container_under_the_name_is_never_touched(client: docker.
         theirs.remove(force=True)
 
 
-def test_destroy_after_docker_rm_removes_the_leftovers(client: docker.DockerClient, workspace: Path,
-                                                        names: list[str]) -> None:
+def test_destroy_after_docker_rm_removes_the_leftovers(
+    client: docker.DockerClient, workspace: Path, names: list[str]
+) -> None:
     name = f"rmf-{os.urandom(3).hex()}"
     names.append(name)
     made = run_module("agentbox_box", {"name": name, "workspace": str(workspace), "checkpoint": "none"})

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from tests.integration.test_supervisor_daemon import supervised  # noqa: F401 - the fixture
+from tests.integration.test_supervisor_daemon import supervised  # noqa: F401  # pylint: disable=unused-import
 
 
 def test_start_answers_with_the_state_reached(supervised):  # noqa: F811

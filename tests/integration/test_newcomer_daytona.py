@@ -9,7 +9,7 @@ import subprocess
 import uuid
 
 from tests.conftest import REPO, chown_tree, git, make_repo
-from tests.integration.test_daytona_provider import VENV_BIN, World, world  # noqa: F401 - the fixture
+from tests.integration.test_daytona_provider import VENV_BIN, World, world  # noqa: F401  # pylint: disable=unused-import
 from tests.integration.test_newcomer_output import flat, line, restore_hint
 
 

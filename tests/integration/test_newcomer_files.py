@@ -16,7 +16,7 @@ import docker
 import pytest
 
 from tests.conftest import chown_tree, git, make_repo
-from tests.integration.test_newcomer_output import Player, flat, name, player  # noqa: F401 - the fixture
+from tests.integration.test_newcomer_output import Player, flat, name, player  # noqa: F401  # pylint: disable=unused-import
 
 pytestmark = pytest.mark.integration
 

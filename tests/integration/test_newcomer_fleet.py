@@ -122,7 +122,7 @@ def fleet() -> Iterator[dict]:
         built = root / "built"
         run([str(VENV_BIN / "ansible-galaxy"), "collection", "build", "--force", "--output-path", str(built), str(REPO)],
             cwd=root, env=env)  # fmt: skip
-        tarball = next(built.glob("agentbox-box-*.tar.gz"))
+        [tarball] = built.glob("agentbox-box-*.tar.gz")
         run([str(VENV_BIN / "ansible-galaxy"), "collection", "install", "--force", "-p", str(collections), str(tarball)],
             cwd=root, env=env)  # fmt: skip
         inventory = root / "t.agentbox.yml"

@@ -46,13 +46,13 @@ def test_image_build_prints_progress_before_the_task_ends(tmp_path: Path) -> Non
             assert proc.stdout is not None
             for line in proc.stdout:
                 seen.append((line.rstrip("\n"), proc.poll() is None))
-            assert proc.wait() == 0, "\n".join(text for text, _ in seen)[-3000:]
+            assert proc.wait() == 0, "\n".join(text for text, _stream in seen)[-3000:]
     finally:
         client = docker.from_env()
         for image in client.images.list(name=repository):
             for tag in image.tags:
                 client.images.remove(tag, force=True)
-    lines = [text for text, _ in seen]
+    lines = [text for text, _stream in seen]
     progress = [i for i, text in enumerate(lines) if "box image build:" in text]
     answer = next(i for i, text in enumerate(lines) if text.startswith("changed: [localhost]"))
     assert progress, "\n".join(lines)

@@ -37,14 +37,14 @@ def test_first_image_stream_prints_progress_and_figures(tmp_path: Path) -> None:
                 assert proc.stdout is not None
                 for line in proc.stdout:
                     seen.append((line.rstrip("\n"), proc.poll() is None))
-                assert proc.wait() == 0, "\n".join(text for text, _ in seen)[-4000:]
+                assert proc.wait() == 0, "\n".join(text for text, _stream in seen)[-4000:]
         finally:
             subprocess.run([str(REPO / ".venv/bin/ansible-playbook"), str(REPO / "playbooks/destroy_box.yml"),
                             "-e", "box=nc-stream", "-e", "provider=docker_ssh", "-e", f"engine={engine.alias}"],
                            cwd=REPO, env=env, capture_output=True, check=False)  # fmt: skip
             subprocess.run([str(REPO / ".venv/bin/ansible-playbook"), str(REPO / "playbooks/relay.yml"),
                             "-e", "state=stopped"], cwd=REPO, env=env, capture_output=True, check=False)  # fmt: skip
-    lines = [text for text, _ in seen]
+    lines = [text for text, _stream in seen]
     streaming = [i for i, text in enumerate(lines) if re.search(r"streaming \S+ to engine .*: \d+ MB read, \d+ MB sent", text)]
     answer = next(i for i, text in enumerate(lines) if text.startswith("changed: [localhost]") and i > 0)
     try:

@@ -55,8 +55,8 @@ def test_missing_or_bad_arguments_fail_first_with_what_to_pass(name: str, args: 
     assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-2000:]
     assert message in done.stdout, done.stdout[-3000:]
     # The check is the first task and the play stops there: nothing ran that could change anything.
-    assert recap(done.stdout) | {"ok": 0} == {"ok": 0, "changed": 0, "unreachable": 0, "failed": 1, "skipped": 0,
-                                               "rescued": 0, "ignored": 0}  # fmt: skip
+    expected = {"ok": 0, "changed": 0, "unreachable": 0, "failed": 1, "skipped": 0, "rescued": 0, "ignored": 0}
+    assert recap(done.stdout) | {"ok": 0} == expected
     assert "TASK [" in done.stdout and done.stdout.count("TASK [") == 1, done.stdout[-3000:]
 
 

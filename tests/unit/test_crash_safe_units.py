@@ -36,8 +36,9 @@ def test_a_checkpoint_keeps_only_the_image_s_own_env() -> None:
         "PATH=/usr/bin", "LANG=C.UTF-8", "MY_API_KEY=", "AGENTBOX_BOX_NAME="]
 
 
-def test_the_journal_lock_stops_a_second_holder_and_dies_with_its_holder(tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_journal_lock_stops_a_second_holder_and_dies_with_its_holder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
     first = _journal.Journal("docker", "local", "b1")
     assert first.claim() is None

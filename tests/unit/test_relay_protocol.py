@@ -106,7 +106,7 @@ def test_describe_is_one_line_of_what_was_asked() -> None:
 
 def test_rate_limiter_allows_a_burst_then_refills() -> None:
     limiter = RateLimiter(burst=3, per_minute=60)
-    assert [limiter.allow("box", now=100.0) for _ in range(4)] == [True, True, True, False]
+    assert [limiter.allow("box", now=100.0) for _attempt in range(4)] == [True, True, True, False]
     assert limiter.allow("other", now=100.0)  # per box
     assert not limiter.allow("box", now=100.5)
     assert limiter.allow("box", now=101.6)
