@@ -610,3 +610,4 @@ def test_max_layers_and_cleanup_false(lab: Lab) -> None:
     # The restored box already stacks one checkpoint layer: with max_layers=1 the next one is flattened.
     second = lab.ok_checkpoint(box=restored, name="ml2", max_layers=1)["checkpoint"]
     assert second["type"] == "flattened" and second["layers"] == 0 and second["parents"] == ["ml1"]
+    assert "session-note" not in lab.sh(restored, "ls -A /var/tmp")  # the default cleanup ran this time
