@@ -1,0 +1,243 @@
+# Copyright (c) agentbox.box contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The idle policy, one for every provider: a running cap, pause the longest-idle first, stop after hours.
+
+`plan()` is pure: box facts, agent states, the paused-since record and `now` in, one decision per box
+out. `apply()` carries a plan out through a provider and keeps the paused-since record up to date.
+The module `agentbox_idle` (playbooks/autopause.yml) and the relay's loop both call `run_pass()`.
+
+What counts as activity is the agent's own state (working, waiting, idle since when) as its hooks
+record it in the box (see _agent.read_states); see docs/idle.md.
+
+"Paused since" is not something the engine records (Docker keeps no pause time), so the host keeps
+it: a JSON file the policy writes when it pauses a box, and, for a box paused some other way, when
+the policy first sees it paused (so the time is never earlier than the truth: a box is never stopped
+early). The box cannot write this file.
+"""
+
+from __future__ import annotations
+
+import calendar
+import contextlib
+import json
+import os
+import time
+from typing import Any
+
+from . import _agent, _box
+from ._provider import BoxFacts, Provider, ProviderError
+
+DEFAULTS: dict[str, Any] = {"max_running": 5, "idle_minutes": 5.0, "stop_after_hours": 12.0, "include_agentless": False}
+ACTIVE = ("working", "waiting")
+
+
+def state_file_default() -> str:
+    return os.path.join(os.path.expanduser("~"), ".agentbox", "idle", "paused.json")
+
+
+def parse_since(since: str | None) -> float | None:
+    """Epoch seconds of an agent state's `since` (UTC, 2026-11-30T19:00:00Z), None when absent."""
+    if not since:
+        return None
+    try:
+        return float(calendar.timegm(time.strptime(since, "%Y-%m-%dT%H:%M:%SZ")))
+    except ValueError:
+        return None
+
+
+def record_key(facts: dict[str, Any]) -> str:
+    """Engine and box id: a box destroyed and made again under its name starts a fresh record."""
+    return f"{facts.get('provider')}|{facts.get('engine')}|{facts.get('name')}|{facts.get('id')}"
+
+
+def validate(settings: dict[str, Any]) -> dict[str, Any]:
+    """The settings with defaults filled in; ValueError with what to do on a bad one."""
+    merged = {**DEFAULTS, **{k: v for k, v in settings.items() if v is not None}}
+    if not isinstance(merged["max_running"], int) or merged["max_running"] < 0:
+        raise ValueError(f"max_running must be a whole number of boxes, 0 or more, not {merged['max_running']!r}")
+    for key in ("idle_minutes", "stop_after_hours"):
+        try:
+            merged[key] = float(merged[key])
+        except (TypeError, ValueError):
+            raise ValueError(f"{key} must be a number, not {merged[key]!r}") from None
+        if merged[key] < 0:
+            raise ValueError(f"{key} must be 0 or more, not {merged[key]}")
+    return merged
+
+
+def plan(
+    boxes: list[dict[str, Any]],
+    agents: dict[str, dict[str, Any] | None],
+    paused_since: dict[str, float],
+    now: float,
+    settings: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """One decision per box: {name, state, action: pause|stop|keep, reason, agent_state, idle_seconds,
+    paused_seconds}. Pure: the same inputs always give the same plan.
+
+    Running boxes: while more than max_running run, pause the one idle longest (idle at least
+    idle_minutes); never one whose agent is working or waiting; an agentless box (no agent, or its
+    agent stopped) only with include_agentless, after every idle one. Paused boxes: stop those paused
+    longer than stop_after_hours (by `paused_since`, keyed by record_key).
+    """
+    settings = validate(settings)
+    idle_floor = settings["idle_minutes"] * 60
+    decisions: list[dict[str, Any]] = []
+    candidates: list[tuple[float, int, dict[str, Any]]] = []
+    running = 0
+    for facts in sorted(boxes, key=lambda b: b["name"]):
+        agent = agents.get(facts["name"])
+        entry: dict[str, Any] = {"name": facts["name"], "state": facts["state"], "action": "keep",
+                                 "agent_state": agent["state"] if agent else None,
+                                 "idle_seconds": None, "paused_seconds": None}  # fmt: skip
+        decisions.append(entry)
+        if facts["state"] == "paused":
+            since = paused_since.get(record_key(facts))
+            paused = max(0.0, now - since) if since is not None else None
+            entry["paused_seconds"] = paused
+            limit = settings["stop_after_hours"] * 3600
+            if paused is not None and paused > limit:
+                entry.update(action="stop", reason=f"paused {paused / 3600:.1f} h, longer than stop_after_hours "
+                                                   f"({settings['stop_after_hours']:g} h)")  # fmt: skip
+            else:
+                entry["reason"] = "paused, not yet for stop_after_hours"
+            continue
+        if facts["state"] != "running":
+            entry["reason"] = f"the box is {facts['state']}"
+            continue
+        running += 1
+        state = agent["state"] if agent else None
+        if state in ACTIVE:
+            entry["reason"] = f"its agent is {state}"
+            continue
+        if state == "idle":
+            started = parse_since(agent.get("since"))
+            if started is None:
+                entry["reason"] = "its agent is idle, since an unknown time"
+                continue
+            idle = max(0.0, now - started)
+            entry["idle_seconds"] = idle
+            if idle < idle_floor:
+                entry["reason"] = f"idle {idle / 60:.1f} min, less than idle_minutes ({settings['idle_minutes']:g})"
+                continue
+            candidates.append((idle, 0, entry))
+            continue
+        what = "no agent" if agent is None else "its agent stopped"
+        if not settings["include_agentless"]:
+            entry["reason"] = f"{what} (agentless boxes are left alone unless include_agentless)"
+            continue
+        candidates.append((0.0, 1, entry))  # after every idle agent, whatever its age
+    # Longest idle first; agentless boxes last (their idleness is unknown); then by name, for a stable plan.
+    candidates.sort(key=lambda item: (item[1], -item[0], item[2]["name"]))
+    excess = running - settings["max_running"]
+    for _idle, _kind, entry in candidates:
+        if excess <= 0:
+            entry["reason"] = entry.get("reason") or (
+                f"{running} running is within max_running ({settings['max_running']})"
+            )
+            if entry["idle_seconds"] is not None:
+                entry["reason"] = (f"idle {entry['idle_seconds'] / 60:.1f} min, but the running boxes are within "
+                                   f"max_running ({settings['max_running']})")  # fmt: skip
+            continue
+        excess -= 1
+        why = (f"idle {entry['idle_seconds'] / 60:.1f} min" if entry["idle_seconds"] is not None
+               else "agentless (include_agentless)")  # fmt: skip
+        entry.update(
+            action="pause", reason=f"{why}; {running} running, more than max_running ({settings['max_running']})"
+        )
+    return decisions
+
+
+# -- the host's paused-since record ------------------------------------------------------------------
+
+
+def load_record(state_file: str) -> dict[str, float]:
+    try:
+        with open(state_file, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(k): float(v) for k, v in data.items() if isinstance(v, (int, float))}
+
+
+def save_record(state_file: str, record: dict[str, float]) -> None:
+    directory = os.path.dirname(state_file)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    temporary = f"{state_file}.{os.getpid()}.tmp"
+    with open(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as handle:
+        json.dump(record, handle, sort_keys=True)
+    os.replace(temporary, state_file)
+
+
+def refresh_record(
+    boxes: list[dict[str, Any]], record: dict[str, float], now: float, known: set[str] | None = None
+) -> dict[str, float]:
+    """Paused boxes keep their time (or get `now`, first seen paused); boxes seen not paused drop out.
+    `known`: the keys this pass may forget (records of boxes out of scope are kept)."""
+    fresh = dict(record)
+    seen = set()
+    for facts in boxes:
+        key = record_key(facts)
+        seen.add(key)
+        if facts["state"] == "paused":
+            fresh.setdefault(key, now)
+        else:
+            fresh.pop(key, None)
+    if known is not None:
+        for key in list(fresh):
+            if key.startswith(tuple(known)) and key not in seen:
+                fresh.pop(key)  # the box is gone
+    return fresh
+
+
+# -- one pass through a provider -------------------------------------------------------------------------
+
+
+def run_pass(
+    provider: Provider,
+    settings: dict[str, Any],
+    project: str | None = None,
+    now: float | None = None,
+    state_file: str | None = None,
+    check_mode: bool = False,
+) -> dict[str, Any]:
+    """List, read the agents, plan, carry out. {changed, boxes: decisions with `done`, paused, stopped, errors}."""
+    settings = validate(settings)
+    now = time.time() if now is None else float(now)
+    state_file = state_file or state_file_default()
+    found: list[BoxFacts] = provider.list_boxes(project=project)
+    boxes = [facts.to_dict() for facts in found]
+    agents = _agent.agents_of(provider, [b["name"] for b in boxes if b["state"] == "running"])
+    scope = {f"{provider.name}|{provider.engine}|"}
+    record = refresh_record(boxes, load_record(state_file), now, scope if project is None else None)
+    decisions = plan(boxes, agents, record, now, settings)
+    by_name = {facts.name: facts for facts in found}
+    errors: list[str] = []
+    for entry in decisions:
+        entry["done"] = False
+        if entry["action"] == "keep" or check_mode:
+            continue
+        facts = by_name[entry["name"]]
+        try:
+            if entry["action"] == "pause":
+                after = provider.pause(facts.name)
+                record[record_key(facts.to_dict())] = now
+            else:
+                # A stop through the collection's own path: the box's commits reach the host first.
+                after = _box.set_state(provider, facts, "stopped")
+                record.pop(record_key(facts.to_dict()), None)
+            entry.update(done=True, state=after.state)
+        except ProviderError as exc:
+            # One box that fails must not keep the others running.
+            entry.update(action="error", reason=f"{entry['action']} failed: {exc}")
+            errors.append(f"{facts.name}: {exc}")
+    if not check_mode:
+        with contextlib.suppress(OSError):
+            save_record(state_file, record)
+    order = {e["name"]: -(e["idle_seconds"] or 0.0) for e in decisions}
+    paused = sorted((e["name"] for e in decisions if e["action"] == "pause"), key=lambda n: (order[n], n))
+    stopped = [e["name"] for e in decisions if e["action"] == "stop"]
+    return {"changed": bool(paused or stopped), "boxes": decisions, "paused": paused, "stopped": stopped,
+            "errors": errors, "now": now}  # fmt: skip

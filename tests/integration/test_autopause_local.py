@@ -1,0 +1,112 @@
+"""The idle policy (agentbox_idle, playbooks/autopause.yml) on the real local engine: five boxes with agents
+working, waiting, idle for 2 and 10 minutes and none; time is injected (the states' `since` and the module's
+test-only `now`), never slept. Scoped to the test's own workspace, so no other box is looked at."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import pytest
+
+from tests.conftest import REPO, chown_tree, make_repo, run_module
+
+pytestmark = pytest.mark.integration
+
+ROLES = ("working", "waiting", "idle2", "idle10", "none")
+
+
+def set_state(container: docker.models.containers.Container, state: str, seconds_ago: float, now: float) -> None:
+    """Record the state the way the agent's hooks do, then move its `since` back (the injected time)."""
+    done = container.exec_run(["agentbox-ctl", "agent-state", state, "--session", "claude"], user="vscode")
+    assert done.exit_code == 0, done.output
+    since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now - seconds_ago))
+    moved = container.exec_run(
+        ["sed", "-i", f's/"since": "[^"]*"/"since": "{since}"/', "/run/agentbox/agents/claude.state.json"],
+        user="vscode",
+    )
+    assert moved.exit_code == 0, moved.output
+
+
+@pytest.fixture
+def fleet(docker_client: docker.DockerClient, box_image: str, tmp_path: Path) -> Iterator[dict]:
+    repo = make_repo(tmp_path / "ws", {"a.txt": "a\n"})
+    chown_tree(repo)
+    token = secrets.token_hex(3)
+    names = {role: f"idle-{role}-{token}" for role in ROLES}
+    now = float(int(time.time()))
+    try:
+        for name in names.values():
+            made = run_module("agentbox_box", {"name": name, "workspace": str(repo), "image": box_image, "boot": False})
+            assert made.get("failed") is not True, made
+        for role, (state, ago) in {"working": ("working", 3600), "waiting": ("waiting", 3600),
+                                   "idle2": ("idle", 120), "idle10": ("idle", 600)}.items():  # fmt: skip
+            set_state(docker_client.containers.get(f"agentbox-{names[role]}"), state, ago, now)
+        yield {"names": names, "workspace": str(repo), "client": docker_client, "now": now,
+               "state_file": str(tmp_path / "idle" / "paused.json")}  # fmt: skip
+    finally:
+        for name in names.values():
+            run_module("agentbox_box", {"name": name, "state": "absent", "delete_branch": True})
+
+
+def states(fleet: dict) -> dict[str, str]:
+    client = fleet["client"]
+    return {role: client.containers.get(f"agentbox-{name}").status for role, name in fleet["names"].items()}
+
+
+def test_cap_pauses_exactly_the_idle_ones_longest_first_then_stops_after_hours(fleet: dict) -> None:
+    names = fleet["names"]
+    args = {"workspace": fleet["workspace"], "max_running": 2, "idle_minutes": 1, "stop_after_hours": 12,
+            "now": fleet["now"], "state_file": fleet["state_file"]}  # fmt: skip
+    planned = run_module("agentbox_idle", args, check_mode=True)
+    assert planned.get("failed") is not True, planned
+    assert planned["paused"] == [names["idle10"], names["idle2"]] and planned["stopped"] == []
+    assert all(states(fleet)[role] == "running" for role in ROLES)
+    assert not Path(fleet["state_file"]).exists()  # check mode writes nothing
+
+    done = run_module("agentbox_idle", args)
+    assert done.get("failed") is not True and done["changed"] is True, done
+    assert done["paused"] == [names["idle10"], names["idle2"]], done["boxes"]
+    by_name = {entry["name"]: entry for entry in done["boxes"]}
+    assert by_name[names["idle10"]]["idle_seconds"] == 600 and by_name[names["idle2"]]["idle_seconds"] == 120
+    assert "working" in by_name[names["working"]]["reason"] and "waiting" in by_name[names["waiting"]]["reason"]
+    assert "no agent" in by_name[names["none"]]["reason"]
+    assert states(fleet) == {"working": "running", "waiting": "running", "idle2": "paused", "idle10": "paused",
+                             "none": "running"}  # fmt: skip
+
+    # An hour later nothing changes; thirteen hours later the two paused boxes are stopped.
+    later = run_module("agentbox_idle", {**args, "now": fleet["now"] + 3600})
+    assert later["changed"] is False and later["stopped"] == [], later["boxes"]
+    stop_args = {**args, "now": fleet["now"] + 13 * 3600}
+    would = run_module("agentbox_idle", stop_args, check_mode=True)
+    assert sorted(would["stopped"]) == sorted([names["idle2"], names["idle10"]])
+    stopped = run_module("agentbox_idle", stop_args)
+    assert stopped.get("failed") is not True and sorted(stopped["stopped"]) == sorted([names["idle2"], names["idle10"]])
+    assert states(fleet) == {"working": "running", "waiting": "running", "idle2": "exited", "idle10": "exited",
+                             "none": "running"}  # fmt: skip
+
+
+def test_autopause_playbook_runs_the_policy_and_bad_input_fails_first(fleet: dict) -> None:
+    import subprocess
+
+    base = [
+        str(REPO / ".venv/bin/ansible-playbook"),
+        "playbooks/autopause.yml",
+        "-e",
+        f"workspace={fleet['workspace']}",
+    ]
+    env = {
+        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+        "ANSIBLE_NOCOLOR": "1",
+        "PATH": str(REPO / ".venv/bin") + ":/usr/bin:/bin",
+    }
+    checked = subprocess.run([*base, "-e", "max_running=2", "-e", "idle_minutes=1", "--check"], cwd=REPO, env=env,
+                             capture_output=True, text=True, check=False)  # fmt: skip
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"{fleet['names']['idle10']}: pause: idle 10.0 min" in checked.stdout
+    bad = run_module("agentbox_idle", {"workspace": fleet["workspace"], "max_running": -1})
+    assert bad["failed"] and "max_running must be" in bad["msg"]
+    assert all(states(fleet)[role] == "running" for role in ROLES)

@@ -1,0 +1,111 @@
+"""The idle policy as pure functions: a plan from box facts, agent states, the paused-since record and an
+injected `now` (no clock, no engine)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ansible_collections.agentbox.box.plugins.module_utils import _idle
+
+NOW = 1_800_000_000.0
+
+
+def iso(seconds_ago: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(NOW - seconds_ago))
+
+
+def box(name: str, state: str = "running") -> dict[str, Any]:
+    return {"name": name, "id": f"id-{name}", "provider": "docker", "engine": "local", "state": state}
+
+
+def agent(state: str, seconds_ago: float = 0) -> dict[str, Any]:
+    return {"name": "claude", "session": "claude", "state": state, "since": iso(seconds_ago)}
+
+
+FLEET = [box("a-working"), box("b-waiting"), box("c-idle2"), box("d-idle10"), box("e-none")]
+AGENTS = {"a-working": agent("working", 3600), "b-waiting": agent("waiting", 3600),
+          "c-idle2": agent("idle", 120), "d-idle10": agent("idle", 600), "e-none": None}  # fmt: skip
+
+
+def actions(decisions: list[dict[str, Any]]) -> dict[str, str]:
+    return {entry["name"]: entry["action"] for entry in decisions}
+
+
+def test_cap_two_pauses_only_the_idle_ones_longest_first() -> None:
+    settings = {"max_running": 2, "idle_minutes": 1}
+    decisions = _idle.plan(FLEET, AGENTS, {}, NOW, settings)
+    assert actions(decisions) == {"a-working": "keep", "b-waiting": "keep", "c-idle2": "pause",
+                                  "d-idle10": "pause", "e-none": "keep"}  # fmt: skip
+    by_name = {entry["name"]: entry for entry in decisions}
+    assert by_name["d-idle10"]["idle_seconds"] == 600 and by_name["c-idle2"]["idle_seconds"] == 120
+    assert "working" in by_name["a-working"]["reason"] and "include_agentless" in by_name["e-none"]["reason"]
+
+
+def test_longest_idle_goes_first_when_one_pause_is_enough() -> None:
+    decisions = _idle.plan(FLEET, AGENTS, {}, NOW, {"max_running": 4, "idle_minutes": 1})
+    assert [e["name"] for e in decisions if e["action"] == "pause"] == ["d-idle10"]
+
+
+def test_idle_minutes_protects_a_recently_idle_agent() -> None:
+    decisions = _idle.plan(FLEET, AGENTS, {}, NOW, {"max_running": 0, "idle_minutes": 5})
+    assert actions(decisions)["c-idle2"] == "keep" and actions(decisions)["d-idle10"] == "pause"
+    assert "less than idle_minutes" in next(e for e in decisions if e["name"] == "c-idle2")["reason"]
+
+
+def test_within_the_cap_nothing_is_paused() -> None:
+    decisions = _idle.plan(FLEET, AGENTS, {}, NOW, {"max_running": 5, "idle_minutes": 0})
+    assert set(actions(decisions).values()) == {"keep"}
+
+
+def test_agentless_only_with_include_agentless_and_after_the_idle_ones() -> None:
+    settings = {"max_running": 2, "idle_minutes": 1, "include_agentless": True}
+    decisions = _idle.plan([*FLEET, box("f-stopped-agent")], {**AGENTS, "f-stopped-agent": agent("stopped", 9999)},
+                           {}, NOW, settings)  # fmt: skip
+    # Six running, cap two: four pauses; the two idle ones first, then the agentless ones.
+    assert actions(decisions) == {"a-working": "keep", "b-waiting": "keep", "c-idle2": "pause", "d-idle10": "pause",
+                                  "e-none": "pause", "f-stopped-agent": "pause"}  # fmt: skip
+    capped = _idle.plan([*FLEET], AGENTS, {}, NOW, {**settings, "max_running": 4})
+    assert [e["name"] for e in capped if e["action"] == "pause"] == ["d-idle10"]
+
+
+def test_paused_boxes_stop_after_hours_by_the_record() -> None:
+    boxes = [box("old", "paused"), box("young", "paused"), box("unknown", "paused"), box("off", "stopped")]
+    record = {_idle.record_key(boxes[0]): NOW - 13 * 3600, _idle.record_key(boxes[1]): NOW - 3600}
+    decisions = _idle.plan(boxes, {}, record, NOW, {"stop_after_hours": 12})
+    assert actions(decisions) == {"old": "stop", "young": "keep", "unknown": "keep", "off": "keep"}
+    assert next(e for e in decisions if e["name"] == "old")["paused_seconds"] == 13 * 3600
+
+
+def test_paused_boxes_do_not_count_against_the_cap() -> None:
+    decisions = _idle.plan([*FLEET[:3], box("z", "paused")], AGENTS, {}, NOW, {"max_running": 3, "idle_minutes": 0})
+    assert set(actions(decisions).values()) == {"keep"}
+
+
+def test_an_idle_state_without_since_is_never_paused() -> None:
+    decisions = _idle.plan([box("x")], {"x": {"state": "idle", "since": None}}, {}, NOW, {"max_running": 0})
+    assert actions(decisions) == {"x": "keep"} and "unknown time" in decisions[0]["reason"]
+
+
+@pytest.mark.parametrize("bad", [{"max_running": -1}, {"idle_minutes": "soon"}, {"stop_after_hours": -2}])
+def test_bad_settings_say_what_to_do(bad: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        _idle.validate(bad)
+
+
+def test_record_first_seen_paused_and_forgotten_when_running_or_gone(tmp_path: Path) -> None:
+    paused, running = box("p", "paused"), box("r")
+    gone_key = "docker|local|gone|id-gone"
+    other_engine = "docker_ssh|me@remote|q|id-q"
+    record = _idle.refresh_record([paused, running], {gone_key: 1.0, other_engine: 2.0,
+                                                      _idle.record_key(running): 3.0}, NOW, {"docker|local|"})  # fmt: skip
+    assert record == {_idle.record_key(paused): NOW, other_engine: 2.0}
+    again = _idle.refresh_record([paused], record, NOW + 60)
+    assert again[_idle.record_key(paused)] == NOW  # the first time seen paused stays
+    state_file = str(tmp_path / "idle" / "paused.json")
+    _idle.save_record(state_file, again)
+    assert _idle.load_record(state_file) == again
+    assert oct((tmp_path / "idle" / "paused.json").stat().st_mode & 0o777) == "0o600"
