@@ -202,16 +202,20 @@ def run_pass(
     now: float | None = None,
     state_file: str | None = None,
     check_mode: bool = False,
+    box_ids: set[str] | None = None,
 ) -> dict[str, Any]:
     """List, read the agents, plan, carry out. {changed, boxes: decisions with `done`, paused, stopped, errors}."""
     settings = validate(settings)
     now = time.time() if now is None else float(now)
     state_file = state_file or state_file_default()
     found: list[BoxFacts] = provider.list_boxes(project=project)
+    if box_ids is not None:
+        # The relay's scope: only the boxes registered with it (this user's), never others on a shared engine.
+        found = [facts for facts in found if facts.id in box_ids]
     boxes = [facts.to_dict() for facts in found]
     agents = _agent.agents_of(provider, [b["name"] for b in boxes if b["state"] == "running"])
     scope = {f"{provider.name}|{provider.engine}|"}
-    record = refresh_record(boxes, load_record(state_file), now, scope if project is None else None)
+    record = refresh_record(boxes, load_record(state_file), now, scope if project is None and box_ids is None else None)
     decisions = plan(boxes, agents, record, now, settings)
     by_name = {facts.name: facts for facts in found}
     errors: list[str] = []

@@ -25,7 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from . import _relay_ops, _relay_state
+from . import _relay_idle, _relay_ops, _relay_state
 from ._relay_poll import Poller
 from ._relay_protocol import (
     MAX_REQUEST_BYTES,
@@ -425,10 +425,12 @@ async def serve() -> int:
         handle.write(f"{os.getpid()}\n")
     LOG.info("relay %d serving %d box(es)", os.getpid(), len(relay.servers))
     rescan = asyncio.ensure_future(relay.rescan_forever())
+    idle_policy = asyncio.ensure_future(_relay_idle.run_forever(relay))  # docs/idle.md
     try:
         await relay.stopping.wait()
     finally:
         rescan.cancel()
+        idle_policy.cancel()
         control.close()
         for server in relay.servers.values():
             server.close()

@@ -109,3 +109,32 @@ def test_record_first_seen_paused_and_forgotten_when_running_or_gone(tmp_path: P
     _idle.save_record(state_file, again)
     assert _idle.load_record(state_file) == again
     assert oct((tmp_path / "idle" / "paused.json").stat().st_mode & 0o777) == "0o600"
+
+
+def test_relay_policy_file_defaults_switch_and_bad_values(tmp_path: Path) -> None:
+    from ansible_collections.agentbox.box.plugins.module_utils import _relay_idle
+
+    path = tmp_path / "policy.json"
+    default = _relay_idle.load_policy(str(path), environ={})
+    assert default["enabled"] and default["interval"] == 30 and default["settings"]["max_running"] == 5
+    path.write_text('{"enabled": false, "max_running": 2}')
+    off = _relay_idle.load_policy(str(path), environ={})
+    assert not off["enabled"] and off["settings"]["max_running"] == 2 and off["problem"] is None
+    path.write_text('{"max_running": 3}')
+    assert not _relay_idle.load_policy(str(path), environ={"AGENTBOX_IDLE_INTERVAL": "0"})["enabled"]
+    assert _relay_idle.load_policy(str(path), environ={"AGENTBOX_IDLE_INTERVAL": "7"})["interval"] == 7
+    path.write_text('{"max_running": -4}')
+    bad = _relay_idle.load_policy(str(path), environ={})
+    assert not bad["enabled"] and "max_running must be" in bad["problem"]
+    path.write_text("not json")
+    broken = _relay_idle.load_policy(str(path), environ={})
+    assert broken["problem"] and broken["enabled"]  # the defaults apply; the relay logs the problem
+
+
+def test_relay_reaches_each_engine_once() -> None:
+    from ansible_collections.agentbox.box.plugins.module_utils import _relay_idle
+
+    registrations = {"1": {"provider": "docker", "engine": "local", "name": "a"},
+                     "2": {"provider": "docker", "engine": "local", "name": "b"},
+                     "3": {"provider": "daytona", "engine": "http://127.0.0.1:1", "name": "c"}}  # fmt: skip
+    assert [r["name"] for r in _relay_idle.engines_of(registrations)] == ["c", "a"]
