@@ -110,3 +110,15 @@ def test_autopause_playbook_runs_the_policy_and_bad_input_fails_first(fleet: dic
     bad = run_module("agentbox_idle", {"workspace": fleet["workspace"], "max_running": -1})
     assert bad["failed"] and "max_running must be" in bad["msg"]
     assert all(states(fleet)[role] == "running" for role in ROLES)
+
+    # A way in wakes a box the policy put to sleep: a task through the connection plugin resumes it.
+    paused = run_module("agentbox_idle", {"workspace": fleet["workspace"], "max_running": 2, "idle_minutes": 1,
+                                          "state_file": fleet["state_file"]})  # fmt: skip
+    assert paused.get("failed") is not True and states(fleet)["idle10"] == "paused", paused
+    woke = subprocess.run(
+        [str(REPO / ".venv/bin/ansible"), "all", "-i", f"{fleet['names']['idle10']},", "-c", "agentbox.box.box",
+         "-e", f"agentbox_box={fleet['names']['idle10']}", "-m", "raw", "-a", "echo awake"],
+        cwd=REPO, env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert woke.returncode == 0 and "awake" in woke.stdout, woke.stdout + woke.stderr
+    assert states(fleet)["idle10"] == "running"
