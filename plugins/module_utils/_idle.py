@@ -214,8 +214,14 @@ def run_pass(
         found = [facts for facts in found if facts.id in box_ids]
     boxes = [facts.to_dict() for facts in found]
     agents = _agent.agents_of(provider, [b["name"] for b in boxes if b["state"] == "running"])
-    scope = {f"{provider.name}|{provider.engine}|"}
-    record = refresh_record(boxes, load_record(state_file), now, scope if project is None and box_ids is None else None)
+    prefix = f"{provider.name}|{provider.engine}|"
+    record = refresh_record(
+        boxes, load_record(state_file), now, {prefix} if project is None and box_ids is None else None
+    )
+    if box_ids is not None:
+        # The relay's scope: a record of this engine whose box is no longer registered is of a box destroyed.
+        record = {key: since for key, since in record.items()
+                  if not key.startswith(prefix) or key.rsplit("|", 1)[-1] in box_ids}  # fmt: skip
     decisions = plan(boxes, agents, record, now, settings)
     by_name = {facts.name: facts for facts in found}
     errors: list[str] = []

@@ -22,6 +22,8 @@ description:
     on Daytona), unless O(idle_timeout) overrides it. A box with neither is left alone unless
     O(default_idle_timeout) is given.
   - Works on every provider (it uses only exec and pause); pausing a Daytona box stops and archives it.
+  - For a cap on running boxes decided by the agents' states (pause the longest-idle first, stop after hours), see
+    M(agentbox.box.agentbox_idle) and C(playbooks/autopause.yml).
 author:
   - agentbox.box developers (@agentbox)
 extends_documentation_fragment:

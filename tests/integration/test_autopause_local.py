@@ -122,3 +122,22 @@ def test_autopause_playbook_runs_the_policy_and_bad_input_fails_first(fleet: dic
     )  # fmt: skip
     assert woke.returncode == 0 and "awake" in woke.stdout, woke.stdout + woke.stderr
     assert states(fleet)["idle10"] == "running"
+
+
+def test_relay_scope_forgets_the_pause_records_of_unregistered_boxes(tmp_path: Path) -> None:
+    """The relay's pass (box_ids: its registrations) on the real engine: nothing else on the engine is
+    counted; the pause record of a box no longer registered goes, another engine's stays."""
+    from ansible_collections.agentbox.box.plugins.module_utils import _idle
+    from ansible_collections.agentbox.box.plugins.module_utils._docker import DockerProvider
+
+    provider = DockerProvider()
+    state_file = str(tmp_path / "paused.json")
+    gone = f"docker|{provider.engine}|old-box|0123abcd"
+    elsewhere = "docker_ssh|me@remote|other|4567ef01"
+    _idle.save_record(state_file, {gone: 1.0, elsewhere: 2.0})
+    try:
+        result = _idle.run_pass(provider, {"max_running": 0}, state_file=state_file, box_ids=set())
+    finally:
+        provider.close()
+    assert result["boxes"] == [] and result["changed"] is False
+    assert _idle.load_record(state_file) == {elsewhere: 2.0}
