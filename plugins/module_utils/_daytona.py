@@ -151,6 +151,8 @@ TRANSFER_TIMEOUT = 1800
 DEFAULT_EXEC_SLICE = 50
 # Cuts in a row tolerated once the slice is down to 1 s, before the exec fails.
 MIN_SLICE_CUTS = 8
+# Empty answers to the exec waiter in a row that count as lost replies before the exec fails.
+EMPTY_WAITER_ANSWERS = 3
 PREVIEW_TTL_SECONDS = 3600
 DEFAULT_IDLE_MINUTES = 30
 ADOPT_WAIT_SECONDS = 15.0
@@ -1262,6 +1264,7 @@ class DaytonaProvider(Provider):
 
     def _wait(self, name: str, sandbox: Any, directory: str, started: float, timeout: float | None) -> ExecResult:
         cut_in_a_row = 0
+        empty_in_a_row = 0
         while True:
             waiter = f"sh -c {shlex.quote(WAIT_SCRIPT)} agentbox-wait {shlex.quote(directory)} {self._exec_slice}"
             asked = time.monotonic()
@@ -1289,6 +1292,12 @@ class DaytonaProvider(Provider):
                         cut_in_a_row += 1
                         continue
                 raise self._toolbox_hint(exc, name) from exc
+            if not (answer.result or "").strip() and empty_in_a_row < EMPTY_WAITER_ANSWERS:
+                # An empty answer is a lost reply (the toolbox's exec can drop a short command's output), not the
+                # waiter's: it writes a status line whenever it runs. Asking again is safe, the waiter only reads.
+                empty_in_a_row += 1
+                continue
+            empty_in_a_row = 0
             try:
                 status, rc, out, err = parse_wait_output(answer.result or "")
             except ValueError as exc:

@@ -237,7 +237,12 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    # A killed worker stays a zombie until its new parent reaps it: that is dead too.
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            return stat.read().rpartition(")")[2].split()[:1] != ["Z"]
+    except OSError:
+        return True
 
 
 def _repo_at(path: str, sub: str) -> Repo | None:
