@@ -50,7 +50,7 @@ def main() -> int:
     provider = DockerProvider()
     plan_times, pass_times, seen = [], [], 0
     with tempfile.TemporaryDirectory() as scratch:
-        for _ in range(args.runs):  # interleaved, so load drift hits both alike
+        for _run in range(args.runs):  # interleaved, so load drift hits both alike
             started = time.perf_counter()
             _idle.plan(boxes, agents, {}, now, {"max_running": 5, "idle_minutes": 5})
             plan_times.append(time.perf_counter() - started)
