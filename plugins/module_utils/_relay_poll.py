@@ -17,16 +17,18 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import logging
+import re
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
+from ._relay_channel import LOG, BoxChannel, Handler
 from ._relay_protocol import MAX_REQUEST_BYTES
 
-LOG = logging.getLogger("agentbox-relay")
 QUEUE_DIR = "/run/agentbox/relay-queue"
 POLL_INTERVAL = 2.0
+# Queue entries are named by hex ids (the in-box client makes them); anything else is not ours.
+REQUEST_ID = re.compile(r"[0-9a-f]{1,64}")
 IDLE_INTERVAL = 15.0
 MAX_PER_POLL = 16
 
@@ -47,57 +49,37 @@ exit 0
 """
 ANSWER = r'cat > "$1.tmp" && mv "$1.tmp" "$1"'
 
-Handler = Callable[[dict[str, Any], bytes, Callable[[dict[str, Any]], Awaitable[None]], Callable[[], Awaitable[Any]]],
-                   Awaitable[None]]
 
-
-class Poller:
+class Poller(BoxChannel):
     """One Daytona box's queue, collected by a thread; requests are handled on the relay's loop."""
+
+    kind = "poll"
+    first_wait = POLL_INTERVAL
+    longest_wait = IDLE_INTERVAL
 
     def __init__(self, registration: dict[str, Any], handle: Handler, loop: asyncio.AbstractEventLoop,
                  provider_factory: Callable[[dict[str, Any]], Any]):
-        self.registration = registration
-        self.handle = handle
-        self.loop = loop
+        super().__init__(registration, handle, loop)
         self.provider_factory = provider_factory
-        self.stopping = threading.Event()
-        self.wake = threading.Event()  # set by kick(): try now, not after the back-off
+        self.provider: Any = None
         self.exec_lock = threading.Lock()  # one toolbox call at a time per box
-        self.thread = threading.Thread(target=self._run, name=f"poll-{registration['id']}", daemon=True)
 
-    def start(self) -> None:
-        self.thread.start()
-
-    def kick(self) -> None:
-        """The box may have just started: try the channel now."""
-        self.wake.set()
-
-    def stop(self) -> None:
-        self.stopping.set()
-        self.wake.set()
-
-    def _run(self) -> None:
-        provider = None
-        interval = POLL_INTERVAL
-        while not self.stopping.is_set():
-            try:
-                provider = provider or self.provider_factory(self.registration)
-                self._collect(provider)
-                interval = POLL_INTERVAL
-            except Exception as exc:  # noqa: BLE001 - a box not made yet, stopped or unreachable is asked later
-                LOG.info("queue of box %s not collected: %s", self.registration["name"], exc)
-                interval = min(interval * 2, IDLE_INTERVAL)
-            if self.wake.wait(interval):
-                self.wake.clear()
-                interval = POLL_INTERVAL
+    def attempt(self) -> bool:
+        self.provider = self.provider or self.provider_factory(self.registration)
+        self._collect(self.provider)
+        return True
 
     def _collect(self, provider: Any) -> None:
         with self.exec_lock:
             run = provider.exec(self.registration["name"],
                                 ["sh", "-c", COLLECT, "sh", QUEUE_DIR, str(MAX_PER_POLL), str(MAX_REQUEST_BYTES + 1)])
         run.check("collecting the relay queue", self.registration["name"])
-        for row in run.stdout.decode("ascii", "replace").splitlines():
+        # The listing comes from the box: what the box-side script promised is checked again here.
+        for row in run.stdout.decode("ascii", "replace").splitlines()[:MAX_PER_POLL]:
             request_id, _tab, encoded = row.partition("\t")
+            if not REQUEST_ID.fullmatch(request_id) or len(encoded) > 4 * (MAX_REQUEST_BYTES + 3) // 3 + 4:
+                LOG.warning("box %s listed a malformed queue entry; ignored", self.registration["name"])
+                continue
             try:
                 line = base64.b64decode(encoded, validate=True)
             except ValueError:

@@ -16,16 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import shlex
 import threading
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ._naming import container_name
+from ._relay_channel import LOG, BoxChannel, Handler
 from ._relay_protocol import MAX_REQUEST_BYTES
 
-LOG = logging.getLogger("agentbox-relay")
 RETRY_MIN = 1.0
 RETRY_MAX = 10.0
 
@@ -95,50 +93,28 @@ while True:
     threading.Thread(target=client, args=(number, conn), daemon=True).start()
 """.replace("@MAX@", str(MAX_REQUEST_BYTES))
 
-Handler = Callable[[dict[str, Any], bytes, Callable[[dict[str, Any]], Awaitable[None]], Callable[[], Awaitable[Any]]],
-                   Awaitable[None]]
 
-
-class Tunnel:
+class Tunnel(BoxChannel):
     """One docker_ssh box's channel, kept open by a thread; requests are handled on the relay's loop."""
 
+    kind = "tunnel"
+    first_wait = RETRY_MIN
+    longest_wait = RETRY_MAX
+
     def __init__(self, registration: dict[str, Any], handle: Handler, loop: asyncio.AbstractEventLoop):
-        self.registration = registration
-        self.handle = handle
-        self.loop = loop
-        self.stopping = threading.Event()
-        self.wake = threading.Event()  # set by kick(): try now, not after the back-off
+        super().__init__(registration, handle, loop)
         self.channel: Any = None
         self.write_lock = threading.Lock()
         self.hangups: dict[int, asyncio.Future] = {}
-        self.thread = threading.Thread(target=self._run, name=f"tunnel-{registration['id']}", daemon=True)
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def kick(self) -> None:
-        """The box may have just started: try the channel now."""
-        self.wake.set()
 
     def stop(self) -> None:
-        self.stopping.set()
-        self.wake.set()
+        super().stop()
         channel = self.channel
         if channel is not None:
             channel.close()
 
-    def _run(self) -> None:
-        delay = RETRY_MIN
-        while not self.stopping.is_set():
-            try:
-                served = self._serve_once()
-            except Exception as exc:  # noqa: BLE001 - an engine that does not answer is tried again
-                LOG.info("channel to box %s not open: %s", self.registration["name"], exc)
-                served = False
-            delay = RETRY_MIN if served else min(delay * 2, RETRY_MAX)
-            if self.wake.wait(delay):
-                self.wake.clear()
-                delay = RETRY_MIN
+    def attempt(self) -> bool:
+        return self._serve_once()
 
     def _serve_once(self) -> bool:
         """Open the channel and serve it until it ends; True when it carried at least one line."""
