@@ -19,8 +19,7 @@ import json
 import os
 import re
 import shlex
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from . import _git
 from ._provider import BoxFacts, Provider, ProviderError
@@ -43,7 +42,6 @@ SIGN_IN_FILES = {
 IMAGE_ENTRY = {"claude": "claude", "codex": "codex", "opencode": "opencode"}
 SESSION_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}")
 STATE_FILES = "/run/agentbox/agents"
-T = TypeVar("T")
 
 
 class AgentError(ProviderError):
@@ -222,26 +220,22 @@ def resume(provider: Provider, facts: BoxFacts) -> dict[str, Any] | None:
         return {"ok": False, "error": str(exc)}
 
 
-def read_states(provider: Provider, box: str, extra_script: str = "") -> list[dict[str, Any]]:
+def read_states(provider: Provider, box: str) -> list[dict[str, Any]]:
     """The box's agent sessions as their hooks last reported them; [] when none (or unreadable).
 
     The files are written in the box, so they are treated as untrusted: only known keys and values
-    of the expected shape come out. `extra_script` runs in the same exec after them (the idle policy's
-    activity probe); its output lines come back in the list as {"line": text} entries, for the caller to
-    validate.
+    of the expected shape come out.
     """
-    script = f"cat {STATE_FILES}/*.state.json 2>/dev/null; echo; {extra_script} true"
+    script = f"cat {STATE_FILES}/*.state.json 2>/dev/null; true"
     try:
         run = provider.exec(box, ["sh", "-c", script], timeout=10)
     except ProviderError:
         return []
-    states: list[dict[str, Any]] = []
-    for line in run.text.splitlines()[:256]:  # bounded: the box writes this
+    states = []
+    for line in run.text.splitlines():
         try:
             raw = json.loads(line)
         except ValueError:
-            if extra_script and len(line) <= 256:
-                states.append({"line": line})
             continue
         if isinstance(raw, dict):
             clean = sanitize_state(raw)
@@ -264,10 +258,9 @@ def sanitize_state(raw: dict[str, Any]) -> dict[str, Any] | None:
 
 def current(states: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The box's agent: the session whose state changed last (sessions are usually one)."""
-    sessions = [entry for entry in states if "state" in entry]
-    if not sessions:
+    if not states:
         return None
-    return max(sessions, key=lambda entry: entry.get("since") or "")
+    return max(states, key=lambda entry: entry.get("since") or "")
 
 
 def attach_command(facts: BoxFacts, session: str) -> str:
@@ -361,19 +354,14 @@ def run_agent_task(params: dict[str, Any], provider: Provider, check_mode: bool)
 
 
 def agents_of(provider: Provider, names: list[str]) -> dict[str, dict[str, Any] | None]:
-    """{box: its current agent or None} for running boxes (one exec each, see each_box)."""
-    return each_box(provider, names, lambda box: current(read_states(provider, box)))
-
-
-def each_box(provider: Provider, names: list[str], probe: Callable[[str], T]) -> dict[str, T]:
-    """{box: probe(box)}: side by side on an engine whose client is thread-safe (the local engine);
-    other providers are asked in turn."""
+    """{box: its current agent or None} for running boxes: one exec each, side by side on an engine
+    whose client is thread-safe (the local engine); other providers are asked in turn."""
     if not names:
         return {}
     if provider.name == "docker" and len(names) > 1:
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(max_workers=min(8, len(names))) as pool:
-            found = list(pool.map(probe, names))
+            found = list(pool.map(lambda box: current(read_states(provider, box)), names))
         return dict(zip(names, found, strict=True))
-    return {box: probe(box) for box in names}
+    return {box: current(read_states(provider, box)) for box in names}

@@ -202,22 +202,28 @@ def _base_of(provider: Provider, facts: BoxFacts, sub: str) -> str:
 def refresh_view(provider: Provider, facts: BoxFacts) -> int:
     """Bring the host's branches, tags and remote-tracking refs into the box's view of the .git.
 
-    The lower layer is the host's .git as the box found it at start: overlayfs keeps what it has
-    looked up, so what the host fetches or commits later does not show in a running box (a
-    restart shows it). This ships it, the way the host takes the box's work, the other way round:
-    a bundle of the host's refs made on the host and fetched in the box, into the box's own view
-    (the box's own agentbox/ branches are left alone). The number of refs shipped."""
+    The lower layer is the host's .git, but overlayfs keeps what it has looked up: an objects/XX
+    directory or pack the box looked for and missed stays missing there after the host makes it
+    (a restart shows it), while a directory it already knew shows the new names. So the box's
+    view of new host objects is partial, and a box-side `git fetch` of them would trust it (its
+    connectivity check finds the commit and tree, never reads a blob, and skips the pack). Every
+    object the host's refs reach past the box's base is therefore written into the box's own
+    upper layer: a thin pack made on the host is streamed into `git index-pack --fix-thin` in the
+    box (the base's objects, there at start, complete it), then one `git update-ref --stdin` sets
+    the refs (the box's own agentbox/ branches are left alone). The number of refs set."""
     import shutil
     import tempfile
 
     from . import _git
-    from ._tarstream import tar_of_paths
 
     base = facts.labels.get("base_commit", "")
     if not has_layers(facts) or facts.state != "running" or not base:
         return 0
-    listed = _git.git_out(facts.workspace, "for-each-ref", "--format=%(refname)", "refs/heads/", "refs/remotes/", "refs/tags/")
-    refs = [ref for ref in listed.split() if not ref.startswith("refs/heads/agentbox/")]
+    listed = _git.git_out(facts.workspace, "for-each-ref", "--format=%(objectname) %(refname) %(symref)",
+                          "refs/heads/", "refs/remotes/", "refs/tags/")
+    # A symbolic ref (refs/remotes/origin/HEAD) follows its target, which is set itself.
+    refs = {fields[1]: fields[0] for fields in (line.split() for line in listed.splitlines())
+            if len(fields) == 2 and not fields[1].startswith("refs/heads/agentbox/")}
     if not refs:
         return 0
     scratch = tempfile.mkdtemp(prefix="agentbox-view-")
@@ -225,20 +231,21 @@ def refresh_view(provider: Provider, facts: BoxFacts) -> int:
         identity = _git.owner_identity(facts.workspace)
         if identity:
             os.chown(scratch, identity[0], identity[1])
-        bundle = os.path.join(scratch, "agentbox-view.bundle")
-        made = _git.git(facts.workspace, "bundle", "create", "-q", bundle, *refs, "--not", base, check=False)
-        if made.returncode != 0 or not os.path.exists(bundle):
-            return 0  # nothing past the box's base: it has every commit, and its refs are the host's
-        provider.put_archive(facts.name, "/tmp", tar_of_paths(scratch, ["agentbox-view.bundle"]))
+        bundle = os.path.join(scratch, "view.bundle")
+        wanted = "".join(f"{ref}\n" for ref in refs) + f"^{base}\n"  # on stdin: any number of refs
+        made = _git.git(facts.workspace, "bundle", "create", "-q", bundle, "--stdin", input_bytes=wanted.encode(),
+                        check=False)
+        if made.returncode == 0 and os.path.exists(bundle):  # else every ref is at or behind the base
+            with open(bundle, "rb") as stream:
+                while stream.readline() not in (b"\n", b""):  # the bundle's header; the pack follows
+                    pass
+                provider.exec(facts.name, ["git", "-C", "/workspace", "index-pack", "--fix-thin", "--stdin"],
+                              stdin=stream).check("writing the host's new objects into the box", facts.name)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    specs = [f"+{prefix}*:{prefix}*" for prefix in ("refs/heads/", "refs/remotes/", "refs/tags/")]
-    script = (
-        'cd /workspace && git fetch -q --no-write-fetch-head --update-head-ok --no-tags /tmp/agentbox-view.bundle "$@"; '
-        "rc=$?; rm -f /tmp/agentbox-view.bundle; exit $rc"
-    )
-    run = provider.exec(facts.name, ["sh", "-c", script, "view", *specs])
-    run.check("bringing the host's branches into the box", facts.name)
+    updates = "".join(f"update {ref} {oid}\n" for ref, oid in refs.items())
+    provider.exec(facts.name, ["git", "-C", "/workspace", "update-ref", "-m", "agentbox: the host's refs",
+                               "--stdin"], stdin=updates.encode()).check("setting the host's refs in the box", facts.name)
     return len(refs)
 
 

@@ -8,6 +8,7 @@ HOME, so its ~/.agentbox/relay/ belongs to the test alone.
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import json
 import os
 import secrets
@@ -150,11 +151,11 @@ def commit_in_box(engine: docker.DockerClient, box: str, message: str) -> str:
     return in_box(engine, box, ["git", "rev-parse", "HEAD"])[1].strip()
 
 
-def git_as_owner(repo: Path, *args: str) -> str:
+def git_as_owner(repo: Path, *args: str, stdin: str | None = None, env: dict[str, str] | None = None) -> str:
     """git as the repositories' owner (uid 1000): git refuses root in another user's origin over file://."""
     result = subprocess.run(
         ["git", "-C", str(repo), *args], capture_output=True, text=True, check=False, user=1000, group=1000,
-        env={**os.environ, **GIT_ENV, "HOME": str(repo)},
+        env={**os.environ, **GIT_ENV, "HOME": str(repo), **(env or {})}, input=stdin,
     )
     assert result.returncode == 0, f"git {' '.join(args)}: {result.stderr}"
     return result.stdout
@@ -276,6 +277,62 @@ def test_fetch_and_pull_bring_a_new_origin_main_commit(
     assert rc == 0, out + err
     assert in_box(engine, box, ["git", "merge-base", "--is-ancestor", upstream, "HEAD"])[0] == 0
     assert in_box(engine, box, ["cat", "upstream.txt"])[1] == "from upstream\n"
+
+
+def _object_dirs_seen_by_box(engine: docker.DockerClient, box: str, names: list[str]) -> set[str]:
+    """Which of the two-hex objects/XX directories the box's git finds (a lookup of each, in the box)."""
+    script = 'o="$(git rev-parse --git-common-dir)/objects"; for d in "$@"; do [ -d "$o/$d" ] && echo "$d"; done; true'
+    rc, out, err = in_box(engine, box, ["sh", "-c", script, "dirs", *names])
+    assert rc == 0, err
+    return set(out.split())
+
+
+def test_fetch_brings_objects_the_box_view_of_the_host_git_does_not_show(
+    box: str, project: dict[str, Path], engine: docker.DockerClient
+) -> None:
+    """The box's .git is an overlay over the host's: a directory the box looked up and missed stays
+    missing in the box after the host creates it (overlayfs keeps the negative lookup). A host fetch
+    that puts a new object in a new objects/XX directory must still reach the box.
+
+    Made deterministic: the new commit and tree land in directories the box already sees (so a
+    box-side `git fetch` believes it has everything, as its connectivity check never reads blobs),
+    the blob in a directory the box has looked up while it did not exist."""
+    other, objects = project["other"], project["workspace"] / ".git/objects"
+    host_dirs = {entry.name for entry in objects.iterdir() if len(entry.name) == 2}
+    seen = _object_dirs_seen_by_box(engine, box, sorted(host_dirs))
+    fresh = next(f"{n:02x}" for n in range(256) if f"{n:02x}" not in host_dirs)
+    assert not _object_dirs_seen_by_box(engine, box, [fresh])  # the box looks it up, and misses
+    git_as_owner(other, "pull", "-q", "--ff-only", "origin", "main")
+    nonce = next(n for n in range(1 << 20) if _blob_id(f"new dir {n}\n").startswith(fresh))
+    (other / "newdir.txt").write_text(f"new dir {nonce}\n")
+    blob = git_as_owner(other, "hash-object", "-w", "newdir.txt").strip()
+    listing = git_as_owner(other, "ls-tree", "HEAD")
+    for n in range(1 << 12):
+        tree = git_as_owner(other, "mktree", stdin=listing + f"100644 blob {blob}\tnewdir-{n}.txt\n").strip()
+        if tree[:2] in seen:
+            break
+    dated = {f"GIT_{who}_{what}": value for who in ("AUTHOR", "COMMITTER")
+             for what, value in (("NAME", "up"), ("EMAIL", "up@up.invalid"), ("DATE", "2026-01-01T00:00:00Z"))}
+    parent = git_as_owner(other, "rev-parse", "HEAD").strip()
+    for n in range(1 << 12):
+        commit = git_as_owner(other, "commit-tree", tree, "-p", parent, "-m", f"new dir {n}", env=dated).strip()
+        if commit[:2] in seen:
+            break
+    assert blob.startswith(fresh) and tree[:2] in seen and commit[:2] in seen
+    git_as_owner(other, "push", "-q", "origin", f"{commit}:refs/heads/main")
+    rc, _out, err = ctl(engine, box, "git", "fetch")
+    assert rc == 0, err
+    assert (objects / fresh).is_dir()  # the host's fetch made the directory the box had missed
+    assert in_box(engine, box, ["git", "rev-parse", "origin/main"])[1].strip() == commit
+    rc, out, err = in_box(engine, box, ["git", "cat-file", "-p", blob])
+    assert rc == 0 and out == f"new dir {nonce}\n", err
+    rc, _out, err = in_box(engine, box, ["git", "diff", "--stat", "HEAD", commit])
+    assert rc == 0, err
+
+
+def _blob_id(text: str) -> str:
+    data = text.encode()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()  # git's object id
 
 
 def test_checkpoint_from_the_box_is_listed_on_the_host(
