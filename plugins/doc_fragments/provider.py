@@ -44,5 +44,7 @@ options:
   daytona_target:
     description:
       - Daytona target (region). Default C(DAYTONA_TARGET), else the SDK's default.
+      - A new box is made in this region. Daytona snapshots (so checkpoints) are region-scoped; restoring a
+        checkpoint into another region is refused before anything is made.
     type: str
 """

@@ -19,7 +19,8 @@ import json
 import os
 import re
 import shlex
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from . import _git
 from ._provider import BoxFacts, Provider, ProviderError
@@ -42,6 +43,7 @@ SIGN_IN_FILES = {
 IMAGE_ENTRY = {"claude": "claude", "codex": "codex", "opencode": "opencode"}
 SESSION_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}")
 STATE_FILES = "/run/agentbox/agents"
+T = TypeVar("T")
 
 
 class AgentError(ProviderError):
@@ -220,22 +222,26 @@ def resume(provider: Provider, facts: BoxFacts) -> dict[str, Any] | None:
         return {"ok": False, "error": str(exc)}
 
 
-def read_states(provider: Provider, box: str) -> list[dict[str, Any]]:
+def read_states(provider: Provider, box: str, extra_script: str = "") -> list[dict[str, Any]]:
     """The box's agent sessions as their hooks last reported them; [] when none (or unreadable).
 
     The files are written in the box, so they are treated as untrusted: only known keys and values
-    of the expected shape come out.
+    of the expected shape come out. `extra_script` runs in the same exec after them (the idle policy's
+    activity probe); its output lines come back in the list as {"line": text} entries, for the caller to
+    validate.
     """
-    script = f"cat {STATE_FILES}/*.state.json 2>/dev/null; true"
+    script = f"cat {STATE_FILES}/*.state.json 2>/dev/null; echo; {extra_script} true"
     try:
         run = provider.exec(box, ["sh", "-c", script], timeout=10)
     except ProviderError:
         return []
-    states = []
-    for line in run.text.splitlines():
+    states: list[dict[str, Any]] = []
+    for line in run.text.splitlines()[:256]:  # bounded: the box writes this
         try:
             raw = json.loads(line)
         except ValueError:
+            if extra_script and len(line) <= 256:
+                states.append({"line": line})
             continue
         if isinstance(raw, dict):
             clean = sanitize_state(raw)
@@ -258,9 +264,10 @@ def sanitize_state(raw: dict[str, Any]) -> dict[str, Any] | None:
 
 def current(states: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The box's agent: the session whose state changed last (sessions are usually one)."""
-    if not states:
+    sessions = [entry for entry in states if "state" in entry]
+    if not sessions:
         return None
-    return max(states, key=lambda entry: entry.get("since") or "")
+    return max(sessions, key=lambda entry: entry.get("since") or "")
 
 
 def attach_command(facts: BoxFacts, session: str) -> str:
@@ -354,14 +361,19 @@ def run_agent_task(params: dict[str, Any], provider: Provider, check_mode: bool)
 
 
 def agents_of(provider: Provider, names: list[str]) -> dict[str, dict[str, Any] | None]:
-    """{box: its current agent or None} for running boxes: one exec each, side by side on an engine
-    whose client is thread-safe (the local engine); other providers are asked in turn."""
+    """{box: its current agent or None} for running boxes (one exec each, see each_box)."""
+    return each_box(provider, names, lambda box: current(read_states(provider, box)))
+
+
+def each_box(provider: Provider, names: list[str], probe: Callable[[str], T]) -> dict[str, T]:
+    """{box: probe(box)}: side by side on an engine whose client is thread-safe (the local engine);
+    other providers are asked in turn."""
     if not names:
         return {}
     if provider.name == "docker" and len(names) > 1:
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(max_workers=min(8, len(names))) as pool:
-            found = list(pool.map(lambda box: current(read_states(provider, box)), names))
+            found = list(pool.map(probe, names))
         return dict(zip(names, found, strict=True))
-    return {box: current(read_states(provider, box)) for box in names}
+    return {box: probe(box) for box in names}

@@ -47,6 +47,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any
 
+from ._daytona_options import refuse_if_ephemeral, refuse_other_region
 from ._daytona_state import (
     FAILED_STATES,
     SNAPSHOT_FAILED,
@@ -564,6 +565,7 @@ class DaytonaProvider(Provider):
         auto_archive: int | None = None,
         disk: int | None = None,
         network: str | None = None,
+        auto_delete: int | None = None,
         **_ignored: Any,
     ):
         self._api_key = api_key or os.environ.get("DAYTONA_API_KEY") or None
@@ -589,7 +591,9 @@ class DaytonaProvider(Provider):
         try:
             self._network = network_settings(raw_network)
         except ValueError as exc:
-            raise ProviderError(f"AGENTBOX_DAYTONA_NETWORK={raw_network!r}: {exc}") from exc
+            source = "network" if network is not None else "AGENTBOX_DAYTONA_NETWORK"
+            raise ProviderError(f"{source}={raw_network!r}: {exc}") from exc
+        self._auto_delete = auto_delete  # minutes stopped before Daytona deletes the box; 0: ephemeral
         self._sandboxes: dict[str, Any] = {}
         self._sessions: set[str] = set()
         self._lock = threading.Lock()
@@ -816,6 +820,8 @@ class DaytonaProvider(Provider):
         }
         if self._auto_archive is not None:
             common["auto_archive_interval"] = self._auto_archive
+        if self._auto_delete is not None:
+            common["auto_delete_interval"] = self._auto_delete
         common.update(self._network)
         resources = dict(spec.resources or {})
         unsupported = sorted(set(resources) - {"memory", "cpus"})
@@ -826,10 +832,12 @@ class DaytonaProvider(Provider):
                 box=spec.name,
                 operation="create",
             )
-        if self._ready_snapshot(spec.image, spec.name) is not None:
+        snapshot = self._ready_snapshot(spec.image, spec.name)
+        if snapshot is not None:
+            refuse_other_region(snapshot, spec.image, self._target, spec.name)
             if self._disk:
                 raise ProviderError(
-                    f"AGENTBOX_DAYTONA_DISK cannot apply to a box started from the Daytona snapshot {spec.image!r} "
+                    f"disk (AGENTBOX_DAYTONA_DISK) cannot apply to a box started from the Daytona snapshot {spec.image!r} "
                     "(its disk comes from the snapshot): make the snapshot with the disk you want, or use a "
                     "registry image",
                     box=spec.name,
@@ -1059,6 +1067,9 @@ class DaytonaProvider(Provider):
         return self._facts_with_url(sandbox, name)
 
     def stop(self, name: str) -> BoxFacts:
+        current = self._get(name, "stop")
+        if current is not None:
+            refuse_if_ephemeral(current, name, "stop")
         sandbox = self._converge(
             name, "stop", {"stopped", "archived", "archiving"}, {"started": _stop_action}, STOP_TIMEOUT
         )
@@ -1069,6 +1080,8 @@ class DaytonaProvider(Provider):
         """Stop, then archive (Daytona archives only a stopped sandbox); a linux-vm sandbox is paused instead,
         keeping its memory, so the agent in it is not killed."""
         current = self._get(name, "pause")
+        if current is not None:
+            refuse_if_ephemeral(current, name, "pause")
         if current is not None and keeps_memory(current):
             sandbox = self._converge(name, "pause", {"paused"}, {"started": _pause_action}, STOP_TIMEOUT)
             self._sessions.discard(sandbox.id)
@@ -1762,6 +1775,7 @@ class DaytonaCheckpoints:
         )
         timings: dict[str, float] = {}
         sandbox = provider._sandbox(facts.name, "checkpoint", fresh=True)
+        refuse_if_ephemeral(sandbox, facts.name, "checkpoint")
         heads: list[dict[str, str]] = []
         if running:
             _checkpoint._guard_secrets(provider, facts, [f"{k}={v}" for k, v in (sandbox.env or {}).items()])
@@ -1789,6 +1803,7 @@ class DaytonaCheckpoints:
             "layers": 0,
             "source_box": facts.name,
             "source_box_id": facts.id,
+            "region": getattr(sandbox, "target", None),
             "branch": heads[0]["branch"] if heads else facts.branch,
             "commit": heads[0]["commit"] if heads else "",
             "worktrees": heads,

@@ -15,6 +15,7 @@ import fcntl
 import os
 import stat
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 
 
@@ -54,6 +55,59 @@ def locked(path: str) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def transient_lock(path: str, timeout: float, busy: Exception) -> Iterator[None]:
+    """Hold an exclusive flock on `path`, a file that exists only while someone holds it.
+
+    For locks in shared places such as /tmp, where a lock file per key would pile up. The holder
+    removes the file before it lets go, so a waiter may end up holding an unlinked file that a
+    newer holder no longer sees: after each flock the waiter checks that the inode it locked is
+    still the one at `path`, and starts again on the new file otherwise. `busy` is raised when
+    `timeout` seconds pass without the lock.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        # O_NOFOLLOW: another user's symlink in /tmp must not make us create or lock its target.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            _flock_until(fd, deadline, busy)
+            if _same_file(fd, path):
+                break
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # the holder we waited for removed this file: lock the one at `path` now
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # before the release, so nobody who opens `path` later finds this file
+        os.close(fd)
+
+
+def _flock_until(fd: int, deadline: float, busy: Exception) -> None:
+    # A polling wait with a short first pause: a blocking flock cannot time out in a thread.
+    pause = 0.005
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise busy from None
+            time.sleep(pause)
+            pause = min(pause * 2, 0.5)
+
+
+def _same_file(fd: int, path: str) -> bool:
+    try:
+        current = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (current.st_dev, current.st_ino)
 
 
 def read_text(path: str) -> str | None:

@@ -6,8 +6,10 @@
 out. `apply()` carries a plan out through a provider and keeps the paused-since record up to date.
 The module `agentbox_idle` (playbooks/autopause.yml) and the relay's loop both call `run_pass()`.
 
-What counts as activity is the agent's own state (working, waiting, idle since when) as its hooks
-record it in the box (see _agent.read_states); see docs/idle.md.
+What counts as activity (docs/idle.md): the agent's own state (working, waiting, idle since when) as its
+hooks record it in the box, the last terminal input in the box (the newest atime of the box user's
+/dev/pts/*), open `ssh agentbox-<box>` sessions, and established outside connections to the web port.
+All of it comes back from the one exec that reads the agent states (observe), and is validated here.
 
 "Paused since" is not something the engine records (Docker keeps no pause time), so the host keeps
 it: a JSON file the policy writes when it pauses a box, and, for a box paused some other way, when
@@ -21,14 +23,32 @@ import calendar
 import contextlib
 import json
 import os
+import re
 import time
 from typing import Any
 
 from . import _agent, _box
+from ._access import BOX_USER
 from ._provider import BoxFacts, Provider, ProviderError
 
 DEFAULTS: dict[str, Any] = {"max_running": 5, "idle_minutes": 5.0, "stop_after_hours": 12.0, "include_agentless": False}
 ACTIVE = ("working", "waiting")
+WEB_PORT = 80
+
+# Runs in the box after the agent states are read (the same exec); prints one line:
+#   agentbox-activity <newest atime of the box user's ptys, epoch s; 0: none> <ssh sessions> <web connections>
+# A tty's atime moves when its input is read (the kernel's own record of typing, as `w` uses), its mtime on
+# output, so an agent printing does not count. An `ssh agentbox-<box>` session is the box's sshd run by the
+# alias's ProxyCommand (`sshd -i`); after login its monitor process is titled "sshd: <user> [priv]"
+# ("sshd-session: ..." on OpenSSH 9.8+). Web: ESTABLISHED (st 01) on local port 80 from anything but loopback.
+ACTIVITY_SCRIPT = (
+    r"""stat -c '%U %X' /dev/pts/[0-9]* 2>/dev/null | awk '$1 == "@USER@" && $2 > m {m = $2} """
+    r"""END {printf "agentbox-activity %d ", m}'; """
+    r"""printf '%d ' "$(pgrep -c -f '^(sshd|sshd-session): @USER@ \[priv\]' 2>/dev/null)"; """
+    r"""awk 'FNR > 1 && $4 == "01" && $2 ~ /:@PORT@$/ && $3 !~ /^(0100007F|0000000000000000FFFF00000100007F|"""
+    r"""00000000000000000000000001000000):/ {n++} END {printf "%d\n", n}' /proc/net/tcp /proc/net/tcp6 2>/dev/null;"""
+).replace("@USER@", BOX_USER).replace("@PORT@", f"{WEB_PORT:04X}")
+ACTIVITY_LINE = re.compile(r"agentbox-activity (\d{1,12}) (\d{1,6}) (\d{1,6})")
 
 
 def state_file_default() -> str:
@@ -43,6 +63,26 @@ def parse_since(since: str | None) -> float | None:
         return float(calendar.timegm(time.strptime(since, "%Y-%m-%dT%H:%M:%SZ")))
     except ValueError:
         return None
+
+
+def parse_activity(lines: list[str], now: float) -> dict[str, Any] | None:
+    """The box's activity line, checked (the box writes it): the input time no later than `now`, counts
+    bounded; None when the line is missing or malformed (then only the agent state counts)."""
+    matched = ACTIVITY_LINE.fullmatch(lines[-1]) if lines else None
+    if not matched:
+        return None
+    touched, ssh, web = (int(group) for group in matched.groups())
+    return {"input": min(float(touched), now) if touched > 0 else None, "ssh": ssh, "web": web}
+
+
+def observe(provider: Provider, names: list[str], now: float) -> dict[str, tuple[dict[str, Any] | None, Any]]:
+    """{box: (its current agent or None, its activity or None)}: one exec per running box."""
+
+    def probe(box: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        found = _agent.read_states(provider, box, extra_script=ACTIVITY_SCRIPT)
+        return _agent.current(found), parse_activity([e["line"] for e in found if "line" in e], now)
+
+    return _agent.each_box(provider, names, probe)
 
 
 def record_key(facts: dict[str, Any]) -> str:
@@ -71,15 +111,19 @@ def plan(
     paused_since: dict[str, float],
     now: float,
     settings: dict[str, Any],
+    activity: dict[str, dict[str, Any] | None] | None = None,
 ) -> list[dict[str, Any]]:
     """One decision per box: {name, state, action: pause|stop|keep, reason, agent_state, idle_seconds,
     paused_seconds}. Pure: the same inputs always give the same plan.
 
     Running boxes: while more than max_running run, pause the one idle longest (idle at least
-    idle_minutes); never one whose agent is working or waiting; an agentless box (no agent, or its
-    agent stopped) only with include_agentless, after every idle one. Paused boxes: stop those paused
-    longer than stop_after_hours (by `paused_since`, keyed by record_key).
+    idle_minutes); never one whose agent is working or waiting, nor one with an ssh session open or a
+    connection on its web port (`activity`, see parse_activity); idle time runs from the later of the
+    agent's idle `since` and the last terminal input. An agentless box (no agent, or its agent stopped)
+    only with include_agentless, after every idle one. Paused boxes: stop those paused longer than
+    stop_after_hours (by `paused_since`, keyed by record_key).
     """
+    activity = activity or {}
     settings = validate(settings)
     idle_floor = settings["idle_minutes"] * 60
     decisions: list[dict[str, Any]] = []
@@ -110,15 +154,25 @@ def plan(
         if state in ACTIVE:
             entry["reason"] = f"its agent is {state}"
             continue
+        seen = activity.get(facts["name"]) or {}
+        if seen.get("ssh"):
+            entry["reason"] = f"{seen['ssh']} ssh session(s) open"
+            continue
+        if seen.get("web"):
+            entry["reason"] = f"{seen['web']} connection(s) open on its web port"
+            continue
+        typed = seen.get("input")
         if state == "idle":
             started = parse_since(agent.get("since"))
             if started is None:
                 entry["reason"] = "its agent is idle, since an unknown time"
                 continue
-            idle = max(0.0, now - started)
+            idle = max(0.0, now - max(started, typed or started))
             entry["idle_seconds"] = idle
             if idle < idle_floor:
                 entry["reason"] = f"idle {idle / 60:.1f} min, less than idle_minutes ({settings['idle_minutes']:g})"
+                if typed is not None and typed > started:
+                    entry["reason"] += " (terminal input)"
                 continue
             candidates.append((idle, 0, entry))
             continue
@@ -126,7 +180,10 @@ def plan(
         if not settings["include_agentless"]:
             entry["reason"] = f"{what} (agentless boxes are left alone unless include_agentless)"
             continue
-        candidates.append((0.0, 1, entry))  # after every idle agent, whatever its age
+        if typed is not None and now - typed < idle_floor:
+            entry["reason"] = f"{what}, but terminal input {(now - typed) / 60:.1f} min ago (idle_minutes)"
+            continue
+        candidates.append((0.0 if typed is None else now - typed, 1, entry))  # after every idle agent
     # Longest idle first; agentless boxes last (their idleness is unknown); then by name, for a stable plan.
     candidates.sort(key=lambda item: (item[1], -item[0], item[2]["name"]))
     excess = running - settings["max_running"]
@@ -213,7 +270,9 @@ def run_pass(
         # The relay's scope: only the boxes registered with it (this user's), never others on a shared engine.
         found = [facts for facts in found if facts.id in box_ids]
     boxes = [facts.to_dict() for facts in found]
-    agents = _agent.agents_of(provider, [b["name"] for b in boxes if b["state"] == "running"])
+    observed = observe(provider, [b["name"] for b in boxes if b["state"] == "running"], now)
+    agents = {name: agent for name, (agent, _seen) in observed.items()}
+    activity = {name: seen for name, (_agent_state, seen) in observed.items()}
     prefix = f"{provider.name}|{provider.engine}|"
     record = refresh_record(
         boxes, load_record(state_file), now, {prefix} if project is None and box_ids is None else None
@@ -222,7 +281,7 @@ def run_pass(
         # The relay's scope: a record of this engine whose box is no longer registered is of a box destroyed.
         record = {key: since for key, since in record.items()
                   if not key.startswith(prefix) or key.rsplit("|", 1)[-1] in box_ids}  # fmt: skip
-    decisions = plan(boxes, agents, record, now, settings)
+    decisions = plan(boxes, agents, record, now, settings, activity)
     by_name = {facts.name: facts for facts in found}
     errors: list[str] = []
     for entry in decisions:

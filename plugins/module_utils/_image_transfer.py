@@ -17,8 +17,8 @@ lock, so an image crosses the link once.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import os
 import tempfile
@@ -28,6 +28,7 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Self
 
+from ._host_files import transient_lock
 from ._provider import Provider, ProviderError
 
 try:
@@ -147,31 +148,17 @@ def _local_provider() -> Provider:
     return DockerProvider(engine="local")
 
 
-class _EngineLock:
-    """A controller-side lock per (engine, image): one transfer at a time, others then find it there."""
+@contextlib.contextmanager
+def _engine_lock(engine: str, image: str) -> Iterator[None]:
+    """A controller-side lock per (engine, image): one transfer at a time, others then find it there.
 
-    def __init__(self, engine: str, image: str):
-        digest = hashlib.sha1(f"{engine}\0{image}".encode()).hexdigest()[:16]
-        self.path = os.path.join(tempfile.gettempdir(), f"agentbox-image-{digest}.lock")
-        self._handle: Any = None
-
-    def __enter__(self) -> Self:
-        self._handle = open(self.path, "a+")
-        deadline = time.monotonic() + LOCK_TIMEOUT
-        while True:
-            try:
-                fcntl.flock(self._handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return self
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise ProviderError(
-                        f"waited {LOCK_TIMEOUT} s for another transfer of this image (lock {self.path})"
-                    )
-                time.sleep(0.5)
-
-    def __exit__(self, *exc: object) -> None:
-        fcntl.flock(self._handle, fcntl.LOCK_UN)
-        self._handle.close()
+    The lock file lives in the shared temp directory only while held, so none piles up there.
+    """
+    digest = hashlib.sha1(f"{engine}\0{image}".encode()).hexdigest()[:16]
+    path = os.path.join(tempfile.gettempdir(), f"agentbox-image-{digest}.lock")
+    busy = ProviderError(f"waited {LOCK_TIMEOUT} s for another transfer of this image (lock {path})")
+    with transient_lock(path, LOCK_TIMEOUT, busy):
+        yield
 
 
 def ensure_image(
@@ -191,7 +178,7 @@ def ensure_image(
     started = time.monotonic()
     source = source or _local_provider()
     source_id = _image_id(source, image) if source.engine != provider.engine else None
-    with _EngineLock(provider.engine, image):
+    with _engine_lock(provider.engine, image):
         present_id = _image_id(provider, image)
         notes: list[str] = []
         if present_id and (source_id is None or source_id == present_id):
@@ -239,7 +226,7 @@ def copy_image(source: Provider, destination: Provider, image: str, *, compress:
     source_id = _image_id(source, image)
     if source_id is None:
         raise ProviderError(f"image {image!r} is not on engine {source.engine}: nothing to copy")
-    with _EngineLock(destination.engine, image):
+    with _engine_lock(destination.engine, image):
         if _image_id(destination, image) == source_id:
             return TransferReport(
                 image, destination.engine, "present", time.monotonic() - started, image_id=source_id,

@@ -21,9 +21,10 @@ PROVIDER_ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
 }
 
 
-def provider_from_params(params: dict[str, Any]) -> Provider:
+def provider_from_params(params: dict[str, Any], **extra: Any) -> Provider:
+    """The provider the task's options name; `extra` adds provider settings (agentbox_box's Daytona options)."""
     name = params["provider"]
-    options: dict[str, Any] = {}
+    options: dict[str, Any] = dict(extra)
     if name == "docker_ssh":
         options["engine"] = params.get("engine")
         options["ssh_options"] = {

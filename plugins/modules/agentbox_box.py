@@ -130,6 +130,28 @@ options:
     type: list
     elements: str
     default: []
+  disk:
+    description:
+      - Disk of a new Daytona box in GiB (Daytona's default is 3; Docker in the box wants more). O(provider=daytona)
+        only, and only for a box made from a registry image (a Daytona snapshot fixes its own disk). Default
+        C(AGENTBOX_DAYTONA_DISK).
+    type: int
+  network:
+    description:
+      - Outbound network of a new Daytona box (O(provider=daytona) only). V(block_all) seals it (loopback only);
+        an IPv4 CIDR or a list of up to 10 (V(10.0.0.0/8)) is an allow list; an empty string leaves it open.
+        Default C(AGENTBOX_DAYTONA_NETWORK), else open.
+    type: raw
+  ephemeral:
+    description:
+      - A Daytona box that Daytona deletes as soon as it stops (auto-delete 0), its own auto-stop included.
+        Pausing, stopping or checkpointing such a box is refused (it would delete it). O(provider=daytona) only.
+    type: bool
+  auto_delete:
+    description:
+      - Minutes a Daytona box may stay stopped before Daytona deletes it; V(-1) never (Daytona's default), V(0) as
+        soon as it stops (as O(ephemeral)). O(provider=daytona) only.
+    type: int
   delete_branch:
     description:
       - With O(state=absent), also delete the box's branch in the host repository (kept by default).

@@ -15,7 +15,9 @@ description:
   - Stops boxes paused longer than O(stop_after_hours), through the collection's stop (the box's commits reach the
     host first). The engine keeps no pause time, so the host records it in O(state_file) when this policy pauses a
     box, or when it first sees a box paused some other way; the box cannot write that file.
-  - Activity is the agent's state as its hooks record it in the box (C(agentbox-ctl agent-state)); see docs/idle.md.
+  - Activity is the agent's state as its hooks record it in the box (C(agentbox-ctl agent-state)), the last
+    terminal input in the box, open C(ssh agentbox-<box>) sessions and open connections to the web port, all read
+    in one exec per running box and checked on the host; see docs/idle.md.
   - The same policy runs in the relay every 30 seconds (docs/idle.md). On Daytona a pause stops and archives the
     sandbox, as before.
 author:
@@ -58,7 +60,8 @@ attributes:
   check_mode:
     support: full
     details:
-      - Lists what would be paused and stopped; reads the agents' states (one exec per running box), changes nothing.
+      - Lists what would be paused and stopped; reads the agents' states and activity (one exec per running box),
+        changes nothing.
   diff_mode:
     support: none
 """

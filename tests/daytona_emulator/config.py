@@ -44,6 +44,9 @@ class EmulatorConfig:
     instance_id: str = field(default_factory=lambda: secrets.token_hex(6))
     organization_id: str = "00000000-0000-4000-8000-00000000e0e0"
     target: str = "us"
+    # The regions a create may name as its `target` (others: 404 Region not found). A snapshot taken of a
+    # sandbox lives in that sandbox's region only, as on Daytona; other snapshots in every region.
+    regions: tuple[str, ...] = ("us", "eu")
     # >0: lifecycle calls answer at once with the transitional state, which lasts at least this long
     # (the SDK then polls every second). 0: the call does the work and answers with the final state.
     transition_seconds: float = 0.0

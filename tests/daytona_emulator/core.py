@@ -130,6 +130,7 @@ class SnapshotRecord:
     source_sandbox_id: str | None = None
     dockerfile: str | None = None
     user: str | None = None  # a snapshot of a sandbox keeps that sandbox's user as the default
+    regions: list[str] | None = None  # where it can be started from; None: every region
     created: float = field(default_factory=time.time)
     updated: float = field(default_factory=time.time)
     last_used: float | None = None
@@ -314,7 +315,7 @@ class Emulator:
             "updatedAt": iso(snap.updated),
             "lastUsedAt": iso(snap.last_used),
             "sourceSandboxId": snap.source_sandbox_id,
-            "regionIds": [self.config.target],
+            "regionIds": list(snap.regions or self.config.regions),
             "ref": snap.image_ref,
             "sandboxClass": snap.sandbox_class,
         }
@@ -408,6 +409,9 @@ class Emulator:
             _optional_int(body, key, minimum=0)
         _optional_int(body, "autoDeleteInterval", minimum=-1)
         resources = {key: _optional_int(body, key, minimum=0) for key in ("cpu", "memory", "disk", "gpu")}
+        target = body.get("target") or self.config.target
+        if target not in self.config.regions:
+            raise ApiError(404, "Region not found")
         snapshot_ref = body.get("snapshot")
         build_info = body.get("buildInfo")
         dockerfile: str | None = None
@@ -436,6 +440,8 @@ class Emulator:
                 raise ApiError(400, f"Snapshot {ref} not found. Did you add it through the Daytona Dashboard?")
             if snap.state != "active":
                 raise ApiError(400, f"Snapshot {ref} is {snap.state}")
+            if snap.regions and target not in snap.regions:
+                raise ApiError(400, f"Snapshot {ref} is not available in region {target}")
             if self.backend.image_info(snap.image_ref) is None:
                 raise ApiError(400, f"Snapshot {ref}: image {snap.image_ref} is not in the local Docker engine and "
                                     "the emulator cannot pull; build it, or start the emulator with --image")
@@ -466,7 +472,7 @@ class Emulator:
         now = time.time()
         record = SandboxRecord(
             id=sandbox_id, name=name or sandbox_id, user=user, env=env, labels=labels,
-            public=bool(body.get("public", False)), target=body.get("target") or self.config.target,
+            public=bool(body.get("public", False)), target=target,
             cpu=size["cpu"], gpu=size.get("gpu") or 0, memory=size["memory"], disk=size["disk"],
             snapshot=snapshot_name, image=image, entrypoint=entrypoint,
             auto_stop=body.get("autoStopInterval", DEFAULT_STOP_MINUTES),
@@ -723,7 +729,7 @@ class Emulator:
             snap = SnapshotRecord(
                 id=str(uuid.uuid4()), name=name, image_ref=f"{repository}:{tag}", owned=True, state="pending",
                 cpu=sb.cpu, gpu=sb.gpu, mem=sb.memory, disk=sb.disk, source_sandbox_id=sb.id,
-                entrypoint=sb.entrypoint, user=sb.user, sandbox_class=sb.sandbox_class,
+                entrypoint=sb.entrypoint, user=sb.user, sandbox_class=sb.sandbox_class, regions=[sb.target],
             )
             # As on Daytona (v0.190): the snapshot exists only once the capture has ended (the runner's commit
             # and push); until then get/list do not know it. A failed capture makes no snapshot at all.

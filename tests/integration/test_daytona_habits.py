@@ -386,7 +386,7 @@ def test_network_rules_disk_and_refusals_before_anything_is_made(emu: Emu) -> No
     with pytest.raises(ProviderError, match="not an IPv4 network"):
         emu.provider(network="example.com/8")
     sealed, allowed, big = unique("blk"), unique("alw"), unique("dsk")
-    with pytest.raises(ProviderError, match="AGENTBOX_DAYTONA_DISK cannot apply"):
+    with pytest.raises(ProviderError, match="cannot apply"):
         emu.provider(disk=20).create(spec(big))
     assert emu.provider().find(big) is None
     client = docker.from_env()

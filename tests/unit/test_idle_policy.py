@@ -138,3 +138,37 @@ def test_relay_reaches_each_engine_once() -> None:
                      "2": {"provider": "docker", "engine": "local", "name": "b"},
                      "3": {"provider": "daytona", "engine": "http://127.0.0.1:1", "name": "c"}}  # fmt: skip
     assert [r["name"] for r in _relay_idle.engines_of(registrations)] == ["c", "a"]
+
+
+def test_terminal_input_ssh_and_web_activity_keep_a_box_running() -> None:
+    settings = {"max_running": 0, "idle_minutes": 5, "include_agentless": True}
+    boxes = [box("typed"), box("ssh"), box("web"), box("stale"), box("none-typed"), box("none-stale")]
+    agents = {name: agent("idle", 3600) for name in ("typed", "ssh", "web", "stale")}
+    activity = {"typed": {"input": NOW - 60, "ssh": 0, "web": 0}, "ssh": {"input": None, "ssh": 1, "web": 0},
+                "web": {"input": None, "ssh": 0, "web": 2}, "stale": {"input": NOW - 1800, "ssh": 0, "web": 0},
+                "none-typed": {"input": NOW - 30, "ssh": 0, "web": 0},
+                "none-stale": {"input": NOW - 7200, "ssh": 0, "web": 0}}  # fmt: skip
+    decisions = _idle.plan(boxes, agents, {}, NOW, settings, activity)
+    by_name = {entry["name"]: entry for entry in decisions}
+    assert actions(decisions) == {"typed": "keep", "ssh": "keep", "web": "keep", "stale": "pause",
+                                  "none-typed": "keep", "none-stale": "pause"}  # fmt: skip
+    assert by_name["typed"]["idle_seconds"] == 60 and "terminal input" in by_name["typed"]["reason"]
+    assert by_name["stale"]["idle_seconds"] == 1800  # the later of the agent's since and the input
+    assert "ssh session" in by_name["ssh"]["reason"] and "web port" in by_name["web"]["reason"]
+
+
+@pytest.mark.parametrize(
+    ("lines", "expected"),
+    [
+        (["agentbox-activity 1799999000 2 1"], {"input": 1_799_999_000.0, "ssh": 2, "web": 1}),
+        (["agentbox-activity 0 0 0"], {"input": None, "ssh": 0, "web": 0}),
+        (["agentbox-activity 99999999999 0 0"], {"input": NOW, "ssh": 0, "web": 0}),  # never in the future
+        (["agentbox-activity -5 0 0"], None),
+        (["agentbox-activity 1 2 3 4"], None),
+        (["agentbox-activity 1 9999999 0"], None),
+        (["agentbox-activity 1 0 0", "junk"], None),  # only the script's own last line counts
+        ([], None),
+    ],
+)
+def test_the_box_activity_line_is_checked(lines: list[str], expected: dict[str, Any] | None) -> None:
+    assert _idle.parse_activity(lines, NOW) == expected

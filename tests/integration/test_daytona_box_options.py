@@ -1,0 +1,181 @@
+"""agentbox_box's Daytona options through the module itself, against the emulator and the real SDK (issue 19):
+disk, network (block_all, an allow list), ephemeral and auto_delete, and the region (daytona_target) with
+region-scoped checkpoint snapshots. What the sandbox got is read back through the SDK, as a user of the live
+service would read it; bad values fail before anything is made.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import pytest
+
+from tests.conftest import make_repo, run_module
+from tests.daytona_emulator import TEST_IMAGE, ensure_test_image, remove_test_image, running_emulator
+
+pytestmark = pytest.mark.integration
+
+
+class Emu:
+    def __init__(self, api_url: str, api_key: str, root: Path) -> None:
+        self.api_url, self.api_key, self.root = api_url, api_key, root
+        self.home = root / "home"
+        self.home.mkdir()
+        self.workspace = make_repo(root / "ws")
+
+    def env(self) -> dict[str, str]:
+        env = {"HOME": str(self.home), "DAYTONA_API_URL": self.api_url, "DAYTONA_API_KEY": self.api_key,
+               "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory", "GIT_CONFIG_VALUE_0": "*"}  # fmt: skip
+        return env
+
+    def box(self, **args) -> dict:
+        """agentbox_box with provider daytona: no seeding, no in-box start sequence (only the create matters)."""
+        options = {"provider": "daytona", "workspace": str(self.workspace), "seed": False, "boot": False, **args}
+        saved = os.environ.pop("DAYTONA_TARGET", None)
+        try:
+            return run_module("agentbox_box", options, env=self.env())
+        finally:
+            if saved is not None:
+                os.environ["DAYTONA_TARGET"] = saved
+
+    def sdk(self):
+        from daytona import Daytona, DaytonaConfig
+
+        return Daytona(DaytonaConfig(api_key=self.api_key, api_url=self.api_url, target="us"))
+
+    def exists(self, name: str) -> bool:
+        from daytona import DaytonaNotFoundError
+
+        try:
+            self.sdk().get(name)
+        except DaytonaNotFoundError:
+            return False
+        return True
+
+    def destroy(self, *names: str) -> None:
+        for name in names:
+            self.box(name=name, state="absent")
+
+
+@pytest.fixture(scope="module")
+def emu(box_image: str) -> Iterator[Emu]:
+    root = Path(tempfile.mkdtemp(prefix="agentbox-dtopt-", dir="/tmp"))
+    root.chmod(0o755)
+    try:
+        with running_emulator(image=box_image) as (api_url, api_key, _admin):
+            yield Emu(api_url, api_key, root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def registry_image() -> Iterator[str]:
+    """A registry reference (a box made from an image, not a snapshot: disk applies only there)."""
+    client = docker.from_env()
+    built = ensure_test_image(client)
+    reference = f"localhost/agentbox-opts-{uuid.uuid4().hex[:6]}/box:v1"
+    client.images.get(TEST_IMAGE).tag(*reference.rsplit(":", 1))
+    try:
+        yield reference
+    finally:
+        client.images.remove(reference, force=True)
+        if built:
+            remove_test_image(client)
+
+
+def _unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+def test_disk_and_network_reach_the_sandbox(emu: Emu, registry_image: str) -> None:
+    sealed, allowed = _unique("blk"), _unique("alw")
+    try:
+        done = emu.box(name=sealed, network="block_all")
+        assert not done["failed"], done
+        done = emu.box(name=allowed, image=registry_image, disk=20, network=["10.0.0.0/8", "192.168.1.0/24"])
+        assert not done["failed"], done
+        sdk = emu.sdk()
+        assert sdk.get(sealed).network_block_all is True
+        assert not sdk.get(sealed).network_allow_list
+        got = sdk.get(allowed)
+        assert (got.disk, got.network_allow_list, got.network_block_all) == (20, "10.0.0.0/8,192.168.1.0/24", False)
+    finally:
+        emu.destroy(sealed, allowed)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"network": "10.0.0.0"}, "needs a CIDR prefix"),
+        ({"network": ["example.com/8"]}, "not an IPv4 network"),
+        ({"network": [f"10.0.{n}.0/24" for n in range(11)]}, "at most 10 networks"),
+        ({"disk": 0}, "disk must be a whole number of GiB"),
+        ({"disk": 20}, "cannot apply to a box started from the Daytona snapshot"),  # the default image is one
+        ({"ephemeral": True, "auto_delete": 5}, "drop auto_delete, or ephemeral"),
+        ({"auto_delete": -2}, "auto_delete must be -1"),
+        ({"daytona_target": "mars"}, "is only in region us, eu and this box would be made in mars"),
+    ],
+)
+def test_bad_values_fail_before_anything_is_made(emu: Emu, args: dict, message: str) -> None:
+    name = _unique("bad")
+    done = emu.box(name=name, **args)
+    assert done["failed"] and message in done["msg"], done
+    assert not emu.exists(name)
+
+
+def test_daytona_options_are_refused_for_other_providers(emu: Emu) -> None:
+    name = _unique("dock")
+    done = run_module("agentbox_box", {"name": name, "provider": "docker", "workspace": str(emu.workspace),
+                                       "disk": 10, "network": "block_all"}, env=emu.env())  # fmt: skip
+    assert done["failed"] and "disk, network can only be set for Daytona boxes" in done["msg"], done
+    assert not docker.from_env().containers.list(all=True, filters={"name": f"agentbox-{name}"})
+
+
+def test_an_ephemeral_box_is_deleted_when_it_stops_and_never_paused(emu: Emu) -> None:
+    short, kept = _unique("eph"), _unique("ad")
+    try:
+        assert not emu.box(name=short, ephemeral=True)["failed"]
+        assert not emu.box(name=kept, auto_delete=30)["failed"]
+        sdk = emu.sdk()
+        assert sdk.get(short).auto_delete_interval == 0
+        assert sdk.get(kept).auto_delete_interval == 30
+        refused = emu.box(name=short, state="paused")
+        assert refused["failed"] and "the box is ephemeral" in refused["msg"], refused
+        assert sdk.get(short).state == "started"  # the refusal changed nothing
+        refused = run_module("agentbox_checkpoint", {"box": short, "name": "never", "provider": "daytona"},
+                             env=emu.env())  # fmt: skip
+        assert refused["failed"] and "the box is ephemeral" in refused["msg"], refused
+        sdk.get(short).stop()  # as Daytona's own auto-stop would: an ephemeral sandbox goes with its stop
+        assert not emu.exists(short)
+        assert emu.box(name=short, state="absent")["changed"] is False
+    finally:
+        emu.destroy(short, kept)
+
+
+def test_a_box_lives_in_its_region_and_its_checkpoints_restore_only_there(emu: Emu) -> None:
+    source, elsewhere, restored = _unique("eu"), _unique("us"), _unique("eur")
+    checkpoint = _unique("cp")
+    try:
+        assert not emu.box(name=source, daytona_target="eu", seed=True)["failed"]
+        sdk = emu.sdk()
+        assert sdk.get(source).target == "eu"
+        done = run_module("agentbox_checkpoint", {"box": source, "name": checkpoint, "provider": "daytona",
+                                                  "workspace": str(emu.workspace)}, env=emu.env())  # fmt: skip
+        assert not done["failed"], done
+        refused = emu.box(name=elsewhere, checkpoint=checkpoint, daytona_target="us")
+        assert refused["failed"], refused
+        assert "region-scoped" in refused["msg"] and "daytona_target eu" in refused["msg"], refused
+        assert not emu.exists(elsewhere)
+        done = emu.box(name=restored, checkpoint=checkpoint, daytona_target="eu", seed=True)
+        assert not done["failed"], done
+        assert sdk.get(restored).target == "eu"
+    finally:
+        emu.destroy(source, elsewhere, restored)
+        run_module("agentbox_checkpoint", {"name": checkpoint, "state": "absent", "provider": "daytona",
+                                           "workspace": str(emu.workspace)}, env=emu.env())  # fmt: skip
