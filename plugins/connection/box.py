@@ -13,7 +13,9 @@ description:
   - Commands run as C(vscode) unless O(remote_user) says otherwise; C(become) uses C(sudo) inside the box.
   - Files are copied in and out as tar streams, a chunk at a time (binary-safe, any file name).
   - Pipelining is on by default; every module then costs one exec in the box.
-  - A paused box is resumed first (O(auto_resume)); a stopped or missing box makes the host unreachable.
+  - A paused box is resumed first (O(auto_resume)) and a stopped one started (O(auto_start), with its boot
+    sequence, SSH keys and agents, as C(box_state.yml -e state=started) does); a missing box makes the host
+    unreachable.
   - The P(agentbox.box.boxes#inventory) inventory plugin sets every variable this plugin needs.
 author:
   - agentbox.box developers (@agentbox)
@@ -67,6 +69,16 @@ options:
       - name: agentbox_auto_resume
     env:
       - name: AGENTBOX_AUTO_RESUME
+  auto_start:
+    description:
+      - Start a stopped box (for instance one the idle policy stopped, docs/idle.md) before running the task.
+        With V(false) a stopped box makes the host unreachable, with a message saying how to start it.
+    type: bool
+    default: true
+    vars:
+      - name: agentbox_auto_start
+    env:
+      - name: AGENTBOX_AUTO_START
   pipelining:
     description:
       - Send modules to the box on the standard input of one exec instead of copying them first.
@@ -144,6 +156,7 @@ from ansible.plugins.connection import ConnectionBase
 from ansible.utils.display import Display
 
 try:
+    from ansible_collections.agentbox.box.plugins.module_utils._box import set_state
     from ansible_collections.agentbox.box.plugins.module_utils._provider import (
         BoxNotFound,
         EngineUnreachable,
@@ -252,21 +265,20 @@ class Connection(ConnectionBase):
                 f"{self._where()} does not exist: create it (playbooks/create_box.yml -e box={self._box}) "
                 "or refresh the inventory"
             ) from None
-        if facts.state == "stopped":
-            raise AnsibleConnectionFailure(
-                f"{self._where()} is stopped: start it with playbooks/box_state.yml -e box={self._box} -e state=started"
-            ) from None
-        if facts.state == "paused":
-            if self._resumed_checked or not self.get_option("auto_resume"):
+        if facts.state in ("paused", "stopped"):
+            option = "auto_resume" if facts.state == "paused" else "auto_start"
+            if self._resumed_checked or not self.get_option(option):
                 raise AnsibleConnectionFailure(
-                    f"{self._where()} is paused: resume it with playbooks/box_state.yml -e box={self._box} "
-                    "-e state=started, or set agentbox_auto_resume=true"
+                    f"{self._where()} is {facts.state}: start it with playbooks/box_state.yml -e box={self._box} "
+                    f"-e state=started, or set agentbox_{option}=true"
                 ) from None
-            display.vv(f"resuming paused box {self._box}", host=self._box)
+            display.vv(f"{'resuming' if option == 'auto_resume' else 'starting'} {facts.state} box {self._box}",
+                       host=self._box)  # fmt: skip
             try:
-                self._provider.resume(self._box)
+                # The collection's own start: a stopped box boots, gets its SSH keys and agents back.
+                set_state(self._provider, facts, "started")
             except ProviderError as exc:
-                raise AnsibleConnectionFailure(f"{self._where()}: resuming failed: {exc}") from exc
+                raise AnsibleConnectionFailure(f"{self._where()}: waking it failed: {exc}") from exc
             self._resumed_checked = True
             return
         if facts.state == "running":

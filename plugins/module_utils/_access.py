@@ -22,19 +22,23 @@ same channel `docker exec` uses) and checked for shape before it enters
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import shlex
 import shutil
+import sys
 from typing import Any
 
 from . import _host_files
 from ._naming import container_name
 from ._provider import BoxFacts, Provider, ProviderError
+from ._relay_state import code_root
 
 ALIAS_PREFIX = "agentbox-"
 BOX_USER = "vscode"
 SSHD = "/usr/sbin/sshd"
+WAKE_MODULE = "ansible_collections.agentbox.box.plugins.module_utils._wake"
 KEY_NAMES = ("id_ed25519", "id_ecdsa", "id_rsa")
 KEY_ENV = "AGENTBOX_SSH_KEY"  # a private key file to use instead of ~/.ssh/id_*
 NO_KEY_HELP = (
@@ -160,17 +164,24 @@ def _config_quote(value: str) -> str:
     return shlex.quote(value).replace("%", "%%")
 
 
-def local_proxy_command(box: str) -> str:
+def local_proxy_argv(box: str) -> list[str]:
     docker = shutil.which("docker") or "docker"
     argv = [docker]
     docker_host = os.environ.get("DOCKER_HOST")
     if docker_host:
         argv += ["-H", docker_host]
-    argv += ["exec", "-i", "-u", "root", container_name(box), SSHD, "-i"]
-    return " ".join(_config_quote(word) for word in argv)
+    return [*argv, "exec", "-i", "-u", "root", container_name(box), SSHD, "-i"]
+
+
+def local_proxy_command(box: str) -> str:
+    return " ".join(_config_quote(word) for word in local_proxy_argv(box))
 
 
 def engine_proxy_command(box: str, engine: str, ssh_options: dict[str, Any]) -> str:
+    return " ".join(_config_quote(word) for word in engine_proxy_argv(box, engine, ssh_options))
+
+
+def engine_proxy_argv(box: str, engine: str, ssh_options: dict[str, Any]) -> list[str]:
     """`ssh <engine> docker exec ... sshd -i` with what the collection uses to reach the engine."""
     from . import _ssh
 
@@ -206,7 +217,40 @@ def engine_proxy_command(box: str, engine: str, ssh_options: dict[str, Any]) -> 
     argv.append(destination.host)
     command = [docker, "exec", "-i", "-u", "root", container_name(box), SSHD, "-i"]
     argv.append(" ".join(shlex.quote(word) for word in command))
-    return " ".join(_config_quote(word) for word in argv)  # %C reaches the inner ssh as %C
+    return argv  # quoted once for the config (_config_quote): %C reaches the inner ssh as %C
+
+
+def wake_launcher_path() -> str:
+    return os.path.join(_host_files.agentbox_dir(), "bin", "agentbox-wake")
+
+
+def write_wake_launcher() -> bool:
+    """~/.agentbox/bin/agentbox-wake: runs _wake with this Python and the collection's files on disk.
+    From a module's zip (no files on disk) it is left as a controller-side run last wrote it."""
+    root = code_root()
+    if root is None:
+        return False
+    text = (
+        "#!/bin/sh\n# Written by agentbox.box: wakes a paused or stopped box for `ssh agentbox-<box>` (docs/access.md).\n"
+        f"PYTHONPATH={shlex.quote(root)} exec {shlex.quote(sys.executable)} -m {WAKE_MODULE} \"$@\"\n"
+    )
+    path = wake_launcher_path()
+    if _host_files.read_text(path) == text:
+        return False
+    _host_files.ensure_private_dir(os.path.dirname(path))
+    _host_files.write_atomic(path, text, mode=0o700)
+    return True
+
+
+def waking_proxy_command(direct: list[str], facts: BoxFacts, options: dict[str, Any]) -> str:
+    """The ProxyCommand: `direct` (the box's sshd through the engine), and only when it fails, the wake
+    launcher, which resumes or starts the box and runs `direct` again. A running box pays one `sh`."""
+    line = " ".join(shlex.quote(word) for word in direct)
+    wake = [wake_launcher_path(), facts.provider, facts.engine, facts.name, json.dumps(options, sort_keys=True), "--"]
+    if facts.provider == "docker" and os.environ.get("DOCKER_HOST"):
+        wake = ["env", f"DOCKER_HOST={os.environ['DOCKER_HOST']}", *wake]  # the engine `direct` names with -H
+    inner = f"{line} || exec {' '.join(shlex.quote(word) for word in wake)} {line}"
+    return " ".join(_config_quote(word) for word in ["sh", "-c", inner])
 
 
 def entry_text(facts: BoxFacts, proxy_command: str, keys: list[str]) -> str:
@@ -318,11 +362,14 @@ def box_ready(provider: Provider, facts: BoxFacts) -> Access:
             f"the docker CLI is not on this machine; `ssh {access.alias}` runs it: install it (apt-get install docker.io)"
         )
     host_key = prepare_box(provider, facts.name, [line for _path, line in keys])
+    ssh_options = getattr(provider, "ssh_options", {}) if provider.name == "docker_ssh" else {}
     if provider.name == "docker":
-        proxy = local_proxy_command(facts.name)
+        direct = local_proxy_argv(facts.name)
     else:
-        proxy = engine_proxy_command(facts.name, facts.engine, getattr(provider, "ssh_options", {}))
+        direct = engine_proxy_argv(facts.name, facts.engine, ssh_options)
         _host_files.ensure_private_dir(control_dir())
+    write_wake_launcher()
+    proxy = waking_proxy_command(direct, facts, ssh_options)
     write_known_host(facts.name, host_key)
     write_entry(facts.name, entry_text(facts, proxy, [path for path, _line in keys]))
     access.keys = [path for path, _line in keys]

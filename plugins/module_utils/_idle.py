@@ -155,6 +155,9 @@ def plan(
             entry["reason"] = f"its agent is {state}"
             continue
         seen = activity.get(facts["name"]) or {}
+        if seen.get("requests"):
+            entry["reason"] = "a request to the relay is in flight"
+            continue
         if seen.get("ssh"):
             entry["reason"] = f"{seen['ssh']} ssh session(s) open"
             continue
@@ -260,8 +263,10 @@ def run_pass(
     state_file: str | None = None,
     check_mode: bool = False,
     box_ids: set[str] | None = None,
+    busy_ids: set[str] | None = None,
 ) -> dict[str, Any]:
-    """List, read the agents, plan, carry out. {changed, boxes: decisions with `done`, paused, stopped, errors}."""
+    """List, read the agents, plan, carry out. {changed, boxes: decisions with `done`, paused, stopped, errors}.
+    `busy_ids`: boxes with a relay request in flight (the relay's own record), kept running."""
     settings = validate(settings)
     now = time.time() if now is None else float(now)
     state_file = state_file or state_file_default()
@@ -273,6 +278,9 @@ def run_pass(
     observed = observe(provider, [b["name"] for b in boxes if b["state"] == "running"], now)
     agents = {name: agent for name, (agent, _seen) in observed.items()}
     activity = {name: seen for name, (_agent_state, seen) in observed.items()}
+    for facts in found:
+        if facts.id in (busy_ids or ()) and facts.name in activity:
+            activity[facts.name] = {**(activity[facts.name] or {}), "requests": 1}
     prefix = f"{provider.name}|{provider.engine}|"
     record = refresh_record(
         boxes, load_record(state_file), now, {prefix} if project is None and box_ids is None else None

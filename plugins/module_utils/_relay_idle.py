@@ -74,8 +74,11 @@ def engines_of(registrations: dict[str, dict[str, Any]]) -> list[dict[str, Any]]
     return [chosen[key] for key in sorted(chosen)]
 
 
-def one_pass(registrations: dict[str, dict[str, Any]], settings: dict[str, Any]) -> list[dict[str, Any]]:
-    """The policy on every engine the relay serves; what was done, logged. An engine that fails is logged, skipped."""
+def one_pass(
+    registrations: dict[str, dict[str, Any]], settings: dict[str, Any], busy: set[str] | None = None
+) -> list[dict[str, Any]]:
+    """The policy on every engine the relay serves; what was done, logged. An engine that fails is logged, skipped.
+    `busy`: ids of boxes with a request in flight, kept running whatever their agent says."""
     results = []
     for registration in engines_of(registrations):
         provider = None
@@ -83,7 +86,7 @@ def one_pass(registrations: dict[str, dict[str, Any]], settings: dict[str, Any])
             provider = _relay_ops.provider_of(registration)
             served = {box_id for box_id, other in registrations.items()
                       if (other.get("provider"), other.get("engine")) == (registration.get("provider"), registration.get("engine"))}  # fmt: skip
-            result = _idle.run_pass(provider, settings, box_ids=served)
+            result = _idle.run_pass(provider, settings, box_ids=served, busy_ids=busy)
         except Exception as exc:  # noqa: BLE001 - one engine down must not stop the policy on the others
             LOG.warning(
                 "idle policy on %s %s failed: %s", registration.get("provider"), registration.get("engine"), exc
@@ -112,7 +115,7 @@ async def run_forever(relay: Any) -> None:
         reported = policy["problem"]
         if policy["enabled"] and relay.registrations:
             try:
-                await asyncio.to_thread(one_pass, dict(relay.registrations), policy["settings"])
+                await asyncio.to_thread(one_pass, dict(relay.registrations), policy["settings"], relay.busy())
             except Exception:  # retried at the next interval
                 LOG.exception("idle policy pass failed")
         with contextlib.suppress(asyncio.TimeoutError):

@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 from typing import Any
 
-from . import _git, _gitlayer
+from . import _box, _git, _gitlayer
 from ._provider import BoxFacts, Provider, ProviderError, get_provider
 from ._relay_protocol import Request
 
@@ -60,6 +60,16 @@ def box_of(registration: dict[str, Any]) -> tuple[Provider, BoxFacts]:
             box=registration["name"],
         )
     return provider, facts
+
+
+def wake(provider: Provider, facts: BoxFacts) -> BoxFacts:
+    """The box running again if it was paused or stopped (the collection's own start); its facts."""
+    current = provider.find(facts.name)
+    if current is None or current.id != facts.id:
+        raise BoxGone(f"box {facts.name!r} (id {facts.id}) no longer exists", box=facts.name)
+    if current.state in ("paused", "stopped"):
+        return _box.set_state(provider, current, "started")
+    return current
 
 
 def _provider_options(registration: dict[str, Any]) -> dict[str, Any]:

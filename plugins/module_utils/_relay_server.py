@@ -76,6 +76,10 @@ class Pending:
         }
 
 
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Hangup = Callable[[], Awaitable[Any]]
+
+
 class Relay:
     def __init__(self) -> None:
         self.registrations: dict[str, dict[str, Any]] = {}
@@ -84,6 +88,7 @@ class Relay:
         self.limiter = RateLimiter()
         self.box_locks: dict[str, asyncio.Lock] = {}
         self.connections: dict[str, int] = {}
+        self.in_flight: dict[str, int] = {}  # box id -> requests being handled (the idle policy keeps those boxes)
         self.tunnels: dict[str, Tunnel | Poller] = {}  # channels of docker_ssh and Daytona boxes
         self.facts: dict[str, tuple[float, Any]] = {}  # box id -> (when looked up, BoxFacts)
         self.stopping = asyncio.Event()
@@ -177,14 +182,22 @@ class Relay:
             return
         await self.handle(registration, line, send, lambda: reader.read(1))
 
-    async def handle(
-        self,
-        registration: dict[str, Any],
-        line: bytes,
-        send: Callable[[dict[str, Any]], Awaitable[None]],
-        hangup: Callable[[], Awaitable[Any]],
-    ) -> None:
+    async def handle(self, registration: dict[str, Any], line: bytes, send: Send, hangup: Hangup) -> None:
         """One request line from a box, whatever carried it; `hangup` completes when the box leaves."""
+        box_id = registration["id"]
+        self.in_flight[box_id] = self.in_flight.get(box_id, 0) + 1
+        try:
+            await self._handle(registration, line, send, hangup)
+        finally:
+            self.in_flight[box_id] -= 1
+            if not self.in_flight[box_id]:
+                del self.in_flight[box_id]
+
+    def busy(self) -> set[str]:
+        """Box ids with a request in flight: the idle policy never pauses them (docs/idle.md)."""
+        return {box_id for box_id, count in self.in_flight.items() if count}
+
+    async def _handle(self, registration: dict[str, Any], line: bytes, send: Send, hangup: Hangup) -> None:
         box, box_id = registration["name"], registration["id"]
         entry: dict[str, Any] = {"box": box, "box_id": box_id, "provider": registration["provider"]}
         if not line.strip():
@@ -222,6 +235,8 @@ class Relay:
                     self._audit(entry, decision, {"rc": 1})
                     await send(_error(message, rc=1))
                     return
+                # The answer may have come hours later: a box paused or stopped meanwhile runs again first.
+                facts = await asyncio.to_thread(_relay_ops.wake, provider, facts)
             lock = self.box_locks.setdefault(box_id, asyncio.Lock())
             started = time.monotonic()
             async with lock:

@@ -3,7 +3,7 @@
 Raw commands with unicode and quoting, exact exit codes and separate streams, copy/fetch of
 text, a 50 MB binary and a file whose name has spaces and unicode (checksums equal, memory
 bounded), become, remote_user, wait_for_connection, pipelining on and off, a paused box resumed
-(or reported), a stopped and a missing box reported unreachable.
+(or reported), a stopped box started (or reported) and a missing box reported unreachable.
 """
 
 from __future__ import annotations
@@ -331,7 +331,7 @@ def test_paused_box_is_resumed_or_reported(box, tmp_path):
         docker("unpause", container, check=False)
 
 
-def test_stopped_and_missing_boxes_are_unreachable(box, tmp_path):
+def test_stopped_box_is_started_or_reported_and_missing_unreachable(box, tmp_path):
     container = f"agentbox-{box['name']}"
     missing = inventory({"name": f"missing-{uuid.uuid4().hex[:6]}"}, tmp_path / "missing")
     gone = run([str(VENV_BIN / "ansible"), "-i", str(missing), "piped", "-m", "ansible.builtin.ping"], check=False)
@@ -339,20 +339,22 @@ def test_stopped_and_missing_boxes_are_unreachable(box, tmp_path):
     docker("stop", "-t", "1", container)
     try:
         stopped = run(
-            [
-                str(VENV_BIN / "ansible"),
-                "-i",
-                str(inventory(box, tmp_path / "h")),
-                "boxes",
-                "-m",
-                "ansible.builtin.ping",
-            ],
+            [str(VENV_BIN / "ansible"), "-i", str(inventory(box, tmp_path / "h", agentbox_auto_start="false")),
+             "boxes", "-m", "ansible.builtin.ping"],
             check=False,
-        )
+        )  # fmt: skip
         assert stopped.returncode == 4, stopped.stdout
         assert stopped.stdout.count("UNREACHABLE!") == 2
         assert "is stopped" in stopped.stdout and "state=started" in stopped.stdout
+        assert "agentbox_auto_start=true" in stopped.stdout
         assert docker("inspect", "-f", "{{.State.Status}}", container).stdout.strip() == "exited"
+        # By default the task starts it (boot sequence included) and runs.
+        started = run(
+            [str(VENV_BIN / "ansible"), "-i", str(inventory(box, tmp_path / "h2")), "piped", "-m",
+             "ansible.builtin.command", "-a", "echo started"],
+        )  # fmt: skip
+        assert "started" in started.stdout
+        assert docker("inspect", "-f", "{{.State.Status}}", container).stdout.strip() == "running"
     finally:
         box_module(box["name"], state="started")
 

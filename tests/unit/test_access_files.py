@@ -9,6 +9,7 @@ import json
 import multiprocessing
 import os
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -158,3 +159,19 @@ def test_public_keys_found_and_no_key(home: Path, monkeypatch: pytest.MonkeyPatc
     assert _access.identity_files() == [(str(ssh_dir / "id_ed25519"), "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIE me@host")]
     (ssh_dir / "id_ed25519.pub").write_text("not a key\n")
     assert _access.identity_files() == []
+
+
+def test_waking_proxy_command_runs_the_wake_only_when_the_direct_command_fails(home: Path) -> None:
+    """As ssh runs a ProxyCommand: its %-tokens expanded (%% -> %), then `exec` in a shell."""
+
+    def as_ssh_runs(command: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["sh", "-c", "exec " + command.replace("%%", "%")], capture_output=True, text=True,
+                              check=False)  # fmt: skip
+
+    fine = as_ssh_runs(_access.waking_proxy_command(["printf", "%s|%s", "it's", "100%"], facts("b1"), {}))
+    assert fine.returncode == 0 and fine.stdout == "it's|100%" and fine.stderr == ""
+    failing = _access.waking_proxy_command(["false"], facts("b1"), {"private_key_file": "/k"})
+    assert "agentbox-wake docker local b1" in failing
+    # No launcher written yet (no box made from this HOME): the wake is tried, and says what is missing.
+    tried = as_ssh_runs(failing)
+    assert tried.returncode == 127 and "agentbox-wake" in tried.stderr

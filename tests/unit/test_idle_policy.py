@@ -172,3 +172,11 @@ def test_terminal_input_ssh_and_web_activity_keep_a_box_running() -> None:
 )
 def test_the_box_activity_line_is_checked(lines: list[str], expected: dict[str, Any] | None) -> None:
     assert _idle.parse_activity(lines, NOW) == expected
+
+
+def test_a_box_with_a_relay_request_in_flight_is_kept() -> None:
+    activity = {"d-idle10": {"input": None, "ssh": 0, "web": 0, "requests": 1}}
+    decisions = _idle.plan(FLEET, AGENTS, {}, NOW, {"max_running": 0, "idle_minutes": 1}, activity)
+    by_name = {entry["name"]: entry for entry in decisions}
+    assert by_name["d-idle10"]["action"] == "keep" and "relay" in by_name["d-idle10"]["reason"]
+    assert by_name["c-idle2"]["action"] == "pause"

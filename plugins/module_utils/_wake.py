@@ -1,0 +1,86 @@
+# Copyright (c) agentbox.box contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""`ssh agentbox-<box>` on a paused or stopped box: wake it, then make the alias's connection again.
+
+The alias's ProxyCommand (see _access.waking_proxy_command) runs the box's sshd through the engine and,
+only when that fails, this module through ~/.agentbox/bin/agentbox-wake:
+
+    python -m ansible_collections.agentbox.box.plugins.module_utils._wake PROVIDER ENGINE BOX SSH_OPTIONS -- COMMAND...
+
+(SSH_OPTIONS: the JSON object of the docker_ssh engine's key file and host key checking, `{}` otherwise;
+the local engine is reached through DOCKER_HOST as the alias's own command.)
+
+A paused box is resumed and a stopped one started through the collection's own start (boot sequence,
+SSH keys written again to the box's tmpfs, agents resumed), then COMMAND (the same sshd through the
+engine) replaces this process. A running box means the connection failed for its own reasons: nothing
+is retried. Standard output is the SSH stream, so nothing but COMMAND may write to it; every message
+goes to standard error, which ssh shows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+from . import _box
+from ._provider import get_provider
+
+USAGE = "usage: agentbox-wake PROVIDER ENGINE BOX SSH_OPTIONS_JSON -- COMMAND..."
+
+
+def say(text: str) -> None:
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
+def wake(provider_name: str, engine: str, box: str, ssh_options: dict[str, Any]) -> str:
+    """Resume or start the box; its state before ('running' when there was nothing to do)."""
+    if provider_name == "docker_ssh":
+        provider = get_provider(provider_name, engine=engine, ssh_options=ssh_options)
+    elif provider_name == "docker":
+        provider = get_provider(provider_name)
+    else:
+        raise ValueError(f"ssh agentbox-<box> does not reach {provider_name} boxes")
+    try:
+        facts = provider.find(box)
+        if facts is None:
+            raise LookupError(f"no box called {box!r} on engine {engine}")
+        if facts.state in ("paused", "stopped"):
+            _box.set_state(provider, facts, "started")
+        return facts.state
+    finally:
+        provider.close()
+
+
+def main(argv: list[str]) -> int:
+    if "--" not in argv or argv.index("--") != 4 or len(argv) < 6:
+        say(USAGE)
+        return 2
+    provider_name, engine, box, raw_options = argv[:4]
+    command = argv[5:]
+    stream = os.dup(1)
+    os.dup2(2, 1)  # until COMMAND runs, fd 1 (the SSH stream) gets nothing
+    try:
+        options = json.loads(raw_options)
+        if not isinstance(options, dict):
+            raise ValueError("SSH_OPTIONS_JSON must be an object")
+        before = wake(provider_name, engine, box, options)
+    except Exception as exc:  # noqa: BLE001 - whatever it is, ssh shows it and gives up
+        say(f"agentbox: cannot wake box {box!r}: {exc}")
+        return 255
+    finally:
+        sys.stdout.flush()
+        os.dup2(stream, 1)
+        os.close(stream)
+    if before not in ("paused", "stopped"):
+        say(f"agentbox: box {box!r} is {before}: the connection failed for another reason")
+        return 255
+    say(f"agentbox: box {box!r} was {before}; it runs again")
+    os.execvp(command[0], command)
+    return 255  # not reached
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
