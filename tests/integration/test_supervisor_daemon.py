@@ -249,21 +249,32 @@ def test_wait_ready_keeps_waiting_through_backoff_and_times_out(supervised):
 
 
 def test_restart_never_leaves_the_service_crashed_and_says_so(supervised):
+    # `clock` fails and restarts every 0.1 s: its restart count is the daemon's own clock. `once`
+    # has the same 0.1 s back-off, so had it been scheduled for a restart it would have had one
+    # by the time `clock` counted three more restarts.
     box = supervised("""\
     services:
       once:
         command: exec sleep 300
         restart: never
+        backoff: {initial_ms: 100, max_ms: 100}
+      clock:
+        command: exit 1
+        restart: always
+        backoff: {initial_ms: 100, max_ms: 100}
     """)
-    assert box.ctl("wait-ready", "--timeout", "10").returncode == 0
+    assert box.ctl("wait-ready", "--units", "once", "--timeout", "10").returncode == 0
     pid = box.unit("once")["pid"]
     os.kill(pid, signal.SIGKILL)
     crashed = box.wait_state("once", ("crashed",), timeout=5)
     assert crashed["detail"] == "killed by SIGKILL (restart: never)"
-    assert crashed["pid"] is None
-    time.sleep(1.0)
-    assert box.unit("once")["state"] == "crashed"  # and it stays so
-    result = box.ctl("wait-ready", "--timeout", "5")
+    assert crashed["pid"] is None and crashed["restarts"] == 0 and crashed["runs"] == 1
+    counted = box.unit("clock")["restarts"]
+    wait_for(lambda: box.unit("clock")["restarts"] >= counted + 3, 30, lambda: box.unit("clock"))
+    later = box.unit("once")  # it stays so: no restart, no new run, no process
+    assert (later["state"], later["restarts"], later["runs"], later["pid"]) == ("crashed", 0, 1, None)
+    assert later["detail"] == "killed by SIGKILL (restart: never)"
+    result = box.ctl("wait-ready", "--units", "once", "--timeout", "5")
     assert result.returncode == 1
     assert "once: crashed (killed by SIGKILL (restart: never))" in result.stderr
     human = box.ctl("status").stdout
@@ -372,14 +383,16 @@ def test_invalid_file_names_key_and_line_and_nothing_starts(supervised, case):
     assert any(issue["line"] for issue in status["config"]["issues"])
     validate = box.ctl("validate", str(box.config))
     assert validate.returncode == 1 and expected in validate.stderr
-    time.sleep(0.5)
-    assert sorted(p.name for p in box.workspace.iterdir()) == ["agentbox.yaml"]  # nothing ran
+    assert box.ctl("reload").returncode == 1  # still invalid: refused, nothing changes
+    assert box.status()["services"] == [] and not box.log_dir.exists()  # no unit was ever made
 
-    # fixing the file and reloading starts everything
-    box.write("tasks:\n  install: touch started-install\nservices:\n  web:\n    command: exec sleep 300\n")
+    # fixing the file and reloading starts everything. Its units touch other files than the invalid
+    # file's: once the fixed ones have run to ready, the daemon has had every chance to run the
+    # invalid ones too, and only the fixed ones' file may be there.
+    box.write("tasks:\n  install: touch fixed-install\nservices:\n  web:\n    command: exec sleep 300\n")
     assert box.ctl("reload").returncode == 0
     assert box.ctl("wait-ready", "--timeout", "10").returncode == 0
-    assert (box.workspace / "started-install").exists()
+    assert sorted(p.name for p in box.workspace.iterdir()) == ["agentbox.yaml", "fixed-install"]
 
 
 def test_ready_when_timeouts_mark_unhealthy_or_kill(supervised):
