@@ -18,6 +18,9 @@ import pytest
 from ansible.plugins.loader import init_plugin_loader
 
 REPO = Path(__file__).resolve().parents[1]
+# gRPC's default epoll1 poller aborts a child forked while a channel is live (the boxd SDK's channel,
+# git and Ansible children); the poll poller does not. Set before anything imports grpc.
+os.environ.setdefault("GRPC_POLL_STRATEGY", "poll")
 if str(REPO / ".collections") not in sys.path:
     sys.path.insert(0, str(REPO / ".collections"))
 # Every import of ansible_collections.agentbox.box goes through Ansible's own collection finder,

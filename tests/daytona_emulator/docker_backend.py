@@ -89,8 +89,10 @@ def docker_name(text: str) -> str:
 
 
 class DockerBackend:
-    def __init__(self, instance_id: str, box_capabilities: bool = True) -> None:
+    def __init__(self, instance_id: str, box_capabilities: bool = True, name_prefix: str = "daytona-emu-") -> None:
         self.instance_id = instance_id
+        # The boxd emulator shares this backend; its containers are named after it.
+        self.name_prefix = name_prefix
         self.box_capabilities = box_capabilities
         # Short calls get a timeout; exec, commit and session streams may legitimately run for long.
         self.client = docker.from_env(timeout=120)
@@ -165,7 +167,7 @@ class DockerBackend:
                          network_block_all: bool = False) -> str:
         kwargs: dict[str, Any] = {
             "image": image,
-            "name": f"daytona-emu-{sandbox_id}",
+            "name": f"{self.name_prefix}{sandbox_id}",
             "hostname": hostname,
             "environment": env,
             "labels": {EMULATOR_LABEL: self.instance_id, SANDBOX_LABEL: sandbox_id},

@@ -46,6 +46,8 @@ NOT_RUN: dict[str, str] = {
     r"provider=docker_ssh|engine=builder1|-i engines\.yml": "needs an SSH-reachable Docker engine called builder1; "
     "test_docker_ssh.py runs these playbooks against engines it starts on 127.0.0.1",
     r"playbooks/reap_idle\.yml": "pauses idle Daytona boxes: needs Daytona (test_daytona_provider_reap.py runs it on the emulator)",
+    r"provider=boxd|scripts/boxd-emulator|^export BOXD_": "needs the boxd emulator started in the same shell "
+    "(its token and port); test_boxd_emulator.py starts scripts/boxd-emulator, the boxd provider tests use it",
     r"provider=daytona": "needs Daytona (test_daytona_provider.py and test_newcomer_daytona.py run it on the emulator)",
     r"playbooks/agent(_login)?\.yml|-e agent=": "starts a coding agent's CLI, which needs its vendor's API (unreachable "
     "here); the agents' tests run it against a local stand-in (ANTHROPIC_BASE_URL)",

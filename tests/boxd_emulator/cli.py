@@ -1,0 +1,59 @@
+"""scripts/boxd-emulator: serve the emulator in the foreground until SIGTERM or Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import signal
+import sys
+import threading
+
+from tests.daytona_emulator.config import DEFAULT_IMAGE
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="boxd-emulator", description="A local emulator of the boxd gRPC API: "
+                                "plain HTTP/2 on 127.0.0.1, each machine a local container.")
+    p.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (0: pick a free one, printed)")
+    p.add_argument("--image", default=DEFAULT_IMAGE, help=f"image of a machine created without one ({DEFAULT_IMAGE})")
+    p.add_argument("--instance-id", default="", help="label value on every container and image (default: random)")
+    p.add_argument("--start-seconds", type=float, default=0.3, help="how long a machine stays 'starting'")
+    p.add_argument("--stop-seconds", type=float, default=0.2, help="how long a stop takes")
+    p.add_argument("--no-box-capabilities", action="store_true",
+                   help="plain containers (no SYS_ADMIN/NET_ADMIN, /dev/fuse, unconfined seccomp)")
+    p.add_argument("--fault", action="append", default=[], metavar="JSON",
+                   help='a fault rule, e.g. \'{"method": "Exec", "action": "drop", "after": 1}\' (repeatable)')
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    token = os.environ.get("BOXD_TOKEN", "")
+    if not token:
+        print("boxd-emulator: set BOXD_TOKEN to the token clients must send (any string)", file=sys.stderr)
+        return 2
+    from .server import Emulator
+
+    try:
+        emulator = Emulator(token=token, image=args.image, instance_id=args.instance_id or secrets.token_hex(6),
+                            port=args.port, start_seconds=args.start_seconds, stop_seconds=args.stop_seconds,
+                            box_capabilities=not args.no_box_capabilities,
+                            faults=[json.loads(rule) for rule in args.fault])
+    except (OSError, ValueError) as exc:
+        print(f"boxd-emulator: cannot start: {exc} (is a Docker engine running? DOCKER_HOST is honoured)",
+              file=sys.stderr)
+        return 1
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    emulator.start()
+    print(json.dumps({"event": "ready", "base_url": emulator.base_url, "instance_id": emulator.instance_id}),
+          flush=True)
+    print(f"boxd-emulator: serving {emulator.base_url} (instance {emulator.instance_id}, image {args.image})\n"
+          f"  export BOXD_BASE_URL={emulator.base_url} BOXD_TOKEN=<the same token>", file=sys.stderr)
+    done.wait()
+    print("boxd-emulator: stopping; removing its containers and snapshot images", file=sys.stderr)
+    emulator.stop()
+    return 0

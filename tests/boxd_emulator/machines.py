@@ -1,0 +1,290 @@
+"""The emulator's model of boxd machines: ids, names, labels, states and their delays, snapshots.
+
+Each machine is a real local container made by the Daytona emulator's Docker backend (shared, not
+copied). States follow what the boxd SDK and the seed document describe:
+
+    starting -> running -> suspended | hibernated   (a paused container: memory kept; exec wakes it)
+                running -> stopping -> stopped       (a stopped container: exec is refused, start needed)
+    starting is also where `start` puts a stopped machine, for `start_seconds`.
+
+Machines are addressed by id only: a name given where an id is expected is not found, as in production.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tests.daytona_emulator.config import EMULATOR_LABEL
+from tests.daytona_emulator.docker_backend import BackendError, DockerBackend, docker_name
+
+NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+CONTAINER_PREFIX = "boxd-emu-"
+SNAPSHOT_REPOSITORY = "boxd-emu-snapshot"
+DEFAULT_VCPU = 2
+DEFAULT_MEMORY = 4 << 30
+DEFAULT_DISK = 20 << 30
+
+__all__ = ["EMULATOR_LABEL", "Fleet", "Machine", "Refused", "Snapshot"]
+
+
+class Refused(Exception):
+    """A request the service answers with a gRPC status (code is the StatusCode's name)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class Machine:
+    id: str
+    name: str
+    image: str
+    labels: dict[str, str]
+    env: dict[str, str]
+    vcpu: int
+    memory_bytes: int
+    disk_bytes: int
+    auto_suspend_secs: int
+    source: str = "image"
+    status: str = "starting"
+    container: str = ""
+    created_at: float = field(default_factory=time.time)
+    last_active: float = field(default_factory=time.monotonic)
+    busy: int = 0  # execs and transfers in flight: a machine never auto-suspends under one
+    egress_allow: list[str] = field(default_factory=list)
+    exposed: dict[int, str] = field(default_factory=dict)
+    ready_at: float = 0.0  # monotonic time a starting machine becomes running
+
+    def public(self) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name, "status": self.status, "labels": dict(self.labels),
+                "image": self.image, "container": self.container, "auto_suspend_secs": self.auto_suspend_secs}
+
+
+@dataclass
+class Snapshot:
+    id: str
+    name: str
+    image_ref: str
+    labels: dict[str, str]
+    vcpu: int
+    memory_bytes: int
+    size_bytes: int
+    created_at: float = field(default_factory=time.time)
+    status: str = "ready"
+
+
+class Fleet:
+    """Every machine and snapshot of one emulator instance, and the timers that move their states."""
+
+    def __init__(self, instance_id: str, image: str, start_seconds: float = 0.3, stop_seconds: float = 0.2,
+                 box_capabilities: bool = True) -> None:
+        self.instance_id = instance_id
+        self.image = image
+        self.start_seconds = start_seconds
+        self.stop_seconds = stop_seconds
+        self.backend = DockerBackend(instance_id, box_capabilities=box_capabilities, name_prefix=CONTAINER_PREFIX)
+        self.machines: dict[str, Machine] = {}
+        self.snapshots: dict[str, Snapshot] = {}
+        self.lock = threading.RLock()
+        self._stop = threading.Event()
+        self._ticker = threading.Thread(target=self._tick_forever, name="boxd-emulator-ticker", daemon=True)
+
+    # ---- lookup ----------------------------------------------------------------------------------------
+    def get(self, machine_id: str) -> Machine:
+        with self.lock:
+            machine = self.machines.get(machine_id)
+        if machine is None:
+            # Names are not ids: production answers not_found for a name, and so do we.
+            raise Refused("NOT_FOUND", f"machine {machine_id!r} not found")
+        return machine
+
+    def listing(self, selector: list[str]) -> list[Machine]:
+        with self.lock:
+            machines = list(self.machines.values())
+        return [m for m in machines if _labels_match(selector, m.labels)]
+
+    # ---- lifecycle -------------------------------------------------------------------------------------
+    def create(self, *, name: str, image: str, labels: dict[str, str], env: dict[str, str], vcpu: int,
+               memory_bytes: int, disk_bytes: int, auto_suspend_secs: int, source: str = "image") -> Machine:
+        name = name or f"machine-{secrets.token_hex(3)}"
+        if not NAME_RE.fullmatch(name):
+            raise Refused("INVALID_ARGUMENT", f"invalid machine name {name!r}: lowercase letters, digits and '-'")
+        if self.backend.image_info(image) is None:
+            raise Refused("INVALID_ARGUMENT", f"image {image!r} not found")
+        with self.lock:
+            if any(m.name == name for m in self.machines.values()):
+                raise Refused("ALREADY_EXISTS", f"a machine named {name!r} already exists")
+            machine = Machine(id="vm-" + secrets.token_hex(8), name=name, image=image, labels=dict(labels),
+                              env=dict(env), vcpu=vcpu or DEFAULT_VCPU, memory_bytes=memory_bytes or DEFAULT_MEMORY,
+                              disk_bytes=disk_bytes or DEFAULT_DISK, auto_suspend_secs=auto_suspend_secs,
+                              source=source)
+            self.machines[machine.id] = machine
+        try:
+            machine.container = self.backend.create_container(
+                machine.id, name, image, machine.env, entrypoint=None, cpu=machine.vcpu, memory_gib=1,
+                enforce_resources=False)
+            self.backend.start(machine.container)
+        except (BackendError, OSError) as exc:
+            with self.lock:
+                self.machines.pop(machine.id, None)
+            if machine.container:
+                self.backend.remove(machine.container)
+            raise Refused("INTERNAL", f"machine could not be created: {exc}") from exc
+        self._starting(machine)
+        return machine
+
+    def _starting(self, machine: Machine) -> None:
+        machine.status = "starting"
+        machine.ready_at = time.monotonic() + self.start_seconds
+        machine.last_active = time.monotonic()
+
+    def start(self, machine_id: str) -> None:
+        machine = self.get(machine_id)
+        with self.lock:
+            if machine.status in ("running", "starting"):
+                return
+            if machine.status in ("suspended", "hibernated"):
+                raise Refused("FAILED_PRECONDITION", f"machine {machine.id} is {machine.status}: resume or wake it")
+            machine.status = "starting"
+        self.backend.start(machine.container)
+        self._starting(machine)
+
+    def stop(self, machine_id: str) -> None:
+        machine = self.get(machine_id)
+        with self.lock:
+            if machine.status == "stopped":
+                return
+            was = machine.status
+            machine.status = "stopping"
+        if was in ("suspended", "hibernated"):
+            self.backend.unpause(machine.container)
+        self.backend.stop(machine.container)
+        time.sleep(self.stop_seconds)
+        machine.status = "stopped"
+
+    def suspend(self, machine_id: str, state: str = "suspended") -> None:
+        machine = self.get(machine_id)
+        self.settle(machine)
+        with self.lock:
+            if machine.status == state:
+                return
+            if machine.status not in ("running", "suspended", "hibernated"):
+                raise Refused("FAILED_PRECONDITION", f"machine {machine.id} is {machine.status}, not running")
+            if machine.status == "running":
+                self.backend.pause(machine.container)
+            machine.status = state
+
+    def wake(self, machine_id: str) -> Machine:
+        """Resume a suspended or hibernated machine (resume, wake, and any exec or file call)."""
+        machine = self.get(machine_id)
+        self.settle(machine)
+        with self.lock:
+            if machine.status in ("suspended", "hibernated"):
+                self.backend.unpause(machine.container)
+                machine.status = "running"
+            machine.last_active = time.monotonic()
+        return machine
+
+    def destroy(self, machine_id: str) -> None:
+        machine = self.get(machine_id)
+        with self.lock:
+            self.machines.pop(machine.id, None)
+        machine.status = "destroyed"
+        self.backend.remove(machine.container)
+
+    def settle(self, machine: Machine) -> None:
+        """A starting machine whose delay has passed is running."""
+        if machine.status == "starting" and time.monotonic() >= machine.ready_at:
+            machine.status = "running"
+            machine.last_active = time.monotonic()
+
+    def usable(self, machine_id: str) -> Machine:
+        """The machine, woken, for an exec or a file call; refused while stopped (a conflict, as in production)."""
+        machine = self.wake(machine_id)
+        if machine.status == "starting":
+            while machine.status == "starting" and time.monotonic() < machine.ready_at:
+                time.sleep(0.02)
+            self.settle(machine)
+        if machine.status != "running":
+            raise Refused("FAILED_PRECONDITION", f"machine {machine.id} is {machine.status}: start it first")
+        return machine
+
+    # ---- snapshots -------------------------------------------------------------------------------------
+    def snapshot(self, machine_id: str, name: str) -> Snapshot:
+        machine = self.get(machine_id)
+        if not name or not NAME_RE.fullmatch(name):
+            raise Refused("INVALID_ARGUMENT", f"invalid snapshot name {name!r}")
+        with self.lock:
+            if name in self.snapshots:
+                raise Refused("ALREADY_EXISTS", f"a snapshot named {name!r} already exists")
+        self.settle(machine)
+        info = self.backend.image_info(machine.image)
+        changes = info.restore_changes() if info else []
+        committed = self.backend.commit(machine.container, SNAPSHOT_REPOSITORY,
+                                        docker_name(f"{self.instance_id}-{name}"), name, changes)
+        snap = Snapshot(id="snap-" + secrets.token_hex(6), name=name,
+                        image_ref=f"{SNAPSHOT_REPOSITORY}:{docker_name(f'{self.instance_id}-{name}')}",
+                        labels=dict(machine.labels), vcpu=machine.vcpu, memory_bytes=machine.memory_bytes,
+                        size_bytes=int(committed.size_gib * (1 << 30)))
+        with self.lock:
+            self.snapshots[name] = snap
+        return snap
+
+    def get_snapshot(self, name: str) -> Snapshot:
+        with self.lock:
+            snap = self.snapshots.get(name)
+        if snap is None:
+            raise Refused("NOT_FOUND", f"snapshot {name!r} not found")
+        return snap
+
+    def delete_snapshot(self, name: str) -> None:
+        snap = self.get_snapshot(name)
+        with self.lock:
+            if any(m.image == snap.image_ref for m in self.machines.values()):
+                raise Refused("FAILED_PRECONDITION", f"snapshot {name!r} is in use by a machine")
+            self.snapshots.pop(name, None)
+        self.backend.remove_image(snap.image_ref)
+
+    # ---- timers ----------------------------------------------------------------------------------------
+    def tick(self) -> None:
+        """Settle starting machines and auto-suspend idle ones (every 0.2 s, or now through the control call)."""
+        now = time.monotonic()
+        with self.lock:
+            machines = list(self.machines.values())
+        for machine in machines:
+            self.settle(machine)
+            with self.lock:
+                idle = (machine.status == "running" and machine.auto_suspend_secs > 0 and machine.busy == 0
+                        and now - machine.last_active >= machine.auto_suspend_secs)
+            if idle:
+                try:
+                    self.suspend(machine.id)
+                except (Refused, BackendError):
+                    pass
+
+    def _tick_forever(self) -> None:
+        while not self._stop.wait(0.2):
+            self.tick()
+
+    def start_background(self) -> None:
+        self._ticker.start()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self.backend.cleanup()
+        self.backend.close()
+
+
+def _labels_match(selector: list[str], labels: dict[str, str]) -> bool:
+    for term in selector:
+        key, sep, value = term.partition("=")
+        if (sep and labels.get(key) != value) or (not sep and key not in labels):
+            return False
+    return True

@@ -1,0 +1,209 @@
+"""The boxd emulator (scripts/boxd-emulator) driven by the real boxd==0.2.19 SDK, real containers behind it.
+
+The machines run the tiny busybox test image (tests/daytona_emulator/testimage.py); every container and
+snapshot image of the emulator is removed at the end, which the module fixture checks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from boxd import (  # noqa: E402 - imported after tests.boxd_emulator chose the gRPC poller
+    APIConnectionError,
+    AuthenticationError,
+    Boxd,
+    ConflictError,
+    NotFoundError,
+    RateLimitError,
+)
+from boxd._generated import api_pb2  # noqa: E402
+
+from tests.boxd_emulator import running_emulator  # noqa: E402 - after the sys.path set-up; sets the gRPC poller
+from tests.daytona_emulator import EMULATOR_LABEL, TEST_IMAGE, ensure_test_image  # noqa: E402
+
+pytestmark = pytest.mark.integration
+MIB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def emu(docker_client):
+    ensure_test_image(docker_client)
+    with running_emulator(image=TEST_IMAGE) as running:
+        yield running
+    label = f"{EMULATOR_LABEL}={running.instance_id}"
+    assert docker_client.containers.list(all=True, filters={"label": label}) == []
+    assert docker_client.images.list(filters={"label": label}) == []
+
+
+@pytest.fixture
+def client(emu):
+    sdk = Boxd(token=emu.token, base_url=emu.base_url, max_retries=0)
+    yield sdk
+    emu.control.clear_faults()
+    for machine in sdk.machines.list():
+        sdk.machines.delete(machine.id)
+    sdk.close()
+
+
+def _machine(client, **kwargs):
+    machine = client.machines.create(f"t-{secrets.token_hex(4)}", **kwargs)
+    return client.machines.wait_until_ready(machine.id, timeout=60)
+
+
+def test_lifecycle_ids_labels_and_wake_on_exec(client, emu, docker_client):
+    tag = secrets.token_hex(4)
+    created = client.machines.create(f"life-{tag}", labels={"io.agentbox.box": tag}, env={"GREETING": "hé llo"},
+                                     vcpu=2, memory="2G")
+    assert created.status == "starting"
+    machine = client.machines.wait_until_ready(created.id, timeout=60)
+    assert machine.status == "running"
+    assert machine.resources.vcpu == 2 and machine.resources.memory_bytes == 2 << 30
+    # Addressed by id only: the name is not found, as on the production cluster.
+    with pytest.raises(NotFoundError):
+        client.machines.get(f"life-{tag}")
+    assert [m.id for m in client.machines.list(labels={"io.agentbox.box": tag})] == [created.id]
+    assert client.machines.list(labels={"io.agentbox.box": "other"}) == []
+    assert client.machines.exec(created.id, "printf %s \"$GREETING\"").stdout == "hé llo"
+
+    container = docker_client.containers.get(emu.control.machine(created.id)["container"])
+    client.machines.pause(created.id)
+    assert client.machines.get(created.id).status == "suspended"
+    container.reload()
+    assert container.status == "paused"
+    assert client.machines.exec(created.id, "echo awake").stdout == "awake\n"  # wakes on exec
+    assert client.machines.get(created.id).status == "running"
+
+    client.machines.hibernate(created.id)
+    assert client.machines.get(created.id).status == "hibernated"
+    client.machines.wake(created.id)
+    assert client.machines.get(created.id).status == "running"
+
+    client.machines.stop(created.id)
+    assert client.machines.get(created.id).status == "stopped"
+    with pytest.raises(ConflictError, match="stopped"):
+        client.machines.exec(created.id, "true")
+    client.machines.start(created.id)
+    assert client.machines.wait_until_ready(created.id, timeout=60).status == "running"
+
+    with pytest.raises(ConflictError):
+        client.machines.create(f"life-{tag}")  # a name is taken once
+    client.machines.delete(created.id)
+    with pytest.raises(NotFoundError):
+        client.machines.get(created.id)
+    assert docker_client.containers.list(all=True, filters={"id": container.id}) == []
+
+
+def test_exec_exit_codes_stderr_and_20_mib_streamed(client):
+    machine = _machine(client)
+    for code in (0, 1, 3, 124, 255):
+        result = client.machines.exec(machine.id, f"echo out; echo err >&2; exit {code}")
+        assert (result.exit_code, result.stdout, result.stderr) == (code, "out\n", "err\n")
+    # 20 MiB of non-repeating output, streamed in messages under the 4 MiB cap, byte for byte.
+    digest, size, chunks = hashlib.sha256(), 0, 0
+    with client.machines.stream_exec(machine.id, command="head -c 20971520 /dev/urandom | tee /tmp/out | wc -c >&2",
+                                     close_stdin=True) as stream:
+        stderr = b""
+        for chunk in stream.iter_chunks():
+            if chunk.is_stderr:
+                stderr += chunk.data
+    assert stream.exit_code == 0 and stderr.strip() == b"20971520"
+    with client.machines.stream_exec(machine.id, command="cat /tmp/out", close_stdin=True) as stream:
+        for chunk in stream.iter_chunks():
+            digest.update(chunk.data)
+            size += len(chunk.data)
+            chunks += 1
+    assert stream.exit_code == 0 and size == 20 * MIB and chunks > 5
+    remote = client.machines.exec(machine.id, "sha256sum /tmp/out").stdout.split()[0]
+    assert remote == digest.hexdigest()
+    # stdin reaches the command; the client's half-close is its EOF.
+    stream = client.machines.stream_exec(machine.id, command="wc -c")
+    stream.write(b"x" * 100_000)
+    stream.write_eof()
+    assert b"".join(stream).strip() == b"100000" and stream.exit_code == 0
+
+
+def test_upload_download_10_mib_unicode_name(client, emu):
+    machine = _machine(client)
+    payload = os.urandom(10 * MIB)
+    path = "/tmp/deep/ñame dir/naïve файл 東京.bin"
+    assert client.machines.files.upload(machine.id, path, payload) == len(payload)  # parents created
+    assert client.machines.files.download(machine.id, path) == payload
+    listing = client.machines.exec(machine.id, "find '/tmp/deep/ñame dir' -mindepth 1").stdout
+    assert listing == f"{path}\n"  # no temporary file left behind
+    # The unary call is capped at 4 MiB like production; the streamed one is not.
+    channel_call = client._transport.call  # the SDK's own transport, to reach the capped unary RPC
+    with pytest.raises(RateLimitError, match="4 MiB"):
+        channel_call("DownloadFile", api_pb2.DownloadFileRequest(vm_id=machine.id, path=path))
+    with pytest.raises(NotFoundError):
+        client.machines.files.download(machine.id, "/tmp/deep/missing")
+
+
+def test_auto_suspend_then_wake(client, emu):
+    machine = _machine(client, auto_suspend_timeout=1)
+    deadline = time.monotonic() + 60
+    while client.machines.get(machine.id).status != "suspended":
+        assert time.monotonic() < deadline, "the idle machine was never suspended"
+        emu.control.tick()
+        time.sleep(0.2)
+    assert client.machines.exec(machine.id, "echo hi").stdout == "hi\n"
+
+
+def test_snapshot_new_machine_and_delete(client):
+    machine = _machine(client, labels={"io.agentbox.box": "a"})
+    client.machines.exec(machine.id, "echo warm > /tmp/state")
+    snapshot_name = f"s-{secrets.token_hex(4)}"
+    client.snapshots.create(machine.id, snapshot_name)
+    assert client.snapshots.get(snapshot_name).status == "ready"
+    restored = client.machines.create(f"r-{secrets.token_hex(4)}", from_snapshot=snapshot_name,
+                                      labels={"io.agentbox.box": "b"})
+    client.machines.wait_until_ready(restored.id, timeout=60)
+    assert client.machines.exec(restored.id, "cat /tmp/state").stdout == "warm\n"
+    assert client.machines.get(restored.id).labels == {"io.agentbox.box": "b"}
+    with pytest.raises(ConflictError):
+        client.snapshots.delete(snapshot_name)  # still in use
+    client.machines.delete(restored.id)
+    client.snapshots.delete(snapshot_name)
+    assert snapshot_name not in [s.name for s in client.snapshots.list()]
+
+
+def test_faults_token_and_requests(client, emu):
+    machine = _machine(client)
+    emu.control.add_fault(method="Exec", action="error", code="FAILED_PRECONDITION",
+                          message=f"machine {machine.id} is stopped")
+    with pytest.raises(ConflictError, match="stopped"):
+        client.machines.exec(machine.id, "true")
+    assert client.machines.exec(machine.id, "true").exit_code == 0  # one hit, then gone
+
+    # A dropped stream mid-exec: the client sees a transport error after some output.
+    emu.control.add_fault(method="Exec", action="drop", after=2)
+    seen = b""
+    with pytest.raises(APIConnectionError):
+        with client.machines.stream_exec(machine.id, command="head -c 8388608 /dev/zero", close_stdin=True) as s:
+            for data in s:
+                seen += data
+    assert 0 < len(seen) < 8 * MIB
+
+    # The work done, the answer lost: the machine exists though the create failed.
+    name = f"lost-{secrets.token_hex(3)}"
+    emu.control.add_fault(method="CreateVm", action="error_after", code="UNAVAILABLE")
+    with pytest.raises(APIConnectionError):
+        client.machines.create(name, labels={"io.agentbox.id": name})
+    assert [m.name for m in client.machines.list(labels={"io.agentbox.id": name})] == [name]
+
+    emu.control.add_fault(method="GetVm", action="delay", seconds=0.5)  # slow, then answered normally
+    assert client.machines.get(machine.id).status == "running"
+    assert any(r["method"] == "GetVm" for r in emu.control.requests())
+
+    with pytest.raises(AuthenticationError):
+        Boxd(token="wrong", base_url=emu.base_url, max_retries=0).machines.list()
