@@ -46,6 +46,7 @@ MISSING = [
     ("destroy_box.yml", ["-e", "box="], "say which box: -e box=NAME"),
     ("switch_box.yml", [], "say which box to switch to: -e box=NAME"),
     ("fleet_create.yml", ["-e", "count=2"], "No engines in inventory group 'engines'"),
+    ("fleet_create.yml", ["-e", "provider=daytona"], "provider must be docker (every box on the local engine)"),
 ]
 
 
