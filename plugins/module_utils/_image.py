@@ -62,11 +62,23 @@ class ContextFile:
     executable: bool = False
 
 
-def compute_fingerprint(files: Iterable[ContextFile]) -> str:
+def recorded_labels(base: str, agents: list[str], vnc: bool) -> dict[str, str]:
+    """The labels that record the request's options on the image (besides kind and fingerprint)."""
+    return {BASE_LABEL: base, AGENTS_LABEL: ",".join(agents), VNC_LABEL: "true" if vnc else "false"}
+
+
+# What recorded_labels gives for the module's defaults: these add nothing to the fingerprint.
+DEFAULT_LABELS = recorded_labels(DEFAULT_BASE, [], False)
+
+
+def compute_fingerprint(files: Iterable[ContextFile], labels: dict[str, str] | None = None) -> str:
     """sha256 over the files sorted by relative path: one line `<path>\\0<mode>\\0<sha256>` each.
 
     The order the files are given in does not matter; a path, a byte or the executable bit does
-    (COPY keeps the mode, so it is part of what ends up in the image).
+    (COPY keeps the mode, so it is part of what ends up in the image). Each of `labels` (see
+    recorded_labels) that is not its default adds a line too: the image carries them, so one built
+    with vnc=true must not be reused for vnc=false. At the defaults the fingerprint is the files'
+    alone, the same as before labels counted, so an existing default image is not rebuilt.
     """
     by_path: dict[str, ContextFile] = {}
     for entry in files:
@@ -79,6 +91,10 @@ def compute_fingerprint(files: Iterable[ContextFile]) -> str:
         entry = by_path[path]
         mode = "755" if entry.executable else "644"
         outer.update(f"{path}\0{mode}\0{hashlib.sha256(entry.content).hexdigest()}\n".encode())
+    for name, value in sorted((labels or {}).items()):
+        if DEFAULT_LABELS.get(name) != value:
+            # The value hashed: a newline in it cannot forge another line.
+            outer.update(f"label\0{name}\0{hashlib.sha256(value.encode()).hexdigest()}\n".encode())
     return outer.hexdigest()
 
 
@@ -513,9 +529,7 @@ def run_build(
     labels = {
         FINGERPRINT_LABEL: fingerprint,
         KIND_LABEL: "image",
-        BASE_LABEL: request.base,
-        AGENTS_LABEL: ",".join(request.agents),
-        VNC_LABEL: "true" if request.vnc else "false",
+        **recorded_labels(request.base, request.agents, request.vnc),
     }
     image_id: str | None = None
     error: str | None = None
@@ -608,7 +622,7 @@ def ensure_image(
         files = context_from_parts(request.dockerfile, request.programs, request.ca_certificates)
     else:
         raise ImageError("give the build context: a directory (context) or the rendered Dockerfile (dockerfile)")
-    fingerprint = compute_fingerprint(files)
+    fingerprint = compute_fingerprint(files, recorded_labels(request.base, request.agents, request.vnc))
     tag = image_tag(request.repository, fingerprint)
     latest = f"{request.repository}:{LATEST_TAG}"
     log_path = os.path.abspath(os.path.expanduser(request.build_log))

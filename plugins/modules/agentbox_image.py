@@ -32,13 +32,14 @@ options:
     description:
       - Programs for the context, by file name; they are put in C(bin/<name>) with mode 0755 (the role's
         C(Dockerfile) copies them to C(/usr/local/bin/)).
-      - Only with O(dockerfile).
+      - Only with O(dockerfile); with O(context) the task fails and says to put them in the directory.
     type: dict
     default: {}
   ca_certificates:
     description:
-      - PEM texts of extra certificate authorities, put in C(ca/agentbox-ca-<n>.crt) in this order.
-      - Only with O(dockerfile).
+      - PEM texts of extra certificate authorities, put in C(ca/agentbox-ca-<n>.crt) in this order (so the
+        texts and their order are part of the fingerprint).
+      - Only with O(dockerfile); with O(context) the task fails and says to put them in the directory.
     type: list
     elements: str
     default: []
@@ -50,7 +51,8 @@ options:
     type: path
   base:
     description:
-      - The base image the C(Dockerfile) starts from (its C(FROM)). Made ready before the build.
+      - The base image the C(Dockerfile) starts from (its C(FROM)). Made ready before the build; recorded in
+        the label C(io.agentbox.base), and part of the fingerprint when not the default.
     type: str
     default: debian:bookworm
   tag:
@@ -61,13 +63,16 @@ options:
   agents:
     description:
       - npm packages the rendered context installs globally; recorded in the label C(io.agentbox.agents).
-      - Informational here; the role renders them into the C(Dockerfile).
+      - The role renders them into the C(Dockerfile); the module only records them. Like O(vnc) and O(base),
+        a value other than the default is part of the fingerprint, so an image is reused only with the
+        labels it was built with.
     type: list
     elements: str
     default: []
   vnc:
     description:
-      - Whether the rendered context installs the VNC desktop; recorded in the label C(io.agentbox.vnc).
+      - Whether the rendered context installs the VNC desktop; recorded in the label C(io.agentbox.vnc),
+        and part of the fingerprint when true.
     type: bool
     default: false
   build_log:
@@ -237,9 +242,16 @@ def main() -> None:
             "keep_previous": {"type": "int", "default": 1},
         },
         required_one_of=[("dockerfile", "context")],
-        mutually_exclusive=[("dockerfile", "context"), ("context", "programs"), ("context", "ca_certificates")],
+        mutually_exclusive=[("dockerfile", "context")],
         supports_check_mode=True,
     )
+    for part, kind in (("ca_certificates", "certificates"), ("programs", "programs")):
+        if module.params["context"] and module.params[part]:
+            # Ansible's own 'mutually exclusive' says what is wrong, not what to do instead.
+            module.fail_json(
+                msg=f"{part} goes with dockerfile, not with context (a context directory is sent as it is): "
+                f"put the {kind} in the context directory and COPY them in its Dockerfile, or give dockerfile"
+            )
     if DOCKER_IMPORT_ERROR:
         module.fail_json(msg=missing_required_lib("docker"), exception=DOCKER_IMPORT_ERROR)
 

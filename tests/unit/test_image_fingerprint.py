@@ -21,6 +21,7 @@ from ansible_collections.agentbox.box.plugins.module_utils._image import (  # no
     ImageError,
     compute_fingerprint,
     read_context,
+    recorded_labels,
 )
 
 TEMPLATE = REPO / "roles" / "box_image" / "templates" / "Dockerfile.j2"
@@ -46,6 +47,26 @@ def test_fingerprint_ignores_listing_order() -> None:
     assert compute_fingerprint(reversed(BASE_FILES)) == forward
     assert compute_fingerprint([BASE_FILES[1], BASE_FILES[2], BASE_FILES[0]]) == forward
     assert compute_fingerprint([ContextFile("./" + f.path, f.content, f.executable) for f in BASE_FILES]) == forward
+
+
+def test_recorded_labels_count_only_when_not_the_defaults() -> None:
+    files_alone = compute_fingerprint(BASE_FILES)
+    # The defaults add nothing: an image built before labels counted keeps its fingerprint.
+    assert compute_fingerprint(BASE_FILES, recorded_labels("debian:bookworm", [], False)) == files_alone
+    variants = [
+        recorded_labels("debian:trixie", [], False),
+        recorded_labels("debian:bookworm", ["agent@1"], False),
+        recorded_labels("debian:bookworm", ["agent@2"], False),
+        recorded_labels("debian:bookworm", [], True),
+        recorded_labels("debian:bookworm", ["agent@1"], True),
+    ]
+    fingerprints = {compute_fingerprint(BASE_FILES, labels) for labels in variants}
+    assert len(fingerprints) == len(variants) and files_alone not in fingerprints
+    # A value cannot pose as another label's line.
+    forged = recorded_labels("debian:bookworm", ["x\nlabel\0io.agentbox.vnc\0true"], False)
+    assert compute_fingerprint(BASE_FILES, forged) != compute_fingerprint(
+        BASE_FILES, recorded_labels("debian:bookworm", ["x"], True)
+    )
 
 
 @pytest.mark.parametrize("index", range(len(BASE_FILES)))
