@@ -1375,6 +1375,7 @@ def _run_restore(
 RESTORE_SCRIPT = r'''
 import json, os, shutil, subprocess, sys, tempfile, time
 
+CARRY_REF = "refs/agentbox/carry-over"  # _ship.CARRY_REF: the host state a shipped box was seeded with
 GIT = ["git", "-c", "core.hooksPath=/dev/null", "-c", "commit.gpgsign=false", "-c", "rerere.enabled=false",
        "-c", "merge.conflictStyle=merge", "-c", "core.autocrlf=false"]
 
@@ -1570,11 +1571,24 @@ def tree_entry(cwd, commit, path):
     return mode, blob(cwd, "%s:%s" % (commit, path))
 
 
+def changed_paths(cwd, older, newer):
+    raw = git(cwd, "diff", "--name-only", "--no-renames", "-z", older, newer).stdout.decode("utf-8", "surrogateescape")
+    return [p for p in raw.split("\0") if p]
+
+
 def overlay_host(job, cwd, conflicts):
-    """The host's uncommitted tracked changes, file by file; where the box changed a file too, it wins."""
-    head, stash = job["host_head"], job["host_stash"]
-    raw = git(cwd, "diff", "--name-only", "--no-renames", "-z", head, stash).stdout.decode("utf-8", "surrogateescape")
-    for path in [p for p in raw.split("\0") if p]:
+    """The host's uncommitted tracked changes, file by file; where the box changed a file too, it wins.
+
+    A shipped box keeps the host state it was seeded with (job["seeded"]): a file the box still holds
+    exactly as seeded is the host's old work, not the box's, so the host's version now replaces it
+    (else an edit the host made since, or a revert, would lose to its own older version)."""
+    head = job["host_head"]
+    stash = job["host_stash"] or head
+    seeded = job.get("seeded") or ""
+    paths = changed_paths(cwd, head, stash) if job["host_stash"] else []
+    seeded_paths = set(changed_paths(cwd, seeded + "^1", seeded)) if seeded else set()
+    paths += sorted(seeded_paths.difference(paths))
+    for path in paths:
         full = os.path.join(cwd, path)
         base_mode, base = tree_entry(cwd, head, path)
         other_mode, other = tree_entry(cwd, stash, path)
@@ -1588,6 +1602,12 @@ def overlay_host(job, cwd, conflicts):
             conflicts.append({"path": path, "kind": "host-changes", "kept": "box", "detail": detail})
         if blocked:
             keep("a parent of this path is a file in the box")
+        elif path in seeded_paths and mine == tree_entry(cwd, seeded, path)[1]:
+            if other is None:
+                if mine is not None:
+                    os.unlink(full)
+            elif mine != other or base_mode != other_mode:
+                write_file(full, other, other_mode == "100755", other_mode == "120000")
         elif other is None:
             if mine is None:
                 continue
@@ -1664,6 +1684,9 @@ def adopt_clone(job):
     refspecs = ["+refs/heads/agentbox-restore/host-head:refs/agentbox/restore/host-head"]
     if job["with_stash"]:
         refspecs.append("+refs/agentbox/carry-over:refs/agentbox/restore/carry-over")
+    # The host state the source box was seeded with (none when the host was clean then).
+    seeded = git(cwd, "rev-parse", "-q", "--verify", CARRY_REF + "^{commit}", check=False)
+    job["seeded"] = seeded.stdout.decode().strip() if seeded.returncode == 0 else ""
     git(cwd, "fetch", "-q", "--no-tags", "--update-shallow", job["source"], *refspecs)
     job["commit"] = text(cwd, "rev-parse", "HEAD")
     job["host_head"] = text(cwd, "rev-parse", "refs/agentbox/restore/host-head")
@@ -1674,6 +1697,11 @@ def adopt_clone(job):
 
 
 def forget_clone_refs(job, cwd):
+    # This box was seeded with the host's state now: a checkpoint of it tells its own edits from that.
+    if job["host_stash"]:
+        git(cwd, "update-ref", CARRY_REF, job["host_stash"])
+    else:
+        git(cwd, "update-ref", "-d", CARRY_REF, check=False)
     for ref in ("refs/agentbox/restore/host-head", "refs/agentbox/restore/carry-over"):
         git(cwd, "update-ref", "-d", ref, check=False)
     shutil.rmtree(job["source"], ignore_errors=True)
@@ -1718,8 +1746,9 @@ def restore(job, home, box, checkpoint):
             resolve_for_box(cwd, 3, 2, "checkpoint-changes", conflicts)
         git(cwd, "reset", "-q")
     lap("checkpoint_changes")
-    if job["host_stash"]:
+    if job["host_stash"] or job.get("seeded"):
         overlay_host(job, cwd, conflicts)
+    if job["host_stash"]:
         stage_host_index(job, cwd, conflicts)
     existing, blocked = untracked_report(job, cwd)
     if clone:

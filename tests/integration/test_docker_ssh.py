@@ -26,6 +26,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import docker
 import pytest
 
 HERE = Path(__file__).resolve().parent
@@ -36,9 +37,10 @@ for entry in (str(HERE), str(HERE.parents[1] / ".collections")):
 
 from engines import REPO, EngineFleet  # noqa: E402
 
-from ansible_collections.agentbox.box.plugins.module_utils import _box, _image_transfer, _ship, _ssh  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils import _box, _image_transfer, _naming, _ship, _ssh  # noqa: E402
 from ansible_collections.agentbox.box.plugins.module_utils._docker import DockerProvider  # noqa: E402
 from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError  # noqa: E402
+from tests.conftest import make_repo, run_module  # noqa: E402
 
 pytestmark = pytest.mark.integration
 # The box image under a tag of this run: another build moving agentbox/box:latest meanwhile must not
@@ -552,3 +554,95 @@ def test_inventory_engines_and_the_connection_reach_a_box_over_ssh(fleet, tmp_pa
     finally:
         _box.destroy_box(provider, provider.find(name))
     assert engine.agentbox_objects() == []
+
+
+def test_checkpoint_capture_and_restore_on_a_remote_engine_through_the_modules(fleet, tmp_path, docker_client):
+    """agentbox_box and agentbox_checkpoint with provider=docker_ssh: the checkpoint is committed on the
+    engine (never on the local one), a new box from it is warm and carries the host's current work on
+    its own branch, removal leaves nothing, and the host's status, index and stash never change."""
+    engine = fleet.engines[0]
+    provider = DockerProvider(engine=engine.alias, ssh_options={})
+    home = tmp_path / "home"  # the checkpoint manifests go here, not to the real ~/.agentbox
+    home.mkdir()
+    env = {**fleet.env, "HOME": str(home)}
+    committed = {".gitignore": "*.log\n", "app.py": "print('v1')\n", "old.txt": "to be deleted\n",
+                 "notes.txt": "committed notes\n"}  # fmt: skip
+    repo = make_repo(tmp_path / "ws", committed)
+    # The host is mid-work: unstaged edits, a staged file, a deletion, untracked binary bytes.
+    (repo / "app.py").write_text("print('v2, not staged')\n")
+    (repo / "notes.txt").write_text("notes edited, later reverted\n")
+    (repo / "staged.txt").write_text("staged\n")
+    git(repo, "add", "staged.txt")
+    git(repo, "rm", "-q", "old.txt")
+    (repo / "blob.bin").write_bytes(os.urandom(3000))
+    before = host_state(repo)
+    tag = secrets.token_hex(2)
+    source, restored = f"abx-cks-{tag}", f"abx-ckr-{tag}"
+    common = {"provider": "docker_ssh", "engine": engine.alias}
+    ckpt_name = ""
+    try:
+        created = run_module("agentbox_box", {**common, "name": source, "workspace": str(repo), "image": IMAGE},
+                             env=env)  # fmt: skip
+        assert not created["failed"] and created["seed"]["mode"] == "shipped", created.get("msg")
+        warm = secrets.token_hex(16)
+        run(provider, source, "sh", "-c", f"printf '{warm}' > /workspace/warm.log && mkdir -p /workspace/deps "
+            f"&& printf dep > /workspace/deps/cached.log")  # fmt: skip
+
+        saved = run_module("agentbox_checkpoint", {**common, "box": source}, env=env)
+        assert not saved["failed"] and saved["changed"] is True, saved.get("msg")
+        ckpt_name = saved["checkpoint"]["name"]
+        project = _naming.project_id(str(repo))
+        image = _naming.checkpoint_image(project, ckpt_name)
+        # Committed on the remote engine, with its labels; the local engine never saw it.
+        on_engine = json.loads(engine.shell(f"docker image inspect {image}").stdout)[0]
+        assert on_engine["Config"]["Labels"]["io.agentbox.kind"] == "checkpoint"
+        assert on_engine["Config"]["Labels"]["io.agentbox.checkpoint"] == ckpt_name
+        with pytest.raises(docker.errors.ImageNotFound):
+            docker_client.images.get(image)
+        assert host_state(repo)["status"] == before["status"] and host_state(repo)["index"] == before["index"]
+
+        # The host moves on before the restore: more edits, a revert, a new untracked file. The box
+        # never touched these files: the host's versions now win over those it was seeded with.
+        (repo / "app.py").write_text("print('v3, after the checkpoint')\n")
+        git(repo, "checkout", "--", "notes.txt")
+        (repo / "later.txt").write_text("untracked, made after the checkpoint\n")
+        current = host_state(repo)
+        restored_box = run_module(
+            "agentbox_box", {**common, "name": restored, "workspace": str(repo), "image": IMAGE, "checkpoint": ckpt_name},
+            env=env,
+        )  # fmt: skip
+        assert not restored_box["failed"], restored_box.get("msg")
+        assert restored_box["seed"]["conflicts"] == []
+        assert restored_box["seed"]["mode"] == "checkpoint" and restored_box["box"]["checkpoint"] == ckpt_name
+        # Warm state from the checkpoint, and the host's work as it is now, byte for byte.
+        in_box = box_files(provider, restored, "/workspace")
+        warm_in_box = {path: in_box.pop(path, (None, None, None))[1] for path in ("warm.log", "deps/cached.log")}
+        assert warm_in_box == {"warm.log": warm.encode(), "deps/cached.log": b"dep"}
+        assert in_box == expected_files(repo)
+        assert run(provider, restored, "git", "-C", "/workspace", "symbolic-ref", "--short", "HEAD").strip() == (
+            f"agentbox/{restored}"
+        )
+        assert host_state(repo) | {"refs": ""} == current | {"refs": ""}
+
+        for box in (restored, source):
+            gone = run_module("agentbox_box", {**common, "name": box, "state": "absent"}, env=env)
+            assert not gone["failed"], gone.get("msg")
+        removed = run_module("agentbox_checkpoint", {**common, "name": ckpt_name, "workspace": str(repo),
+                                                     "state": "absent"}, env=env)  # fmt: skip
+        assert not removed["failed"] and removed["changed"] is True, removed.get("msg")
+        ckpt_name = ""
+        assert engine.shell(f"docker image inspect {image}", check=False).returncode != 0
+        labelled = engine.shell(f"docker images -q --filter label=io.agentbox.project={project}").stdout
+        assert labelled.strip() == ""
+        assert engine.agentbox_objects() == []
+        assert not (home / ".agentbox" / "checkpoints" / project / saved["checkpoint"]["name"]).exists()
+        # The host's working tree, index and stash: as the user left them, through every step.
+        after = host_state(repo)
+        assert (after["status"], after["index"], after["stash"]) == (current["status"], current["index"], "")
+    finally:
+        for box in (restored, source):
+            if provider.find(box) is not None:
+                provider.destroy(box)
+        if ckpt_name:
+            run_module("agentbox_checkpoint", {**common, "name": ckpt_name, "workspace": str(repo), "state": "absent"},
+                       env=env)  # fmt: skip
