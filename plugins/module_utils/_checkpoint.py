@@ -44,6 +44,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from . import _ckpt_env, _git, _gitlayer, _naming, _seed
+from ._box_data import head_line, restore_answer
 from ._provider import BoxFacts, Provider, ProviderError
 from ._tarstream import tar_of_paths, tar_of_tree
 
@@ -975,15 +976,8 @@ def _in_box_head(provider: Provider, facts: BoxFacts) -> list[dict[str, str]]:
     lines = run.text.split()
     if run.rc not in (0, 1) or not lines:
         return []
-    return [
-        {
-            "sub": "",
-            "git_dir": "",
-            "path": _seed.WORKSPACE,
-            "branch": lines[1] if len(lines) > 1 else "",
-            "commit": lines[0],
-        }
-    ]
+    commit, branch = head_line(lines[0], lines[1] if len(lines) > 1 else "", "the box's /workspace", facts.name)
+    return [{"sub": "", "git_dir": "", "path": _seed.WORKSPACE, "branch": branch, "commit": commit}]
 
 
 def _ref(project: str, name: str) -> str:
@@ -1309,8 +1303,8 @@ def _run_restore(
     if run.rc != 0:
         detail = (run.stderr or run.stdout).decode("utf-8", "replace").strip()[-2000:]
         raise CheckpointError(f"restoring the workspace from checkpoint {plan.name!r} failed: {detail}", box=box)
-    answer = json.loads(run.stdout.decode("utf-8").strip().splitlines()[-1])
-    for outcome in answer["worktrees"]:
+    asked = {job["sub"]: carry[job["sub"]].untracked for job in jobs}
+    for outcome in restore_answer(run.stdout, asked, box):
         sub = outcome["sub"]
         host_root = host_roots[sub]
         state = carry[sub]

@@ -22,6 +22,7 @@ import os
 import shlex
 from typing import Any
 
+from ._box_data import head_line
 from ._naming import CONTAINER_PREFIX, label
 from ._provider import BoxFacts, Provider, ProviderError
 
@@ -177,11 +178,12 @@ def box_heads(provider: Provider, facts: BoxFacts, records: list[dict[str, str]]
         commit, branch = ([*lines[2 * position:2 * position + 2], "-", "-"])[:2]
         if commit == "-":
             raise ProviderError(f"the box's worktree {record['path']} has no commit checked out", box=facts.name)
+        commit, branch = head_line(commit, branch, f"the box's worktree {record['path']}", facts.name)
         root = host_roots[record["sub"]]
         if _git.git(root, "cat-file", "-e", f"{commit}^{{commit}}", check=False).returncode != 0:
             # Checked out off the box's branch: bring that commit too, against the box's base.
             _ship.fetch_bundle(provider, facts.name, root, record["path"], "HEAD", _base_of(provider, facts, record["sub"]))
-        heads.append({**_head_keys(record), "branch": "" if branch == "-" else branch, "commit": commit})
+        heads.append({**_head_keys(record), "branch": branch, "commit": commit})
     return heads
 
 

@@ -23,9 +23,10 @@ import os
 import shlex
 from typing import Any
 
+from ._box_data import seed_record
 from ._git import CarryOver, Repo, capture_carry_over
 from ._journal import pause_point, pausing_stream
-from ._provider import Provider, ProviderError
+from ._provider import Provider
 from ._tarstream import tar_of_paths, tar_of_tree
 
 WORKSPACE = "/workspace"
@@ -181,13 +182,11 @@ def _finish(provider: Provider, box: str, target: str | None, result: SeedResult
 
 
 def read_seed_record(provider: Provider, box: str) -> dict[str, Any] | None:
+    """The box's seed record, checked on the host (the box can rewrite it); None when it has none."""
     run = provider.exec(box, ["cat", SEED_RECORD], user="root")
     if run.rc != 0:
         return None
-    try:
-        return json.loads(run.stdout)
-    except ValueError as exc:
-        raise ProviderError(f"{SEED_RECORD} in the box is not JSON: {exc}", box=box) from exc
+    return seed_record(run.stdout, box)
 
 
 def capture_all(repos: list[Repo]) -> dict[str, CarryOver]:

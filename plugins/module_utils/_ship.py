@@ -31,6 +31,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from . import _git, _seed
+from ._box_data import object_id, own_branch
 from ._provider import BoxFacts, Provider, ProviderError
 from ._tarstream import tar_of_paths, tar_of_tree
 
@@ -317,6 +318,7 @@ def fetch_box_branch(
                 box=box,
                 operation="fetch",
             )
+        own_branch(entry, facts.branch, box)  # the record is the box's to forge: only its own branch moves
         results.append(_fetch_one(provider, box, repo, entry, force))
     return {"repos": results, "changed": any(item["changed"] for item in results)}
 
@@ -327,7 +329,7 @@ def _fetch_one(provider: Provider, box: str, repo: _git.Repo, entry: dict[str, A
     tip_run = _box_git(provider, box, path, "rev-parse", "--verify", "-q", f"{ref}^{{commit}}")
     if tip_run.rc != 0:
         raise ProviderError(f"the box's repo at {path} has no branch {branch} any more", box=box, operation="fetch")
-    tip = tip_run.text.strip()
+    tip = object_id(tip_run.text.strip(), f"the tip of {branch} in the box", box)
     if not _host_has_commit(repo.root, tip):
         fetch_bundle(provider, box, repo.root, path, ref, base)
     previous = _git.git(repo.root, "rev-parse", "--verify", "-q", ref, check=False).stdout.decode().strip()

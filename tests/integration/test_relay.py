@@ -335,6 +335,44 @@ def _blob_id(text: str) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()  # git's object id
 
 
+FORGE_SEED = """
+import json, sys
+path = "/etc/agentbox/seed.json"
+record = json.load(open(path))
+for entry in record["worktrees"]:
+    entry["branch"] = sys.argv[1]
+open(path, "w").write(json.dumps(record))
+"""
+
+
+def test_a_forged_seed_record_cannot_move_another_host_branch(
+    host: Host, make_box: Callable[[], str], project: dict[str, Path], engine: docker.DockerClient
+) -> None:
+    """Root in the box rewrites its seed record to name another host branch as its own, moved to
+    the box's commit in its view: the host refuses the record, and that branch stays where it was."""
+    hostile = make_box()
+    workspace = project["workspace"]
+    target = f"release-{hostile}"  # a host branch that is not checked out (a checked-out one is refused anyway)
+    git_as_owner(workspace, "branch", target, "main")
+    before = git(workspace, "rev-parse", f"refs/heads/{target}").strip()
+    commit = commit_in_box(engine, hostile, "hostile")
+    assert in_box(engine, hostile, ["git", "update-ref", f"refs/heads/{target}", commit])[0] == 0
+    container = engine.containers.get(f"agentbox-{hostile}")
+    original = container.exec_run(["cat", "/etc/agentbox/seed.json"], user="root").output
+    forged = container.exec_run(["python3", "-c", FORGE_SEED, target], user="root")
+    assert forged.exit_code == 0, forged.output
+    try:
+        rc, _out, err = ctl(engine, hostile, "git", "push")
+        assert rc != 0 and f"names branch '{target}', not the box's own" in err, err
+        fetched = host.module("agentbox_worktree", {"box": hostile, "state": "fetched"})
+        assert fetched["failed"] and "written by the box" in fetched["msg"], fetched
+        assert git(workspace, "rev-parse", f"refs/heads/{target}").strip() == before
+        assert not origin_ref(project, f"refs/heads/{target}")
+    finally:
+        container.exec_run(["sh", "-c", 'printf %s "$1" > /etc/agentbox/seed.json', "put", original.decode()],
+                           user="root")
+
+
 def test_checkpoint_from_the_box_is_listed_on_the_host(
     host: Host, box: str, engine: docker.DockerClient
 ) -> None:
