@@ -5,8 +5,9 @@
 How a connection gets in: the alias's ProxyCommand runs the box's own sshd in inetd mode
 (`sshd -i`) through `docker exec` (the local engine; DOCKER_HOST as it was when the entry was
 written), or through `ssh <engine> docker exec ...` with the destination, key and known_hosts
-the collection itself uses for that engine (remote engines). No port is published, no daemon
-has to run in the box, and stop/start changes nothing in the entry.
+the collection itself uses for that engine (remote engines), or through Daytona's SSH gateway with
+an SSH access token (Daytona boxes, see _daytona_ssh). No port is published, no daemon has to run
+in the box, and stop/start changes nothing in the entry (a Daytona box's token is renewed).
 
 What the box gets (box_ready, on create, start and restore, as root through the provider): its
 host keys (`ssh-keygen -A`, once per box), the user's public keys in
@@ -94,6 +95,7 @@ class Access:
     ssh_config: str
     keys: list[str] = dataclasses.field(default_factory=list)  # the host key files authorised
     warnings: list[str] = dataclasses.field(default_factory=list)
+    expires_at: str | None = None  # when the alias's Daytona SSH access token runs out (Daytona boxes)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -351,9 +353,6 @@ def write_known_host(box: str, host_key: str | None) -> bool:
 def box_ready(provider: Provider, facts: BoxFacts) -> Access:
     """Make `ssh agentbox-<box>` work for a running box: keys in, host key and entry written."""
     access = Access(alias=alias(facts.name), ssh_config=ssh_config_path())
-    if provider.name == "daytona":
-        access.warnings.append("ssh agentbox-<box> is not available for Daytona boxes yet")
-        return access
     keys = identity_files()
     if not keys:
         access.warnings.append(NO_KEY_HELP.format(box=facts.name))
@@ -365,6 +364,11 @@ def box_ready(provider: Provider, facts: BoxFacts) -> Access:
     ssh_options = getattr(provider, "ssh_options", {}) if provider.name == "docker_ssh" else {}
     if provider.name == "docker":
         direct = local_proxy_argv(facts.name)
+    elif provider.name == "daytona":
+        from . import _daytona_ssh
+
+        # Through Daytona's SSH gateway, with a fresh token; the wake launcher renews an expired one.
+        direct, access.expires_at = _daytona_ssh.proxy_argv(provider, facts.name)
     else:
         direct = engine_proxy_argv(facts.name, facts.engine, ssh_options)
         _host_files.ensure_private_dir(control_dir())
@@ -383,6 +387,9 @@ def box_removed(box: str, engine: str) -> bool:
         return False
     write_entry(box, None)
     write_known_host(box, None)
+    from . import _daytona_ssh
+
+    _daytona_ssh.forget(box)  # a Daytona box's gateway token goes with its entry
     return True
 
 

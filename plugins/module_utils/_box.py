@@ -393,7 +393,11 @@ def set_state(provider: Provider, facts: BoxFacts, state: str, boot: bool = True
     """Move an existing box to started, stopped or paused; a start re-runs the boot sequence."""
     if state == "started":
         if facts.state == "paused":
-            return provider.resume(facts.name)
+            resumed = provider.resume(facts.name)
+            if provider.name == "daytona":
+                # A Daytona pause is a stop: the keys' tmpfs is gone, and the alias gets a fresh token.
+                refresh_access(provider, resumed)
+            return resumed
         if facts.state == "stopped":
             provider.start(facts.name)
             if boot:

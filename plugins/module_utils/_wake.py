@@ -12,7 +12,8 @@ the local engine is reached through DOCKER_HOST as the alias's own command.)
 
 A paused box is resumed and a stopped one started through the collection's own start (boot sequence,
 SSH keys written again to the box's tmpfs, agents resumed), then COMMAND (the same sshd through the
-engine) replaces this process. A running box means the connection failed for its own reasons: nothing
+engine) replaces this process. A running Daytona box gets a new SSH access token (the gateway refused
+the old one: expired, or revoked by a newer one); that needs DAYTONA_API_KEY where ssh runs. A running box means the connection failed for its own reasons: nothing
 is retried. Standard output is the SSH stream, so nothing but COMMAND may write to it; every message
 goes to standard error, which ssh shows.
 """
@@ -41,6 +42,8 @@ def wake(provider_name: str, engine: str, box: str, ssh_options: dict[str, Any])
         provider = get_provider(provider_name, engine=engine, ssh_options=ssh_options)
     elif provider_name == "docker":
         provider = get_provider(provider_name)
+    elif provider_name == "daytona":
+        provider = get_provider(provider_name, api_url=engine)  # the key from DAYTONA_API_KEY, as every module
     else:
         raise ValueError(f"ssh agentbox-<box> does not reach {provider_name} boxes")
     try:
@@ -48,7 +51,13 @@ def wake(provider_name: str, engine: str, box: str, ssh_options: dict[str, Any])
         if facts is None:
             raise LookupError(f"no box called {box!r} on engine {engine}")
         if facts.state in ("paused", "stopped"):
-            _box.set_state(provider, facts, "started")
+            _box.set_state(provider, facts, "started")  # a Daytona box's start renews its SSH access too
+        elif provider_name == "daytona":
+            # Running, so the gateway refused the token (expired, or revoked by a newer one): a new one.
+            access = _box.refresh_access(provider, facts)
+            if access.get("warnings"):
+                raise RuntimeError("; ".join(access["warnings"]))
+            return "renewed"
         return facts.state
     finally:
         provider.close()
@@ -74,10 +83,13 @@ def main(argv: list[str]) -> int:
         sys.stdout.flush()
         os.dup2(stream, 1)
         os.close(stream)
-    if before not in ("paused", "stopped"):
+    if before == "renewed":
+        say(f"agentbox: box {box!r}: its Daytona SSH access had run out; renewed")
+    elif before not in ("paused", "stopped"):
         say(f"agentbox: box {box!r} is {before}: the connection failed for another reason")
         return 255
-    say(f"agentbox: box {box!r} was {before}; it runs again")
+    else:
+        say(f"agentbox: box {box!r} was {before}; it runs again")
     os.execvp(command[0], command)
     return 255  # not reached
 

@@ -11,6 +11,7 @@ version_added: 0.2.0
 description:
   - Makes C(ssh agentbox-<name>) work for a box (its entry in C(~/.agentbox/ssh_config), the host user's public
     keys authorised in the box) and returns the URI an editor opens it with.
+  - A Daytona box is reached through Daytona's SSH gateway with a new SSH access token (see RV(expires_at)).
   - A paused box is resumed and a stopped one started first (O(wake=true)), as opening an editor needs it running.
   - For a box that does not exist, a stale C(agentbox-<name>) entry is removed and the task fails saying so.
   - With O(ssh_include=true), adds C(Include ~/.agentbox/ssh_config) at the top of C(~/.ssh/config) once; no other
@@ -100,6 +101,14 @@ warnings_access:
   returned: always
   type: list
   elements: str
+expires_at:
+  description:
+    - "For a Daytona box, when the SSH access token behind the alias runs out (UTC, ISO 8601): each run of this
+      module (and each start of the box) renews it. The token itself is kept in a private file, never returned."
+    - "Null for other providers, and in check mode."
+  returned: always
+  type: str
+  sample: "2026-12-01T21:10:06Z"
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -155,6 +164,7 @@ def _task(module: AnsibleModule) -> dict:
         "include_line": _access.include_line(),
         "included": included,
         "warnings_access": access.get("warnings", []),
+        "expires_at": access.get("expires_at"),
     }
 
 

@@ -278,6 +278,7 @@ access:
   description:
     - "How to get into the box: its SSH alias (C(ssh agentbox-<name>)), the file holding the alias
       (C(~/.agentbox/ssh_config)), the host key files authorised in the box, and what is missing."
+    - "For a Daytona box also C(expires_at): when the SSH access token behind the alias runs out."
   returned: when created
   type: dict
   sample: {"alias": "agentbox-fix-login", "ssh_config": "/home/me/.agentbox/ssh_config",

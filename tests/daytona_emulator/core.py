@@ -40,6 +40,7 @@ _HOSTNAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 # List sort fields (SandboxListSortField) to the list item's keys.
 _SORT_FIELDS = {"name": "name", "cpu": "cpu", "memoryGib": "memory", "diskGib": "disk",
                 "lastActivityAt": "lastActivityAt", "createdAt": "createdAt"}
+_TOKEN_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 _TRANSITIONAL = {"unknown", "creating", "starting", "stopping", "archiving", "restoring", "destroying", "snapshotting",
                  "pending_build", "building_snapshot"}
 
@@ -161,6 +162,7 @@ class Emulator:
         self.base_url = f"http://{config.host}:{config.port}"
         self._stop_event = threading.Event()
         self._ticker: threading.Thread | None = None
+        self.ssh_gateway: Any = None  # SshGateway once start_background ran
         self._add_general_snapshot()
         from .toolbox import Toolbox  # toolbox needs the Emulator type; imported here to avoid a cycle
 
@@ -182,9 +184,15 @@ class Emulator:
     def start_background(self) -> None:
         self._ticker = threading.Thread(target=self._tick_loop, name="daytona-emulator-timers", daemon=True)
         self._ticker.start()
+        from .ssh_gateway import SshGateway  # paramiko only where the gateway runs
+
+        self.ssh_gateway = SshGateway(self)
+        self.ssh_gateway.start()
 
     def shutdown(self) -> None:
         self._stop_event.set()
+        if self.ssh_gateway is not None:
+            self.ssh_gateway.close()
         self.events.close_all()
         self.toolbox.close_all()
         if not self.config.keep_on_exit:
@@ -1024,16 +1032,27 @@ class Emulator:
     def create_ssh_access(self, id_or_name: str, query: dict[str, list[str]]) -> dict[str, Any]:
         sb = self.find(id_or_name)
         minutes = _query_int(query, "expiresInMinutes", 60, minimum=1)
-        token = secrets.token_urlsafe(24)
+        # As Daytona: 32 characters without '_' or '-', and a new access revokes the sandbox's older ones.
+        token = "".join(secrets.choice(_TOKEN_ALPHABET) for _position in range(32))
         now = time.time()
         with self.lock:
+            self.ssh_tokens = {t: v for t, v in self.ssh_tokens.items() if v[0] != sb.id}
             self.ssh_tokens[token] = (sb.id, now + minutes * 60)
+        gateway = self.ssh_gateway
+        command = f"ssh -p {gateway.port} {token}@{self.config.host}" if gateway else f"ssh {token}@ssh.emulator.invalid"
         return {
             "id": str(uuid.uuid4()), "sandboxId": sb.id, "token": token, "expiresAt": iso(now + minutes * 60),
-            "createdAt": iso(now), "updatedAt": iso(now),
-            # The emulator has no SSH gateway; the command is shaped like the real one and will not connect.
-            "sshCommand": f"ssh {token}@ssh.emulator.invalid",
+            "createdAt": iso(now), "updatedAt": iso(now), "sshCommand": command,
         }
+
+    def expire_ssh_access(self, token: str) -> dict[str, Any]:
+        """Admin: the token's time is up now (what waiting out expiresInMinutes would do)."""
+        with self.lock:
+            entry = self.ssh_tokens.get(token)
+            if entry is None:
+                raise ApiError(404, "no such SSH access token")
+            self.ssh_tokens[token] = (entry[0], time.time())
+            return {"sandboxId": entry[0], "expired": True}
 
     def revoke_ssh_access(self, id_or_name: str, query: dict[str, list[str]]) -> dict[str, Any]:
         sb = self.find(id_or_name)

@@ -112,6 +112,10 @@ class EmulatorAdmin:
         quoted = urllib.parse.quote(name, safe="")
         return self._call("POST", f"/snapshots/{quoted}/deactivate-unused", {"ago_minutes": ago_minutes})
 
+    def expire_ssh_access(self, token: str) -> dict:
+        """An SSH access token's time is up now, as if its expiresInMinutes had passed."""
+        return self._call("POST", f"/ssh-access/{token}/expire")
+
     def sandbox_internal(self, sandbox_id: str) -> dict[str, Any] | None:
         """The sandbox as the admin state shows it, with `_emulator.containerId`, or None once deleted."""
         return next((sb for sb in self.state()["sandboxes"] if sb["id"] == sandbox_id), None)

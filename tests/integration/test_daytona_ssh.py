@@ -1,0 +1,193 @@
+"""`ssh agentbox-<box>` for a Daytona box, with the real OpenSSH client, through the emulator's SSH gateway
+(a token as the user name, commands run in the sandbox as the daemon's user, as Daytona's gateway does), and
+a port of the box through a signed preview URL (agentbox_forward). Issues 16 and 19.
+
+HOME is a private temp dir (its own key, ~/.agentbox); OpenSSH reads the alias with `-F`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import make_repo, run_module
+from tests.daytona_emulator import running_emulator
+
+pytestmark = pytest.mark.integration
+
+
+class World:
+    def __init__(self, api_url: str, api_key: str, admin, root: Path) -> None:
+        self.api_url, self.api_key, self.admin, self.root = api_url, api_key, admin, root
+        self.home = root / "h"
+        (self.home / ".ssh").mkdir(parents=True, mode=0o700)
+        _keygen(self.home / ".ssh" / "id_ed25519")
+        self.workspace = make_repo(root / "ws", {"README.md": "daytona over ssh\n"})
+        self.box = f"dssh-{uuid.uuid4().hex[:6]}"
+
+    def env(self) -> dict[str, str]:
+        return {"HOME": str(self.home), "DAYTONA_API_URL": self.api_url, "DAYTONA_API_KEY": self.api_key,
+                "SSH_AUTH_SOCK": "", "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory",
+                "GIT_CONFIG_VALUE_0": "*"}  # fmt: skip
+
+    def module(self, module: str, **args) -> dict:
+        saved = os.environ.pop("DAYTONA_TARGET", None)
+        try:
+            return run_module(module, {"provider": "daytona", **args}, env=self.env())
+        finally:
+            if saved is not None:
+                os.environ["DAYTONA_TARGET"] = saved
+
+    @property
+    def config(self) -> Path:
+        return self.home / ".agentbox" / "ssh_config"
+
+    def ssh(self, command: str, **env: str) -> subprocess.CompletedProcess:
+        argv = ["ssh", "-F", str(self.config), "-o", "BatchMode=yes", f"agentbox-{self.box}", command]
+        base = {k: v for k, v in os.environ.items() if not k.startswith("DAYTONA_")}
+        return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False,
+                              env={**base, "HOME": str(self.home), **env})  # fmt: skip
+
+    def scp(self, source: str, target: str) -> subprocess.CompletedProcess:
+        argv = ["scp", "-F", str(self.config), "-o", "BatchMode=yes", source, target]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False,
+                              env={**os.environ, "HOME": str(self.home)})  # fmt: skip
+
+    def gateway_token(self) -> str:
+        text = (self.home / ".agentbox" / "daytona-ssh" / f"{self.box}.conf").read_text()
+        return re.search(r"^  User (\S+)$", text, re.M).group(1)
+
+
+def _keygen(path: Path) -> None:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "dssh-test", "-f", str(path)], check=True)
+
+
+@pytest.fixture(scope="module")
+def world(box_image: str) -> Iterator[World]:
+    # Short: OpenSSH's paths stay well inside its limits.
+    root = Path(tempfile.mkdtemp(prefix="dssh-", dir="/tmp"))
+    root.chmod(0o755)
+    try:
+        with running_emulator(image=box_image) as (api_url, api_key, admin):
+            made = World(api_url, api_key, admin, root)
+            created = made.module("agentbox_box", name=made.box, workspace=str(made.workspace), boot=False)
+            assert not created["failed"], created
+            made.created = created
+            try:
+                yield made
+            finally:
+                made.module("agentbox_box", name=made.box, state="absent")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_ssh_alias_lands_as_vscode_on_the_boxs_branch(world: World) -> None:
+    access = world.created["access"]
+    assert access["alias"] == f"agentbox-{world.box}" and access["warnings"] == [], access
+    assert access["expires_at"].endswith("Z")
+    assert stat.S_IMODE(world.config.stat().st_mode) == 0o600
+    branch = world.ssh("git -C /workspace rev-parse --abbrev-ref HEAD")
+    assert branch.returncode == 0, branch.stderr
+    assert branch.stdout.strip() == f"agentbox/{world.box}"
+    assert world.ssh("id -un").stdout == "vscode\n"
+    # The token is a credential: only in the private gateway file, never in the shared config or a command line.
+    token = world.gateway_token()
+    assert token not in world.config.read_text()
+    gateway = world.home / ".agentbox" / "daytona-ssh" / f"{world.box}.conf"
+    assert stat.S_IMODE(gateway.stat().st_mode) == 0o600
+
+
+def test_scp_in_and_out(world: World) -> None:
+    payload = os.urandom(300_000)
+    source = world.root / "in.bin"
+    source.write_bytes(payload)
+    done = world.scp(str(source), f"agentbox-{world.box}:/tmp/in.bin")
+    assert done.returncode == 0, done.stderr
+    assert world.ssh("stat -c %U /tmp/in.bin").stdout == "vscode\n"
+    back = world.root / "out.bin"
+    done = world.scp(f"agentbox-{world.box}:/tmp/in.bin", str(back))
+    assert done.returncode == 0, done.stderr
+    assert back.read_bytes() == payload
+
+
+def test_an_expired_token_is_refreshed(world: World) -> None:
+    old = world.gateway_token()
+    world.admin.expire_ssh_access(old)  # its time is up on the service's side
+    # Where ssh runs without the API key, the alias cannot renew it, and says what is missing.
+    refused = world.ssh("true")
+    assert refused.returncode == 255
+    assert "DAYTONA_API_KEY" in refused.stderr, refused.stderr
+    # With the key there, the alias's wake launcher renews the token and the same ssh goes through.
+    renewed = world.ssh("git -C /workspace rev-parse --abbrev-ref HEAD", DAYTONA_API_KEY=world.api_key)
+    assert (renewed.returncode, renewed.stdout.strip()) == (0, f"agentbox/{world.box}"), renewed.stderr
+    assert "SSH access had run out; renewed" in renewed.stderr
+    assert world.gateway_token() != old
+    # And through the module (attach.yml), as the message says.
+    old = world.gateway_token()
+    world.admin.expire_ssh_access(old)
+    renewed = world.module("agentbox_access", name=world.box, ide="ssh")
+    assert not renewed["failed"], renewed
+    assert renewed["uri"] == f"vscode-remote://ssh-remote+agentbox-{world.box}/workspace"
+    assert renewed["expires_at"] and world.gateway_token() != old
+    again = world.ssh("git -C /workspace rev-parse --abbrev-ref HEAD")
+    assert (again.returncode, again.stdout.strip()) == (0, f"agentbox/{world.box}"), again.stderr
+
+
+def test_a_token_past_its_recorded_expiry_says_how_to_renew(tmp_path: Path, monkeypatch) -> None:
+    """The ProxyCommand checks the expiry Daytona gave before trying (the real gateway just closes)."""
+    from ansible_collections.agentbox.box.plugins.module_utils import _daytona_ssh
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    past = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 60))
+    proxy, until = _daytona_ssh.write_gateway("old", {"command": "ssh -p 2222 Tok3n0123456789@127.0.0.1",
+                                                      "token": "Tok3n0123456789", "expires_at": past})  # fmt: skip
+    assert until == past
+    done = subprocess.run(proxy, shell=True, capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 255
+    assert "the Daytona SSH access of box old expired" in done.stderr and "playbooks/attach.yml" in done.stderr
+    with pytest.raises(Exception, match="not `ssh"):
+        _daytona_ssh.write_gateway("bad", {"command": "ssh -o ProxyCommand=x tok@h", "token": "tok",
+                                           "expires_at": past})  # fmt: skip
+
+
+def test_a_port_of_the_box_through_a_signed_preview_url(world: World) -> None:
+    started = world.ssh("mkdir -p /tmp/www && echo over-preview > /tmp/www/index.html && "
+                        "(nohup python3 -m http.server 8123 --directory /tmp/www >/dev/null 2>&1 &)")  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    forwarded = world.module("agentbox_forward", name=world.box, port=8123, ttl=120)
+    assert not forwarded["failed"], forwarded
+    assert forwarded["expires_in"] == 120
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(forwarded["url"], timeout=30) as response:
+                assert response.read() == b"over-preview\n"
+            break
+        except urllib.error.HTTPError:
+            assert time.monotonic() < deadline, "the server in the box never answered"
+            time.sleep(0.5)  # the server is still starting: polled with a deadline
+
+
+def test_destroy_removes_the_alias_and_the_token(world: World, box_image: str) -> None:
+    """A box of its own: destroying it removes its entry and its gateway files, and the alias stops working."""
+    name = f"dsx-{uuid.uuid4().hex[:6]}"
+    made = world.module("agentbox_box", name=name, workspace=str(world.workspace), boot=False)
+    assert not made["failed"], made
+    assert f"Host agentbox-{name}\n" in world.config.read_text()
+    gone = world.module("agentbox_box", name=name, state="absent")
+    assert not gone["failed"] and gone["changed"], gone
+    assert f"agentbox-{name}" not in world.config.read_text()
+    assert not list((world.home / ".agentbox" / "daytona-ssh").glob(f"{name}.*"))
+    assert f"Host agentbox-{world.box}\n" in world.config.read_text()  # the other box's entry stays
