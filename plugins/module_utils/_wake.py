@@ -12,8 +12,9 @@ the local engine is reached through DOCKER_HOST as the alias's own command.)
 
 A paused box is resumed and a stopped one started through the collection's own start (boot sequence,
 SSH keys written again to the box's tmpfs, agents resumed), then COMMAND (the same sshd through the
-engine) replaces this process. A running Daytona box gets a new SSH access token (the gateway refused
-the old one: expired, or revoked by a newer one); that needs DAYTONA_API_KEY where ssh runs. A running box means the connection failed for its own reasons: nothing
+engine) replaces this process. A running Daytona box gets a new SSH access token (the gateway
+refused the old one: expired, or revoked by a newer one); that needs DAYTONA_API_KEY where ssh
+runs. A running box means the connection failed for its own reasons: nothing
 is retried. Standard output is the SSH stream, so nothing but COMMAND may write to it; every message
 goes to standard error, which ssh shows.
 """

@@ -154,7 +154,7 @@ def test_a_token_past_its_recorded_expiry_says_how_to_renew(tmp_path: Path, monk
     proxy, until = _daytona_ssh.write_gateway("old", {"command": "ssh -p 2222 Tok3n0123456789@127.0.0.1",
                                                       "token": "Tok3n0123456789", "expires_at": past})  # fmt: skip
     assert until == past
-    done = subprocess.run(proxy, shell=True, capture_output=True, text=True, timeout=30, check=False)
+    done = subprocess.run(proxy, capture_output=True, text=True, timeout=30, check=False)
     assert done.returncode == 255
     assert "the Daytona SSH access of box old expired" in done.stderr and "playbooks/attach.yml" in done.stderr
     with pytest.raises(Exception, match="not `ssh"):
