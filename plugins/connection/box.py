@@ -32,7 +32,7 @@ options:
     description: Where the box lives, V(docker), V(docker_ssh) or V(daytona).
     type: str
     default: docker
-    choices: [docker, docker_ssh, daytona]
+    choices: [docker, docker_ssh, daytona, boxd]
     vars:
       - name: agentbox_provider
   engine:
@@ -132,6 +132,22 @@ options:
     type: str
     vars:
       - name: agentbox_daytona_api_key
+  boxd_base_url:
+    description: The boxd cluster. Default C(BOXD_BASE_URL).
+    type: str
+    vars:
+      - name: agentbox_boxd_base_url
+  boxd_org:
+    description: The boxd org. Default C(BOXD_ORG).
+    type: str
+    vars:
+      - name: agentbox_boxd_org
+  boxd_api_key:
+    description:
+      - boxd API key. Default C(BOXD_API_KEY) (or C(BOXD_TOKEN)). Keep it in a vault; it is never logged.
+    type: str
+    vars:
+      - name: agentbox_boxd_api_key
 notes:
   - C(async) tasks run without pipelining (an ansible-core rule), so they cost a few more execs each.
   - A become password is accepted but not needed in agentbox boxes (C(vscode) has passwordless sudo).
@@ -220,6 +236,12 @@ class Connection(ConnectionBase):
                 "api_url": self.get_option("daytona_api_url") or os.environ.get("DAYTONA_API_URL"),
                 "api_key": self.get_option("daytona_api_key") or os.environ.get("DAYTONA_API_KEY"),
                 "target": self.get_option("daytona_target") or os.environ.get("DAYTONA_TARGET"),
+            }
+        if self._provider_name == "boxd":
+            return {
+                "base_url": self.get_option("boxd_base_url") or os.environ.get("BOXD_BASE_URL"),
+                "api_key": self.get_option("boxd_api_key") or os.environ.get("BOXD_API_KEY"),
+                "org": self.get_option("boxd_org") or os.environ.get("BOXD_ORG"),
             }
         if self._provider_name == "docker_ssh":
             options: dict[str, Any] = {}

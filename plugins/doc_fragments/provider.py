@@ -14,8 +14,9 @@ options:
       - V(docker) is the local Docker engine (C(DOCKER_HOST) is honoured).
       - V(docker_ssh) is a Docker engine on another machine reached over SSH; set O(engine).
       - V(daytona) is a Daytona sandbox reached through the official SDK.
+      - V(boxd) is a boxd microVM reached through the official SDK (gRPC).
     type: str
-    choices: [docker, docker_ssh, daytona]
+    choices: [docker, docker_ssh, daytona, boxd]
     default: docker
   engine:
     description:
@@ -46,5 +47,18 @@ options:
       - Daytona target (region). Default C(DAYTONA_TARGET), else the SDK's default.
       - A new box is made in this region. Daytona snapshots (so checkpoints) are region-scoped; restoring a
         checkpoint into another region is refused before anything is made.
+    type: str
+  boxd_api_key:
+    description:
+      - API key for O(provider=boxd). Default C(BOXD_API_KEY); C(BOXD_TOKEN) (a token used as-is) is honoured too.
+    type: str
+  boxd_base_url:
+    description:
+      - The boxd cluster for O(provider=boxd). Default C(BOXD_BASE_URL), else production.
+      - An C(http://127.0.0.1:PORT) URL reaches the local emulator (C(scripts/boxd-emulator)).
+    type: str
+  boxd_org:
+    description:
+      - The boxd org whose machines the boxes are. Default C(BOXD_ORG), else the caller's own.
     type: str
 """

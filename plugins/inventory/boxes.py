@@ -8,12 +8,12 @@ name: boxes
 short_description: Every agentbox box as an Ansible host
 version_added: 0.1.0
 description:
-  - Lists the boxes on the local Docker engine, on remote Docker engines reached over SSH and on Daytona, found
+  - Lists the boxes on the local Docker engine, on remote Docker engines reached over SSH, on Daytona and on boxd, found
     by their C(io.agentbox.*) labels, and makes each one a host reached with the P(agentbox.box.box#connection)
     connection plugin.
   - The configuration file must be a YAML file whose name ends with V(agentbox.yml) or V(agentbox.yaml),
     for example C(dev.agentbox.yml).
-  - "Groups always present: V(docker), V(docker_ssh), V(daytona) (by provider), V(running), V(paused), V(stopped)
+  - "Groups always present: V(docker), V(docker_ssh), V(daytona), V(boxd) (by provider), V(running), V(paused), V(stopped)
     (by state), V(agent_working), V(agent_idle), V(agent_waiting) (by the state the box's coding agent last
     reported), C(engine_<destination>) (by engine, V(engine_local) for the local one) and C(project_<project>)."
   - "Every box gets C(agentbox_agent_state): V(working), V(idle), V(waiting), V(stopped), or null when no agent
@@ -57,6 +57,22 @@ options:
         type: str
       target:
         description: Target (region). Default C(DAYTONA_TARGET).
+        type: str
+  boxd:
+    description:
+      - List the boxes on boxd. Omit to skip boxd.
+      - The credential is read from C(BOXD_API_KEY) or C(BOXD_TOKEN) unless O(boxd.api_key) is given; it never
+        becomes a host variable (the connection plugin reads the same environment variables).
+    type: dict
+    suboptions:
+      base_url:
+        description: The boxd cluster. Default C(BOXD_BASE_URL), else production.
+        type: str
+      api_key:
+        description: API key. Default C(BOXD_API_KEY).
+        type: str
+      org:
+        description: The org whose machines are listed. Default C(BOXD_ORG).
         type: str
   projects:
     description:
@@ -145,6 +161,8 @@ try:
         CONNECTION_PLUGIN,
         LOCAL_ENGINE,
         VAR_BOX,
+        VAR_BOXD_BASE_URL,
+        VAR_BOXD_ORG,
         VAR_DAYTONA_API_URL,
         VAR_DAYTONA_TARGET,
         VAR_ENGINE,
@@ -195,6 +213,16 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             }
             engine = options["api_url"] or "daytona"
             sources.append({"provider": "daytona", "engine": engine, "options": options})
+        boxd = self.get_option("boxd")
+        if boxd is not None:
+            if not isinstance(boxd, dict):
+                raise AnsibleParserError("boxd: must be a mapping (base_url, api_key, org) or omitted")
+            options = {
+                "base_url": boxd.get("base_url") or os.environ.get("BOXD_BASE_URL"),
+                "api_key": boxd.get("api_key") or os.environ.get("BOXD_API_KEY"),
+                "org": boxd.get("org") or os.environ.get("BOXD_ORG"),
+            }
+            sources.append({"provider": "boxd", "engine": options["base_url"] or "boxd", "options": options})
         return sources
 
     def _fetch_listing(self, sources: list[dict[str, Any]]) -> dict[str, Any]:
@@ -319,6 +347,10 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             options = self.get_option("daytona") or {}
             minimal[VAR_DAYTONA_API_URL] = options.get("api_url") or os.environ.get("DAYTONA_API_URL")
             minimal[VAR_DAYTONA_TARGET] = options.get("target") or os.environ.get("DAYTONA_TARGET")
+        if provider == "boxd":
+            options = self.get_option("boxd") or {}
+            minimal[VAR_BOXD_BASE_URL] = options.get("base_url") or os.environ.get("BOXD_BASE_URL")
+            minimal[VAR_BOXD_ORG] = options.get("org") or os.environ.get("BOXD_ORG")
         full = {
             **minimal,
             "agentbox_id": raw.get("id"),

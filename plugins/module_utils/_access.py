@@ -353,6 +353,9 @@ def write_known_host(box: str, host_key: str | None) -> bool:
 def box_ready(provider: Provider, facts: BoxFacts) -> Access:
     """Make `ssh agentbox-<box>` work for a running box: keys in, host key and entry written."""
     access = Access(alias=alias(facts.name), ssh_config=ssh_config_path())
+    if provider.name == "boxd":
+        access.warnings.append("ssh agentbox-<box> is not available for boxd boxes yet")
+        return access
     keys = identity_files()
     if not keys:
         access.warnings.append(NO_KEY_HELP.format(box=facts.name))

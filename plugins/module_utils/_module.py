@@ -11,13 +11,16 @@ from typing import Any
 from ._provider import Provider, ProviderError, get_provider
 
 PROVIDER_ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
-    "provider": {"type": "str", "choices": ["docker", "docker_ssh", "daytona"], "default": "docker"},
+    "provider": {"type": "str", "choices": ["docker", "docker_ssh", "daytona", "boxd"], "default": "docker"},
     "engine": {"type": "str"},
     "ssh_strict_host_key_checking": {"type": "bool", "default": True},
     "ssh_private_key_file": {"type": "path"},
     "daytona_api_key": {"type": "str", "no_log": True},
     "daytona_api_url": {"type": "str"},
     "daytona_target": {"type": "str"},
+    "boxd_api_key": {"type": "str", "no_log": True},
+    "boxd_base_url": {"type": "str"},
+    "boxd_org": {"type": "str"},
 }
 
 
@@ -36,6 +39,12 @@ def provider_from_params(params: dict[str, Any], **extra: Any) -> Provider:
             api_key=params.get("daytona_api_key"),
             api_url=params.get("daytona_api_url"),
             target=params.get("daytona_target"),
+        )
+    elif name == "boxd":
+        options.update(
+            api_key=params.get("boxd_api_key"),
+            base_url=params.get("boxd_base_url"),
+            org=params.get("boxd_org"),
         )
     return get_provider(name, **options)
 

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
 BOX_STATES = ("running", "paused", "stopped", "missing")
-PROVIDERS = ("docker", "docker_ssh", "daytona")
+PROVIDERS = ("docker", "docker_ssh", "daytona", "boxd")
 
 
 class ProviderError(Exception):
@@ -222,4 +222,8 @@ def get_provider(provider: str, **options: Any) -> Provider:
         from ._daytona import DaytonaProvider
 
         return DaytonaProvider(**options)
+    if provider == "boxd":
+        from ._boxd import BoxdProvider
+
+        return BoxdProvider(**options)
     raise ProviderError(f"unknown provider {provider!r}: use one of {', '.join(PROVIDERS)}")

@@ -1,0 +1,501 @@
+# Copyright (c) agentbox.box contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""boxd provider: boxes as boxd microVMs, driven by the official SDK (boxd==0.2.19, gRPC).
+
+What production boxd does, and how this provider lives with it (the seed's notes, docs/providers/boxd.md):
+  * machines are addressed by id; a name lookup fails. A box is found by its io.agentbox.box label through
+    `machines.list`; the name -> id map is only a cache in front of the listing, so a fresh process
+    re-derives it and a machine deleted behind our back is noticed on the next call;
+  * a create is sent once. After a lost answer (connection reset, UNAVAILABLE, a timeout) the machine is
+    looked up by its io.agentbox.id label and adopted; a name conflict with a machine that lacks our labels
+    is an error that names it; nothing half-made stays when a create fails;
+  * exec streams stdout and stderr apart (no size limit) with the exact exit code; a time bound runs the
+    command under `timeout`, which reports 124. A suspended or hibernated machine wakes on exec; the only
+    exec error retried is a conflict naming a stopped machine, which boxd raises before running anything
+    (the machine is started, polled to running, and the command sent again). A stream lost after it began
+    is never re-sent: the command may have run;
+  * files travel as tar through exec's stdin and stdout (streamed, no gRPC message cap);
+  * pause is suspend (memory kept), resume is resume; stop and start poll to the state.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from typing import IO, Any
+
+from ._boxd_api import (
+    BoxdConflict,
+    BoxdSettings,
+    call,
+    client_for,
+    forget_client,
+    is_ambiguous,
+    is_sdk_error,
+    translate,
+)
+from ._boxd_state import (
+    ASLEEP,
+    GONE,
+    box_state,
+    conflict_names_stopped,
+    is_ready,
+    machine_name,
+    needs_start,
+)
+from ._naming import label, strip_labels
+from ._provider import BoxFacts, BoxNotFound, BoxSpec, EngineUnreachable, ExecResult, Provider, ProviderError
+from ._shell_line import command_line, gib
+
+BOX_USER = "vscode"
+SECRETS_DIR = "/run/agentbox/secrets"
+START_TIMEOUT = 300.0
+STOP_TIMEOUT = 120.0
+ADOPT_WAIT_SECONDS = 15.0
+POLL_SECONDS = 0.25
+STDIN_CHUNK = 1 << 20
+KILL_GRACE_SECONDS = 5
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError as exc:
+        raise ProviderError(f"{name}={value!r} is not a whole number") from exc
+
+
+def _chunks(source: bytes | IO[bytes] | Iterable[bytes]) -> Iterator[bytes]:
+    if isinstance(source, (bytes, bytearray)):
+        for offset in range(0, len(source), STDIN_CHUNK):
+            yield bytes(source[offset:offset + STDIN_CHUNK])
+        return
+    read = getattr(source, "read", None)
+    if read is not None:
+        while True:
+            data = read(STDIN_CHUNK)
+            if not data:
+                return
+            yield data
+        return
+    for data in source:  # type: ignore[union-attr]
+        if data:
+            yield data
+
+
+class BoxdProvider(Provider):
+    """Boxes as boxd machines. `engine` is the API base URL."""
+
+    name = "boxd"
+    shares_host_filesystem = False
+
+    def __init__(
+        self,
+        api_key: str | None = None,
+        token: str | None = None,
+        base_url: str | None = None,
+        org: str | None = None,
+        *,
+        auto_suspend: int | None = None,
+        disk: int | None = None,
+        egress_allow: list[str] | None = None,
+        **_ignored: Any,
+    ) -> None:
+        self.settings = BoxdSettings(api_key=api_key, token=token, base_url=base_url, org=org)
+        self.settings.check()
+        # Seconds idle before boxd suspends the machine (None: boxd's default; 0: never).
+        self._auto_suspend = auto_suspend if auto_suspend is not None else _env_int("AGENTBOX_BOXD_AUTO_SUSPEND")
+        self._disk = disk if disk is not None else _env_int("AGENTBOX_BOXD_DISK")  # GiB
+        raw_egress = os.environ.get("AGENTBOX_BOXD_EGRESS_ALLOW", "")
+        self._egress = egress_allow if egress_allow is not None else [e for e in raw_egress.split(",") if e.strip()]
+        self._ids: dict[str, str] = {}  # box name -> machine id: a cache, never the truth
+        self._lock = threading.Lock()
+
+    # -- plumbing -------------------------------------------------------------------------------
+    @property
+    def engine(self) -> str:
+        return self.settings.base_url
+
+    @property
+    def sdk(self) -> Any:
+        return client_for(self.settings)
+
+    def _call(self, fn: Any, box: str | None, operation: str, read: bool = False) -> Any:
+        return call(fn, self.settings.base_url, box=box, operation=operation, read=read)
+
+    def _missing(self, name: str, operation: str) -> BoxNotFound:
+        return BoxNotFound(f"no box called {name!r} on boxd ({self.engine})", box=name, operation=operation)
+
+    def _get(self, machine_id: str, name: str, operation: str) -> Any | None:
+        try:
+            return self._call(lambda: self.sdk.machines.get(machine_id), name, operation, read=True)
+        except BoxNotFound:
+            return None
+
+    def _listed(self, wanted: dict[str, str], operation: str, box: str | None = None) -> list[Any]:
+        found = self._call(lambda: self.sdk.machines.list(org=self.settings.org, labels=wanted), box, operation,
+                           read=True)
+        return [m for m in found if (m.status or "").lower() not in GONE]
+
+    def _machine(self, name: str, operation: str) -> Any | None:
+        """The machine of box `name` (fresh), or None: the cached id first, then the label listing."""
+        cached = self._ids.get(name)
+        if cached:
+            machine = self._get(cached, name, operation)
+            if machine is not None and machine.labels.get(label("box")) == name:
+                return machine
+            self._ids.pop(name, None)  # deleted or replaced behind our back: ask the listing
+        found = self._listed({label("box"): name}, operation, name)
+        if not found:
+            return None
+        if len(found) > 1:
+            preferred = [m for m in found if m.name == machine_name(name)]
+            if len(preferred) != 1:
+                ids = ", ".join(sorted(m.id for m in found))
+                raise ProviderError(f"{len(found)} boxd machines carry the label of box {name!r} ({ids}): delete "
+                                    "the ones that are not this box", box=name, operation=operation)
+            found = preferred
+        self._ids[name] = found[0].id
+        return found[0]
+
+    def _require(self, name: str, operation: str) -> Any:
+        machine = self._machine(name, operation)
+        if machine is None:
+            raise self._missing(name, operation)
+        return machine
+
+    def _facts(self, machine: Any) -> BoxFacts:
+        labels = strip_labels(dict(machine.labels or {}))
+        return BoxFacts(
+            name=labels.get("box", machine.name), id=labels.get("id", ""), provider=self.name, engine=self.engine,
+            state=box_state(machine.status), container=machine.id, image=labels.get("image") or machine.image_ref,
+            project=labels.get("project", ""), workspace=labels.get("workspace", ""),
+            branch=labels.get("branch", ""), created=labels.get("created", ""), ports={}, labels=labels,
+            checkpoint=labels.get("checkpoint") or None, web_url=getattr(machine.access, "url", None) or None,
+        )
+
+    # -- discovery ------------------------------------------------------------------------------
+    def find(self, name: str) -> BoxFacts | None:
+        machine = self._machine(name, "find")
+        return None if machine is None else self._facts(machine)
+
+    def list_boxes(self, project: str | None = None) -> list[BoxFacts]:
+        wanted = {label("kind"): "box"}
+        if project:
+            wanted[label("project")] = project
+        return sorted((self._facts(m) for m in self._listed(wanted, "list boxes")), key=lambda f: f.name)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def create(self, spec: BoxSpec) -> BoxFacts:
+        machine = self._create_once(spec)
+        try:
+            machine = self._until_ready(spec.name, machine.id, "create")
+            if self._egress:
+                self._call(lambda: self.sdk.machines.set_egress_allow(machine.id, self._egress), spec.name,
+                           "egress allow list")
+            if spec.secrets:
+                self._write_secrets(spec.name, spec.secrets)
+            return self._facts(machine)
+        except BaseException:
+            self._delete_quietly(machine.id)
+            raise
+
+    def _create_once(self, spec: BoxSpec) -> Any:
+        """Send the create once; after a lost answer adopt the machine carrying this box's id, never re-send."""
+        if self._machine(spec.name, "create") is not None:
+            raise ProviderError(f"a box called {spec.name!r} already exists on boxd ({self.engine})", box=spec.name,
+                                operation="create")
+        resources = spec.resources or {}
+        kwargs: dict[str, Any] = {
+            "image": spec.image,
+            "labels": dict(spec.labels),
+            "env": dict(spec.env) or None,
+            "org": self.settings.org,
+            "vcpu": max(1, math.ceil(float(resources["cpus"]))) if resources.get("cpus") else None,
+            "memory": gib(resources["memory"]) << 30 if resources.get("memory") else None,
+            "disk": (self._disk << 30) if self._disk else None,
+            "auto_suspend_timeout": self._auto_suspend,
+        }
+        name = machine_name(spec.name)
+        try:
+            machine = self.sdk.machines.create(name, **kwargs)
+        except Exception as exc:
+            if not is_sdk_error(exc):
+                raise
+            failure = translate(exc, self.engine, spec.name, "create")
+            if isinstance(failure, BoxdConflict):
+                adopted = self._adopt(spec, wait=0)
+                if adopted is not None:
+                    return adopted
+                raise ProviderError(
+                    f"the boxd machine name {name!r} is taken by a machine that is not this box (no matching "
+                    f"{label('id')} label): pick another box name, or delete that machine", box=spec.name,
+                    operation="create") from exc
+            if is_ambiguous(exc):
+                adopted = self._adopt(spec, wait=ADOPT_WAIT_SECONDS)
+                if adopted is not None:
+                    return adopted
+            raise failure from exc
+        self._ids[spec.name] = machine.id
+        return machine
+
+    def _adopt(self, spec: BoxSpec, wait: float) -> Any | None:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                found = self._listed({label("id"): spec.box_id}, "create", spec.name)
+            except EngineUnreachable:
+                found = []
+            if found:
+                self._ids[spec.name] = found[0].id
+                return found[0]
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(POLL_SECONDS * 4)
+
+    def _until_ready(self, name: str, machine_id: str, operation: str, timeout: float = START_TIMEOUT) -> Any:
+        """Poll until the machine can run commands (running, or asleep: it wakes on exec); a stopped
+        machine is started once."""
+        deadline = time.monotonic() + timeout
+        started = False
+        while True:
+            machine = self._get(machine_id, name, operation)
+            if machine is None:
+                self._ids.pop(name, None)
+                raise BoxNotFound(f"the boxd machine {machine_id} of box {name!r} was deleted while it came up",
+                                  box=name, operation=operation)
+            if is_ready(machine.status):
+                return machine
+            if (machine.status or "").lower() == "failed" and started:
+                raise ProviderError(f"the boxd machine {machine_id} failed to start: destroy the box and create "
+                                    "it again", box=name, operation=operation)
+            if needs_start(machine.status) and (machine.status or "").lower() != "stopping" and not started:
+                try:
+                    self._call(lambda: self.sdk.machines.start(machine_id), name, operation)
+                except BoxdConflict:
+                    pass  # it is changing state: read it again
+                started = True
+            if time.monotonic() > deadline:
+                raise ProviderError(f"the boxd machine is still {machine.status} after {timeout:.0f} s; check it "
+                                    "with the boxd CLI and try again", box=name, operation=operation)
+            time.sleep(POLL_SECONDS)
+
+    def _until_status(self, name: str, machine_id: str, wanted: set[str], operation: str) -> Any:
+        deadline = time.monotonic() + STOP_TIMEOUT
+        while True:
+            machine = self._get(machine_id, name, operation)
+            if machine is None:
+                raise self._missing(name, operation)
+            if (machine.status or "").lower() in wanted:
+                return machine
+            if time.monotonic() > deadline:
+                raise ProviderError(f"the boxd machine is still {machine.status} after {STOP_TIMEOUT:.0f} s",
+                                    box=name, operation=operation)
+            time.sleep(POLL_SECONDS)
+
+    def _write_secrets(self, name: str, values: dict[str, str]) -> None:
+        """Each secret a file on a tmpfs, its value through exec's stdin: never in env, labels or snapshots."""
+        script = (
+            'd=$1; mkdir -p "$d"; mountpoint -q "$d" || mount -t tmpfs -o mode=0700,size=1m agentbox-secrets "$d" '
+            '|| { echo "cannot mount a tmpfs at $d" >&2; exit 1; }; chown "$2:" "$d"; chmod 0700 "$d"'
+        )
+        self.exec(name, ["sh", "-c", script, "secrets", SECRETS_DIR, BOX_USER], user="root").check(
+            "making the secrets tmpfs", name)
+        for key, value in values.items():
+            if "/" in key or key in ("", ".", ".."):
+                raise ProviderError(f"secret name {key!r} is not a file name", box=name, operation="secrets")
+            self.exec(name, ["sh", "-c", 'umask 077; cat > "$1"', "secret", f"{SECRETS_DIR}/{key}"],
+                      stdin=value.encode("utf-8")).check(f"writing secret {key}", name)
+
+    def start(self, name: str) -> BoxFacts:
+        machine = self._require(name, "start")
+        if (machine.status or "").lower() in ASLEEP:
+            self._call(lambda: self.sdk.machines.resume(machine.id), name, "start")
+        return self._facts(self._until_ready(name, machine.id, "start"))
+
+    def stop(self, name: str) -> BoxFacts:
+        machine = self._require(name, "stop")
+        if not needs_start(machine.status):
+            try:
+                self._call(lambda: self.sdk.machines.stop(machine.id), name, "stop")
+            except BoxdConflict:
+                pass  # stopping already, or changing: the poll below says where it lands
+        return self._facts(self._until_status(name, machine.id, {"stopped", "failed"}, "stop"))
+
+    def pause(self, name: str) -> BoxFacts:
+        """Suspend: memory kept, nothing runs; the next exec (or resume) wakes it."""
+        machine = self._require(name, "pause")
+        if (machine.status or "").lower() not in ASLEEP:
+            machine = self._until_ready(name, machine.id, "pause")
+            if (machine.status or "").lower() not in ASLEEP:
+                self._call(lambda: self.sdk.machines.pause(machine.id), name, "pause")
+        return self._facts(self._until_status(name, machine.id, set(ASLEEP), "pause"))
+
+    def resume(self, name: str) -> BoxFacts:
+        machine = self._require(name, "resume")
+        status = (machine.status or "").lower()
+        if status in ASLEEP:
+            self._call(lambda: self.sdk.machines.resume(machine.id), name, "resume")
+            return self._facts(self._until_status(name, machine.id, {"running"}, "resume"))
+        facts = self._facts(self._until_ready(name, machine.id, "resume"))
+        if needs_start(status):
+            from ._box import boot_box  # lazy: the workflow sits above the providers
+
+            boot_box(self, name)  # a stopped machine lost its processes
+        return facts
+
+    def destroy(self, name: str) -> None:
+        machine = self._machine(name, "destroy")
+        if machine is None:
+            return
+        try:
+            self._call(lambda: self.sdk.machines.delete(machine.id), name, "destroy")
+        except BoxNotFound:
+            pass
+        self._ids.pop(name, None)
+        deadline = time.monotonic() + STOP_TIMEOUT
+        while self._get(machine.id, name, "destroy") is not None:
+            if time.monotonic() > deadline:
+                raise ProviderError(f"the boxd machine {machine.id} was still there {STOP_TIMEOUT:.0f} s after its "
+                                    "delete", box=name, operation="destroy")
+            time.sleep(POLL_SECONDS)
+
+    def _delete_quietly(self, machine_id: str) -> None:
+        try:
+            self.sdk.machines.delete(machine_id)
+        except Exception as exc:
+            if not is_sdk_error(exc):
+                raise
+
+    # -- inside the box -------------------------------------------------------------------------
+    def exec(
+        self,
+        name: str,
+        argv: list[str],
+        *,
+        user: str = BOX_USER,
+        workdir: str | None = None,
+        env: dict[str, str] | None = None,
+        stdin: bytes | IO[bytes] | None = None,
+        timeout: float | None = None,
+    ) -> ExecResult:
+        line = command_line(argv, user=user, workdir=workdir, env=env)
+        if timeout:
+            # TERM first so `timeout` itself reports 124, KILL after a grace for a command that ignores it.
+            line = f"timeout -k {KILL_GRACE_SECONDS} {max(1, math.ceil(timeout))} {line}"
+        out, err = bytearray(), bytearray()
+        code = self._stream(name, line, stdin, lambda data, is_err: (err if is_err else out).extend(data))
+        return ExecResult(code, bytes(out), bytes(err))
+
+    def _stream(self, name: str, line: str, stdin: bytes | IO[bytes] | Iterable[bytes] | None, sink: Any) -> int:
+        """Run one command line, passing output to sink(data, is_stderr); its exit code."""
+        machine = self._require(name, "exec")
+        retried = False
+        while True:
+            received = 0
+            try:
+                stream = self.sdk.machines.stream_exec(machine.id, command=line, close_stdin=stdin is None)
+                if stdin is not None:
+                    threading.Thread(target=_feed, args=(stream, stdin), daemon=True).start()
+                for chunk in stream.iter_chunks():
+                    received += len(chunk.data)
+                    sink(chunk.data, chunk.is_stderr)
+                code = stream.exit_code
+            except Exception as exc:
+                if not is_sdk_error(exc):
+                    raise
+                failure = translate(exc, self.engine, name, "exec")
+                refused_before = received == 0 and not retried and (stdin is None or isinstance(stdin, bytes))
+                stopped = isinstance(failure, BoxdConflict) and conflict_names_stopped(str(exc))
+                if refused_before and (stopped or isinstance(failure, BoxNotFound)):
+                    # Refused before the command ran: a stopped machine (start it) or a stale id (look again).
+                    retried = True
+                    self._ids.pop(name, None)
+                    machine = self._require(name, "exec")
+                    self._until_ready(name, machine.id, "exec")
+                    continue
+                if received:
+                    raise ProviderError(f"the exec stream broke after {received} bytes ({failure}); the command "
+                                        "may have run: check the box before running it again", box=name,
+                                        operation="exec") from exc
+                raise failure from exc
+            if code is None:
+                raise ProviderError("the exec stream ended without an exit code; the command may have run",
+                                    box=name, operation="exec")
+            return int(code)
+
+    def put_archive(self, name: str, path: str, tar_stream: Iterable[bytes] | IO[bytes]) -> None:
+        script = 'mkdir -p "$1" && exec tar -x -p -f - -C "$1"'
+        err = bytearray()
+        code = self._stream(name, command_line(["sh", "-c", script, "put", path], user="root"), tar_stream,
+                            lambda data, is_err: err.extend(data) if is_err else None)
+        if code != 0:
+            raise ProviderError(f"extracting into {path} exited {code}: {err.decode('utf-8', 'replace')[-2000:]}",
+                                box=name, operation="upload")
+
+    def get_archive(self, name: str, path: str) -> Iterator[bytes]:
+        """A tar stream of `path`, read from exec's stdout as it comes (a thread feeds a small queue)."""
+        import queue  # lazy: only downloads need it
+
+        parent, _slash, base = path.rstrip("/").rpartition("/")
+        line = command_line(["tar", "-c", "-f", "-", "-C", parent or "/", "--", base or "."], user="root")
+        pipe: queue.Queue = queue.Queue(maxsize=16)
+        err = bytearray()
+        result: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                result["code"] = self._stream(name, line, None,
+                                              lambda data, is_err: err.extend(data) if is_err else pipe.put(data))
+            except BaseException as exc:  # noqa: BLE001 - handed to the reading side
+                result["error"] = exc
+            finally:
+                pipe.put(None)
+
+        threading.Thread(target=run, daemon=True).start()
+        while True:
+            data = pipe.get()
+            if data is None:
+                break
+            yield data
+        if "error" in result:
+            raise result["error"]
+        if result.get("code") != 0:
+            raise ProviderError(f"reading {path} exited {result.get('code')}: "
+                                f"{err.decode('utf-8', 'replace')[-2000:]}", box=name, operation="download")
+
+    # -- images and checkpoints -----------------------------------------------------------------
+    def image_exists(self, image: str) -> bool:
+        """boxd pulls an image when it makes a machine (a missing one fails that create); a checkpoint's
+        snapshot is looked up."""
+        if not image.startswith("agentbox-") or "/" in image or ":" in image:
+            return True
+        try:
+            self._call(lambda: self.sdk.snapshots.get(image, org=self.settings.org), None, "snapshot", read=True)
+        except BoxNotFound:
+            return False
+        return True
+
+    def commit(self, name: str, image: str, labels: dict[str, str], env: list[str] | None = None) -> dict[str, Any]:
+        machine = self._require(name, "checkpoint")
+        created = self._call(lambda: self.sdk.snapshots.create(machine.id, image), name, "checkpoint")
+        return {"id": getattr(created, "id", "") or image, "size": 0}
+
+    def close(self) -> None:
+        forget_client(self.settings)
+
+
+def _feed(stream: Any, source: bytes | IO[bytes] | Iterable[bytes]) -> None:
+    """stdin for a running exec; a stream that ended early (the command exited) stops the feed."""
+    try:
+        for data in _chunks(source):
+            stream.write(data)
+    except RuntimeError:
+        return
+    finally:
+        stream.write_eof()

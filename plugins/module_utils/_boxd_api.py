@@ -1,0 +1,152 @@
+# Copyright (c) agentbox.box contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The boxd SDK (boxd==0.2.19) behind one small client: settings, one cached client per process, and
+every SDK error turned into a ProviderError that says which box, which call and what to do.
+
+The SDK's own retries are off (max_retries=0): it would re-send a create whose answer was lost. Reads
+are retried here, a bounded number of times; nothing that changes a machine is re-sent blindly.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ._provider import BoxNotFound, EngineUnreachable, ProviderError
+
+# gRPC's default epoll1 poller aborts a child forked while a channel is live (Ansible and git fork
+# while a box is made); the poll poller does not. Must be set before grpc is first imported.
+os.environ.setdefault("GRPC_POLL_STRATEGY", "poll")
+# Its info line about descriptors a forked child inherited is noise in every Ansible task's output.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+try:
+    from boxd import (
+        APIConnectionError,
+        APIStatusError,
+        AuthenticationError,
+        Boxd,
+        BoxdError,
+        ConflictError,
+        NotFoundError,
+        PermissionDeniedError,
+        RateLimitError,
+    )
+
+    HAS_BOXD = True
+    BOXD_IMPORT_ERROR: Exception | None = None
+except ImportError as exc:  # pragma: no cover - reported when the provider is used
+    HAS_BOXD = False
+    BOXD_IMPORT_ERROR = exc
+    BoxdError = Exception  # type: ignore[assignment,misc]
+
+DEFAULT_BASE_URL = "https://boxd.sh"
+API_TIMEOUT = 60.0
+READ_RETRIES = 3
+BACKOFF = (0.3, 0.8, 2.0)
+
+
+class BoxdConflict(ProviderError):
+    """boxd refused because of the machine's state (already exists, stopped, changing)."""
+
+
+class BoxdSettings:
+    """Key, token, URL and org: the arguments first, then the SDK's own environment variables."""
+
+    def __init__(self, api_key: str | None = None, token: str | None = None, base_url: str | None = None,
+                 org: str | None = None) -> None:
+        self.api_key = api_key or os.environ.get("BOXD_API_KEY") or None
+        self.token = token or os.environ.get("BOXD_TOKEN") or None
+        self.base_url = (base_url or os.environ.get("BOXD_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
+        self.org = org or os.environ.get("BOXD_ORG") or None
+
+    def check(self) -> None:
+        if not HAS_BOXD:
+            raise ProviderError(f"the boxd provider needs the boxd SDK (pip install boxd==0.2.19): {BOXD_IMPORT_ERROR}")
+        if not (self.api_key or self.token):
+            raise ProviderError(
+                "the boxd provider needs a credential: set BOXD_API_KEY (or BOXD_TOKEN, or the boxd_api_key "
+                "option); nothing was created"
+            )
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ProviderError(f"boxd base URL {self.base_url!r} must start with https:// (or http:// for a "
+                                "local emulator): check BOXD_BASE_URL or boxd_base_url")
+
+
+_CLIENTS: dict[tuple[int, str, str], Any] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def client_for(settings: BoxdSettings) -> Any:
+    """One SDK client per process and settings (a forked child makes its own: a gRPC channel does not
+    survive a fork)."""
+    key = (os.getpid(), settings.base_url, settings.token or settings.api_key or "")
+    with _CLIENTS_LOCK:
+        found = _CLIENTS.get(key)
+        if found is None:
+            for stale in [k for k in _CLIENTS if k[0] != os.getpid()]:
+                del _CLIENTS[stale]
+            found = Boxd(api_key=settings.api_key, token=settings.token, base_url=settings.base_url,
+                         timeout=API_TIMEOUT, max_retries=0)
+            _CLIENTS[key] = found
+        return found
+
+
+def forget_client(settings: BoxdSettings) -> None:
+    key = (os.getpid(), settings.base_url, settings.token or settings.api_key or "")
+    with _CLIENTS_LOCK:
+        found = _CLIENTS.pop(key, None)
+    if found is not None:
+        found.close()
+
+
+def translate(exc: BaseException, base_url: str, box: str | None, operation: str) -> ProviderError:
+    """The ProviderError for an SDK error: what failed and what to do."""
+    detail = str(exc).strip() or type(exc).__name__
+    if isinstance(exc, ProviderError):
+        return exc
+    if HAS_BOXD and isinstance(exc, AuthenticationError):
+        return ProviderError(f"boxd at {base_url} refused the credential ({detail}): check BOXD_API_KEY / "
+                             "BOXD_TOKEN (or boxd_api_key)", box=box, operation=operation)
+    if HAS_BOXD and isinstance(exc, PermissionDeniedError):
+        return ProviderError(f"boxd at {base_url} does not allow this ({detail}): check the key's org "
+                             "(BOXD_ORG) and permissions", box=box, operation=operation)
+    if HAS_BOXD and isinstance(exc, NotFoundError):
+        return BoxNotFound(f"not found on boxd ({base_url}): {detail}", box=box, operation=operation)
+    if HAS_BOXD and isinstance(exc, ConflictError):
+        return BoxdConflict(f"boxd refused: {detail}", box=box, operation=operation)
+    if HAS_BOXD and isinstance(exc, RateLimitError):
+        return ProviderError(f"boxd's rate limit or quota refused the call ({detail}); try again later",
+                             box=box, operation=operation)
+    if HAS_BOXD and isinstance(exc, APIConnectionError):
+        return EngineUnreachable(f"boxd at {base_url} did not answer ({detail}): check the network and "
+                                 "BOXD_BASE_URL, then try again", box=box, operation=operation)
+    return ProviderError(f"boxd answered an error: {detail}", box=box, operation=operation)
+
+
+def is_ambiguous(exc: BaseException) -> bool:
+    """A failure after which the call may or may not have taken effect (connection lost, deadline, 5xx)."""
+    return HAS_BOXD and isinstance(exc, (APIConnectionError, APIStatusError))
+
+
+def is_sdk_error(exc: BaseException) -> bool:
+    return HAS_BOXD and isinstance(exc, BoxdError)
+
+
+def call(fn: Callable[[], Any], base_url: str, *, box: str | None, operation: str, read: bool = False) -> Any:
+    """fn() with SDK errors translated; a read that lost its connection is asked again, a few times."""
+    attempt = 0
+    while True:
+        try:
+            return fn()
+        except Exception as exc:
+            if not is_sdk_error(exc):
+                raise
+            if read and isinstance(exc, APIConnectionError) and attempt < READ_RETRIES:
+                time.sleep(BACKOFF[attempt])
+                attempt += 1
+                continue
+            raise translate(exc, base_url, box, operation) from exc

@@ -1,0 +1,68 @@
+# Copyright (c) agentbox.box contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""boxd machine states and names, as data (no SDK, no I/O): what each status means for a box.
+
+| boxd status | box state | exec | to start it |
+|---|---|---|---|
+| starting, creating, booting, running | running | yes | - |
+| suspending, suspended, hibernating, hibernated | paused | yes: the machine wakes on exec | resume |
+| stopping, stopped, failed | stopped | refused (a conflict naming the stopped machine) | start, poll to running |
+| destroyed, or not listed | missing | - | - |
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+RUNNING = frozenset({"running"})
+COMING_UP = frozenset({"starting", "creating", "booting", "pending", "scheduled"})
+ASLEEP = frozenset({"suspending", "suspended", "hibernating", "hibernated"})
+DOWN = frozenset({"stopping", "stopped", "failed"})
+GONE = frozenset({"destroyed", "destroying", "deleted"})
+# A machine in one of these settled states needs no wait: asleep ones wake on the next exec.
+READY = RUNNING | frozenset({"suspended", "hibernated"})
+MACHINE_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+NAME_PREFIX = "agentbox-"
+
+
+def box_state(status: str) -> str:
+    """The collection's state (running, paused, stopped, missing) of a boxd status."""
+    status = (status or "").lower()
+    if status in RUNNING or status in COMING_UP:
+        return "running"
+    if status in ASLEEP:
+        return "paused"
+    if status in GONE:
+        return "missing"
+    return "stopped"  # stopped, failed and anything unknown: a start is what brings it back
+
+
+def needs_start(status: str) -> bool:
+    return (status or "").lower() in DOWN
+
+
+def is_ready(status: str) -> bool:
+    return (status or "").lower() in READY
+
+
+def conflict_names_stopped(message: str) -> bool:
+    """The one exec error that is safe to retry: boxd refused before running anything because the
+    machine is stopped (the seed's production notes); anything else may have run the command."""
+    return bool(re.search(r"\b(stopped|not running)\b", message or "", re.I))
+
+
+def machine_name(box: str, prefix: str = NAME_PREFIX) -> str:
+    """The boxd machine name of a box: DNS-like (lowercase, digits, '-'); a box name that needs changing
+    gets a short hash of itself so two boxes never map to one machine."""
+    base = re.sub(r"[^a-z0-9-]", "-", f"{prefix}{box}".lower()).strip("-")
+    if base == f"{prefix}{box}" and MACHINE_NAME.fullmatch(base):
+        return base
+    digest = hashlib.sha1(box.encode()).hexdigest()[:6]
+    return f"{base[:55].rstrip('-')}-{digest}"
+
+
+def snapshot_name(project: str, checkpoint: str, nonce: str) -> str:
+    """A boxd snapshot name for a checkpoint: unique per capture (the name of a deleted one may linger)."""
+    clean = re.sub(r"[^a-z0-9-]", "-", checkpoint.lower()).strip("-")[:24] or "ckpt"
+    return f"agentbox-{project[:16]}-{clean}-{nonce}"
