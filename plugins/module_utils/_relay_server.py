@@ -28,7 +28,9 @@ from typing import Any
 from . import _relay_idle, _relay_ops, _relay_state
 from ._relay_poll import Poller
 from ._relay_protocol import (
+    MAX_APPROVAL_TIMEOUT,
     MAX_REQUEST_BYTES,
+    PROTOCOL_VERSION,
     RateLimiter,
     Request,
     RequestError,
@@ -59,6 +61,8 @@ class Pending:
     asked: float
     deadline: float
     decision: asyncio.Future
+    expires_at: float = 0.0  # wall clock: what a restart keeps
+    attached: bool = True  # a box waits on it now; False for one restored after a relay restart
 
     def line(self) -> str:
         return f"{self.id} {self.box} {self.request.operation} {self.request.describe()}"
@@ -74,6 +78,32 @@ class Pending:
             "expires_in_seconds": round(self.deadline - time.monotonic(), 1),
             "line": self.line(),
         }
+
+    def record(self) -> dict[str, Any]:
+        """What pending.json keeps of it, for the next relay."""
+        return {"id": self.id, "box": self.box, "box_id": self.box_id, "operation": self.request.operation,
+                "arguments": self.request.args, "reason": self.reason, "expires_at": self.expires_at,
+                "decision": self.decision.result() if self.decision.done() else None}
+
+    @classmethod
+    def restored(cls, row: dict[str, Any], loop: asyncio.AbstractEventLoop) -> Pending | None:
+        """A pending.json row as a Pending no box waits on yet; None when expired or not understood
+        (the request is checked again as if the box had sent it)."""
+        try:
+            left = float(row["expires_at"]) - time.time()
+            if left <= 0:
+                return None
+            request = parse_request(encode({"v": PROTOCOL_VERSION, "op": row["operation"], "args": row["arguments"],
+                                            "timeout": min(left, MAX_APPROVAL_TIMEOUT)}))
+            now = time.monotonic()
+            made = cls(id=str(row["id"]), box=str(row["box"]), box_id=str(row["box_id"]), request=request,
+                       reason=str(row["reason"]), asked=now, deadline=now + left, decision=loop.create_future(),
+                       expires_at=float(row["expires_at"]), attached=False)
+        except (KeyError, TypeError, ValueError):
+            return None
+        if row.get("decision") in ("approved", "denied"):
+            made.decision.set_result(row["decision"])
+        return made
 
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -231,7 +261,10 @@ class Relay:
                 decision = await self._ask_user(registration, request, reason, send, hangup, entry)
                 if decision != "approved":
                     message = {"denied": "denied on the host", "timeout": "no answer on the host in time: denied",
-                               "abandoned": "the box stopped waiting"}[decision]
+                               "abandoned": "the box stopped waiting",
+                               "relay-stopped": "the relay on the host stopped; the request stays pending there: "
+                                                "run the same command again once the relay is back (an answer given "
+                                                "meanwhile applies then)"}[decision]
                     self._audit(entry, decision, {"rc": 1})
                     await send(_error(message, rc=1))
                     return
@@ -273,22 +306,31 @@ class Relay:
     ) -> str:
         """Park the request until the user answers, the timeout passes or the box hangs up."""
         loop = asyncio.get_running_loop()
-        approval_id = secrets.token_hex(3)
-        while approval_id in self.pending:
+        pending = self._restored_match(registration["id"], request)
+        if pending is None:
             approval_id = secrets.token_hex(3)
-        now = time.monotonic()
-        pending = Pending(
-            id=approval_id, box=registration["name"], box_id=registration["id"], request=request, reason=reason,
-            asked=now, deadline=now + request.timeout, decision=loop.create_future(),
-        )
-        self.pending[approval_id] = pending
+            while approval_id in self.pending:
+                approval_id = secrets.token_hex(3)
+            now = time.monotonic()
+            pending = Pending(
+                id=approval_id, box=registration["name"], box_id=registration["id"], request=request, reason=reason,
+                asked=now, deadline=now + request.timeout, decision=loop.create_future(),
+                expires_at=time.time() + request.timeout,
+            )
+            self.pending[approval_id] = pending
+        pending.attached = True
+        approval_id = pending.id
         entry["approval"] = approval_id
-        LOG.info("waiting for approval %s: %s (%s)", approval_id, pending.line(), reason)
+        self.persist_pending()
         try:
-            await send({"type": "waiting", "approval": approval_id, "reason": reason, "timeout": request.timeout})
+            if pending.decision.done():  # answered while the relay restarted and the box was away
+                return pending.decision.result()
+            timeout = max(0.0, pending.deadline - time.monotonic())
+            LOG.info("waiting for approval %s: %s (%s)", approval_id, pending.line(), reason)
+            await send({"type": "waiting", "approval": approval_id, "reason": reason, "timeout": round(timeout)})
             left = asyncio.ensure_future(hangup())
             try:
-                done, _pending = await asyncio.wait({pending.decision, left}, timeout=request.timeout,
+                done, _pending = await asyncio.wait({pending.decision, left}, timeout=timeout,
                                                     return_when=asyncio.FIRST_COMPLETED)
             finally:
                 left.cancel()
@@ -296,7 +338,46 @@ class Relay:
                 return pending.decision.result()
             return "abandoned" if left in done else "timeout"
         finally:
-            self.pending.pop(approval_id, None)
+            if not self.stopping.is_set():  # a stopping relay leaves it in pending.json for the next one
+                self.pending.pop(approval_id, None)
+                self.persist_pending()
+
+    def _restored_match(self, box_id: str, request: Request) -> Pending | None:
+        """The oldest request restored after a restart that this box sends again, the same one."""
+        same = [p for p in self.pending.values() if not p.attached and p.box_id == box_id
+                and p.request.operation == request.operation and p.request.args == request.args]
+        return min(same, key=lambda p: p.asked) if same else None
+
+    def restore_pending(self) -> None:
+        """Requests still waiting when the previous relay stopped: listed again until their deadline, an
+        answer kept until the box sends the same request again."""
+        loop = asyncio.get_running_loop()
+        for row in _relay_state.load_pending():
+            pending = Pending.restored(row, loop)
+            if pending is not None and pending.id not in self.pending:
+                self.pending[pending.id] = pending
+        if self.pending:
+            LOG.info("%d request(s) still pending from before the restart", len(self.pending))
+        self.persist_pending()
+
+    def expire_pending(self) -> None:
+        """Restored requests no box came back for by their deadline: denied, as a waiting one would be."""
+        now = time.monotonic()
+        expired = [p for p in self.pending.values() if not p.attached and p.deadline <= now]
+        for pending in expired:
+            del self.pending[pending.id]
+            self._audit({"box": pending.box, "box_id": pending.box_id, "operation": pending.request.operation,
+                         "arguments": pending.request.args, "approval": pending.id}, "timeout",
+                        {"rc": 1, "output": "restored after a relay restart; the box did not ask again in time"})
+        if expired:
+            self.persist_pending()
+
+    def persist_pending(self) -> None:
+        try:
+            _relay_state.save_pending([p.record() for p in self.pending.values()
+                                       if not p.attached or not p.decision.done()])
+        except OSError:
+            LOG.exception("cannot write pending.json: pending requests will not survive a restart")
 
     def answer(self, approval_id: str, approve: bool) -> dict[str, Any]:
         pending = self.pending.get(approval_id)
@@ -304,6 +385,8 @@ class Relay:
             waiting = ", ".join(sorted(self.pending)) or "none"
             raise RequestError(f"no pending request {approval_id!r} (pending: {waiting})")
         pending.decision.set_result("approved" if approve else "denied")
+        if not pending.attached:
+            self.persist_pending()  # kept, answered, until the box sends that request again
         return pending.to_dict()
 
     # -- the control socket (the host user only) --------------------------------------------------
@@ -324,7 +407,9 @@ class Relay:
             return {"ok": True, "pid": os.getpid(), "started": self.started, "boxes": len(self.servers),
                     "pending": len(self.pending)}
         if name == "list":
-            return {"ok": True, "pending": [p.to_dict() for p in sorted(self.pending.values(), key=lambda p: p.asked)]}
+            self.expire_pending()
+            waiting = [p for p in self.pending.values() if not p.decision.done()]
+            return {"ok": True, "pending": [p.to_dict() for p in sorted(waiting, key=lambda p: p.asked)]}
         if name in ("approve", "deny"):
             return {"ok": True, "answered": self.answer(str(command.get("id", "")), name == "approve")}
         if name == "reload":
@@ -376,6 +461,7 @@ class Relay:
                 except Exception:  # an engine that does not answer now is asked again later
                     LOG.exception("pruning the registrations of removed boxes failed")
             rounds += 1
+            self.expire_pending()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), RESCAN_INTERVAL)
             if not self.stopping.is_set():
@@ -435,6 +521,7 @@ async def serve() -> int:
         control = await asyncio.start_unix_server(relay.serve_control, path=control_path)
     finally:
         os.umask(old_umask)
+    relay.restore_pending()
     await relay.sync()
     with open(_relay_state.path("relay.pid"), "w", encoding="utf-8") as handle:
         handle.write(f"{os.getpid()}\n")
@@ -451,9 +538,10 @@ async def serve() -> int:
             server.close()
         for tunnel in relay.tunnels.values():
             tunnel.stop()
+        relay.persist_pending()  # before the waiting boxes are told: the next relay lists them again
         for pending in relay.pending.values():
             if not pending.decision.done():
-                pending.decision.set_result("abandoned")
+                pending.decision.set_result("relay-stopped")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(control_path)
         with contextlib.suppress(FileNotFoundError):

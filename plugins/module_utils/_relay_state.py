@@ -129,6 +129,16 @@ def write_json(file: str, data: dict[str, Any]) -> None:
     os.replace(temporary, file)
 
 
+def load_pending() -> list[dict[str, Any]]:
+    """The requests that were waiting for the user when the relay last wrote pending.json."""
+    rows = (read_json(path("pending.json")) or {}).get("pending")
+    return [row for row in rows if isinstance(row, dict)] if isinstance(rows, list) else []
+
+
+def save_pending(rows: list[dict[str, Any]]) -> None:
+    write_json(path("pending.json"), {"pending": rows})
+
+
 # -- audit log ------------------------------------------------------------------------------------
 def audit(entry: dict[str, Any]) -> None:
     """Append one line to audit.jsonl. One write of one line with O_APPEND: lines never interleave."""
