@@ -25,6 +25,7 @@ RUNTIME_SETTINGS = (
     "build_cache",
     "throttle_window_seconds",
     "toolbox_as_image_user",
+    "lookup_cache_seconds",
 )
 
 
@@ -65,6 +66,9 @@ class EmulatorConfig:
     # each covers (authenticated: every API call; sandbox-create; sandbox-lifecycle). Empty: no limits.
     throttle_limits: dict[str, int] = field(default_factory=dict)
     throttle_window_seconds: float = 60.0
+    # As Daytona: GET /sandbox/{idOrName} answers from a lookup cache kept this long (10 s), cleared by an update
+    # of the sandbox but not by its insert (lookup_cache.py). 0: every get reads the current sandbox.
+    lookup_cache_seconds: float = 10.0
     # A sandbox shows up in list() this long after create, and lingers there this long after delete.
     list_lag_seconds: float = 0.0
     # Toolbox calls running longer than this are cut by the "proxy", like Daytona's ~5 minute cut.

@@ -28,6 +28,7 @@ from .docker_backend import BackendError, DockerBackend, docker_name
 from .errors import ApiError
 from .events import EventHub
 from .faults import FaultInjector
+from .lookup_cache import LookupCache
 
 LOG = logging.getLogger("daytona_emulator")
 
@@ -103,9 +104,16 @@ class SandboxRecord:
     ttl_minutes: int | None = None
     restore_changes: list[str] = field(default_factory=list)
     generation: int = 0  # bumped by each transition; a superseded transition does not settle the state
+    # Updates of the entity (not its insert), which clear Daytona's lookup cache keys (lookup_cache.py).
+    version: int = 0
+    updated_mono: float = 0.0
+    previous_name: str | None = None
 
-    def touch(self) -> None:
+    def touch(self, update: bool = True) -> None:
         self.updated = time.time()
+        if update:
+            self.version += 1
+            self.updated_mono = time.monotonic()
 
     def mark_activity(self) -> None:
         self.last_activity = time.time()
@@ -152,6 +160,7 @@ class Emulator:
         self.images_to_remove: set[str] = set()
         self.signed_previews: dict[str, tuple[str, int, float]] = {}
         self.ssh_tokens: dict[str, tuple[str, float]] = {}
+        self.lookup_cache = LookupCache()
         self.events = EventHub()
         self.faults = FaultInjector()
         self.throttler = habits.Throttler()
@@ -211,6 +220,7 @@ class Emulator:
             self.images_to_remove.clear()
             self.signed_previews.clear()
             self.ssh_tokens.clear()
+            self.lookup_cache.clear()
             self.requests.clear()
         self.faults.clear()
         self.throttler.reset()
@@ -331,7 +341,7 @@ class Emulator:
     # ---- the transition engine ----------------------------------------------------------------------------
     def _transition(self, sb: SandboxRecord, transitional: str, desired: str, work: Callable[[], None],
                     finish: Callable[[], None], fail: Callable[[Exception], None] | None = None,
-                    lifecycle: bool = False) -> dict[str, Any]:
+                    lifecycle: bool = False, insert: bool = False) -> dict[str, Any]:
         """Show `transitional` while `work` runs; `finish`/`fail` run under the lock afterwards.
 
         With transition_seconds > 0 this answers at once and the state settles later (the SDK polls);
@@ -348,7 +358,7 @@ class Emulator:
                 sb.state = transitional
             sb.desired_state = desired
             sb.pending = True
-            sb.touch()
+            sb.touch(update=not insert)  # a create's first write is its insert
             answer = self.sandbox_dto(sb)
             self.publish_state(sb, old_state)
         hold = self.config.transition_seconds
@@ -361,6 +371,7 @@ class Emulator:
                         return
                     before = sb.state
                     sb.state = transitional
+                    sb.touch()  # the runner's update
                     self.publish_state(sb, before)
             began = time.monotonic()
             error: Exception | None = None
@@ -515,7 +526,7 @@ class Emulator:
             record.error_reason = str(error)
             record.recoverable = False
 
-        answer = self._transition(record, "creating", "started", work, finish, fail, lifecycle=True)
+        answer = self._transition(record, "creating", "started", work, finish, fail, lifecycle=True, insert=True)
         # The list index catches up list_lag_seconds after the create answered (eventual consistency).
         record.listed_from = time.monotonic() + self.config.list_lag_seconds
         return answer
@@ -671,6 +682,7 @@ class Emulator:
             with self.lock:
                 # As Daytona's soft delete does: the name is freed at once, the sandbox lingers as a ghost
                 # (old state, desired state destroyed) until the runner has removed it.
+                sb.previous_name = sb.name
                 sb.name = f"DESTROYED_{sb.name}_{int(time.time() * 1000)}"
 
         def work() -> None:
@@ -939,9 +951,8 @@ class Emulator:
 
     # ---- small mutations ----------------------------------------------------------------------------------
     def get_sandbox(self, id_or_name: str) -> dict[str, Any]:
-        sb = self.find(id_or_name)
         with self.lock:
-            return self.sandbox_dto(sb)
+            return self.lookup_cache.get(self, id_or_name)  # cached as Daytona caches it
 
     def replace_labels(self, id_or_name: str, body: Any) -> dict[str, Any]:
         sb = self.find(id_or_name)

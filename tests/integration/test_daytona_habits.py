@@ -167,6 +167,29 @@ def test_a_create_read_back_in_unknown_is_adopted(emu: Emu, desired_state_lag: N
         provider.destroy(name)
 
 
+def test_get_by_name_is_cached_as_daytona_caches_it(emu: Emu, desired_state_lag: None) -> None:
+    """GET /sandbox/{idOrName} is cached 10 s (v0.190's lookup cache); an insert clears nothing, so the name the
+    provider looked up just before its create stays "not found" until the runner's first update. A create whose
+    answer is lost then reads 404 by name for a while, and is still adopted; a delete (an update) clears the keys
+    at once, so the name is free and its ghost is found by id only."""
+    provider = emu.provider()
+    name = unique("cch")
+    emu.admin.add_fault(method="POST", path="^/api/sandbox$", action="drop_after", times=1)
+    try:
+        assert provider.find(name) is None  # the module's look before a create: a miss, now cached
+        since = max((entry["seq"] for entry in emu.admin.requests()), default=0)
+        facts = provider.create(spec(name))
+        assert facts.state == "running"
+        assert sum(1 for s in emu.admin.state()["sandboxes"] if s["name"] == name) == 1
+        gets = [(entry["path"], entry["status"]) for entry in emu.admin.requests(since) if entry["method"] == "GET"]
+        assert (f"/api/sandbox/{name}", 404) in gets  # the stale miss was really served after the POST
+        answer = _api(emu, "DELETE", f"/sandbox/{facts.container}")
+        assert provider.find(name) is None  # the delete's rename cleared the name's key at once
+        assert _api(emu, "GET", f"/sandbox/{facts.container}")["name"] == answer["name"]
+    finally:
+        provider.destroy(name)
+
+
 def test_a_failed_create_leaves_nothing(emu: Emu) -> None:
     """The image cannot be had (the build fails): the SDK's wait raises without a status; nothing stays."""
     from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
