@@ -49,6 +49,7 @@ from ._boxd_state import (
 from ._naming import label, strip_labels
 from ._provider import BoxFacts, BoxNotFound, BoxSpec, EngineUnreachable, ExecResult, Provider, ProviderError
 from ._shell_line import command_line, gib
+from ._snapshot_store import parse_snapshot_name
 
 BOX_USER = "vscode"
 SECRETS_DIR = "/run/agentbox/secrets"
@@ -195,6 +196,11 @@ class BoxdProvider(Provider):
         machine = self._create_once(spec)
         try:
             machine = self._until_ready(spec.name, machine.id, "create")
+            if parse_snapshot_name(spec.image) is not None:
+                # Docker in the box renames /var/lib/docker/runtimes at start, which a directory from the
+                # snapshot's lower layer refuses (EXDEV); it is rebuilt at start, so it goes.
+                self.exec(spec.name, ["rm", "-rf", "/var/lib/docker/runtimes"], user="root").check(
+                    "preparing in-box Docker", spec.name)
             if self._egress:
                 self._call(lambda: self.sdk.machines.set_egress_allow(machine.id, self._egress), spec.name,
                            "egress allow list")
@@ -221,6 +227,11 @@ class BoxdProvider(Provider):
             "disk": (self._disk << 30) if self._disk else None,
             "auto_suspend_timeout": self._auto_suspend,
         }
+        if parse_snapshot_name(spec.image) is not None:
+            # A checkpoint: the machine is made from its snapshot, which carries the image and its env.
+            for key in ("image", "env"):
+                kwargs.pop(key)
+            kwargs["from_snapshot"] = spec.image
         name = machine_name(spec.name)
         try:
             machine = self.sdk.machines.create(name, **kwargs)
@@ -470,21 +481,37 @@ class BoxdProvider(Provider):
                                 f"{err.decode('utf-8', 'replace')[-2000:]}", box=name, operation="download")
 
     # -- images and checkpoints -----------------------------------------------------------------
+    def checkpoint_store(self) -> Any:
+        """The engine side of checkpoints for _checkpoint: boxd snapshots (_boxd_store)."""
+        from ._boxd_store import BoxdCheckpoints  # lazy: only checkpoints need it
+
+        return BoxdCheckpoints(self)
+
     def image_exists(self, image: str) -> bool:
         """boxd pulls an image when it makes a machine (a missing one fails that create); a checkpoint's
         snapshot is looked up."""
-        if not image.startswith("agentbox-") or "/" in image or ":" in image:
+        if parse_snapshot_name(image) is None:
             return True
-        try:
-            self._call(lambda: self.sdk.snapshots.get(image, org=self.settings.org), None, "snapshot", read=True)
-        except BoxNotFound:
-            return False
-        return True
+        store = self.checkpoint_store()
+        return store.usable(store.snapshot(image))
 
     def commit(self, name: str, image: str, labels: dict[str, str], env: list[str] | None = None) -> dict[str, Any]:
+        """A live snapshot of the box's machine called `image` (labels live in the host manifest)."""
         machine = self._require(name, "checkpoint")
         created = self._call(lambda: self.sdk.snapshots.create(machine.id, image), name, "checkpoint")
-        return {"id": getattr(created, "id", "") or image, "size": 0}
+        store = self.checkpoint_store()
+        deadline = time.monotonic() + START_TIMEOUT
+        snapshot = store.snapshot(image)
+        while snapshot is None or (snapshot.status or "").lower() in ("creating", "pending", "capturing"):
+            if time.monotonic() > deadline:
+                raise ProviderError(f"snapshot {image} was not ready after {START_TIMEOUT:.0f} s", box=name,
+                                    operation="checkpoint")
+            time.sleep(POLL_SECONDS)
+            snapshot = store.snapshot(image)
+        if not store.usable(snapshot):
+            raise ProviderError(f"snapshot {image} failed on boxd: remove it and try again", box=name,
+                                operation="checkpoint")
+        return {"id": getattr(created, "id", "") or snapshot.id, "size": store.size_bytes(snapshot)}
 
     def close(self) -> None:
         forget_client(self.settings)

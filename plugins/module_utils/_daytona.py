@@ -37,7 +37,6 @@ import base64
 import contextlib
 import math
 import os
-import re
 import secrets
 import shlex
 import shutil
@@ -75,6 +74,7 @@ from ._provider import (
     ProviderError,
 )
 from ._shell_line import command_line, gib  # shared with the boxd provider (moved, same behaviour)
+from ._snapshot_store import SnapshotCheckpoints, parse_snapshot_name
 
 try:
     from daytona import (
@@ -370,20 +370,6 @@ def pinned_image(image: str) -> Any:
         if digest.split("@", 1)[0] == repository:
             return digest
     return Image.base(image).dockerfile_commands([f"LABEL io.agentbox.image-id={info['Id']}"])
-
-
-def snapshot_name(project: str, checkpoint: str, nonce: str | None = None) -> str:
-    """Daytona-side name of a checkpoint: never reused, so it carries a nonce."""
-    return f"{CHECKPOINT_IMAGE_PREFIX}{project}-{checkpoint}-{nonce or secrets.token_hex(4)}"
-
-
-SNAPSHOT_NAME_PATTERN = re.compile(rf"^{re.escape(CHECKPOINT_IMAGE_PREFIX)}([0-9a-f]{{16}})-(.+)-([0-9a-f]{{8}})$")
-
-
-def parse_snapshot_name(name: str) -> tuple[str, str] | None:
-    """(project, checkpoint) of a checkpoint snapshot name, or None."""
-    match = SNAPSHOT_NAME_PATTERN.match(name or "")
-    return (match.group(1), match.group(2)) if match else None
 
 
 def is_registry_reference(image: str) -> bool:
@@ -1586,265 +1572,33 @@ def _bounded(fn: Callable[[], Any], seconds: float, what: str) -> Any:
 
 
 # -- checkpoints as snapshots -----------------------------------------------------------------------
-def manifests_dir(project: str) -> str:
-    """Daytona checkpoints' manifests: apart from the Docker ones, whose names they may share."""
-    from ._checkpoint import agentbox_home
-
-    return os.path.join(agentbox_home(), "daytona", "checkpoints", project)
-
-
-def manifest_path(project: str, name: str) -> str:
-    return os.path.join(manifests_dir(project), name, "manifest.json")
-
-
-class DaytonaCheckpoints:
+class DaytonaCheckpoints(SnapshotCheckpoints):
     """The engine side of checkpoints on Daytona, called by _checkpoint through `checkpoint_store`."""
 
-    def __init__(self, provider: DaytonaProvider):
-        self.provider = provider
+    kind = "daytona"
+    cloud = "Daytona"
+    provider: DaytonaProvider
 
-    def _checkpoint(self, project: str, name: str, record: dict[str, Any] | None, snapshot: Any | None) -> Any:
-        from . import _checkpoint
+    def snapshot(self, image: str) -> Any | None:
+        return self.provider._snapshot(image)
 
-        image = (record or {}).get("image") or (snapshot.name if snapshot is not None else "")
-        active = snapshot_usable(snapshot)  # an inactive snapshot is activated when restored from
-        size = getattr(snapshot, "size", None) if snapshot is not None else None
-        return _checkpoint.Checkpoint(
-            name=name,
-            project=project,
-            image=image,
-            record=record or _minimal_record(project, name, image),
-            has_manifest=record is not None,
-            image_exists=active,
-            image_id=snapshot.id if snapshot is not None else "",
-            size=int(float(size) * (1 << 30)) if size else 0,
-        )
+    def snapshots(self, prefix: str) -> list[Any]:
+        return self.provider.list_snapshots(prefix)
 
-    def find(self, project: str, name: str) -> Any:
-        from . import _checkpoint
+    def delete_snapshot(self, image: str) -> bool:
+        return self.provider.delete_snapshot(image)
 
-        record = _checkpoint._read_json(manifest_path(project, name))
-        if record is not None:
-            snapshot = self.provider._snapshot(record.get("image", "")) if record.get("image") else None
-            return self._checkpoint(project, name, record, snapshot)
-        for snapshot in self.provider.list_snapshots(f"{CHECKPOINT_IMAGE_PREFIX}{project}-"):
-            if parse_snapshot_name(snapshot.name) == (project, name):
-                return self._checkpoint(project, name, None, snapshot)
-        return None
+    def usable(self, snapshot: Any | None) -> bool:
+        return snapshot_usable(snapshot)  # an inactive snapshot is activated when restored from
 
-    def list(self, project: str) -> list[Any]:
-        from . import _checkpoint
+    def size_bytes(self, snapshot: Any | None) -> int:
+        size = getattr(snapshot, "size", None)
+        return int(float(size) * (1 << 30)) if size else 0
 
-        found: dict[str, Any] = {}
-        snapshots = {s.name: s for s in self.provider.list_snapshots(f"{CHECKPOINT_IMAGE_PREFIX}{project}-")}
-        root = manifests_dir(project)
-        for entry in sorted(os.listdir(root)) if os.path.isdir(root) else []:
-            record = _checkpoint._read_json(manifest_path(project, entry)) if not entry.startswith(".") else None
-            if record is not None:
-                found[entry] = self._checkpoint(project, entry, record, snapshots.get(record.get("image", "")))
-        referenced = {c.image for c in found.values()}
-        for snapshot in snapshots.values():
-            parsed = parse_snapshot_name(snapshot.name)
-            if parsed and parsed[1] not in found and snapshot.name not in referenced:
-                found[parsed[1]] = self._checkpoint(project, parsed[1], None, snapshot)
-        return [found[name] for name in sorted(found)]
-
-    def plan_restore(self, project: str, checkpoint_name: str) -> Any:
-        from . import _checkpoint
-
-        name = _checkpoint.parse_reference(checkpoint_name, project)
-        found = self.find(project, name)
-        if found is None:
-            raise _checkpoint.CheckpointError(
-                f"no checkpoint {name!r} in this project on Daytona ({self.provider.engine}): list them with "
-                "agentbox.box.agentbox_checkpoint_info (provider: daytona), or pass checkpoint: none to start fresh"
-            )
-        if found.broken:
-            raise _checkpoint.CheckpointError(
-                f"checkpoint {name!r} is broken: its manifest exists but snapshot {found.image} is gone from Daytona. "
-                "Remove it (agentbox_checkpoint state=absent) and take a new one"
-            )
-        return _checkpoint.RestorePlan(name=name, image=found.image, record=found.record)
-
-    def fingerprint(self, base_image: str) -> str | None:
-        snapshot = self.provider._snapshot(base_image) if base_image else None
-        return snapshot.id if snapshot is not None else None
-
-    def plan_capture(self, facts: BoxFacts, name: str | None, replace: bool) -> Any:
-        from . import _checkpoint, _naming
-
-        if not facts.project:
-            raise _checkpoint.CheckpointError(
-                f"box {facts.name!r} has no io.agentbox.project label: it was not made by agentbox"
-            )
-        project = facts.project
-        numbered = not name
-        if name:
-            name = _checkpoint.parse_reference(name, project)
-        else:
-            taken = [c.name for c in self.list(project)]
-            name = _naming.validate_checkpoint_name(
-                f"{facts.name}-{_checkpoint._next_number(project, facts.name, taken)}"
-            )
-        existing = self.find(project, name)
-        if existing and not replace:
-            raise _checkpoint.CheckpointError(
-                f"checkpoint {name!r} already exists in this project (snapshot {existing.image}"
-                f"{', broken: its snapshot is gone' if existing.broken else ''}): pass replace: true (playbooks/checkpoint.yml: -e replace=true) to overwrite "
-                "it, or pick another name"
-            )
-        parent = facts.checkpoint
-        parent_record = _checkpoint._read_json(manifest_path(project, parent)) if parent else None
-        parents = [parent, *((parent_record or {}).get("parents") or [])] if parent else []
-        return _checkpoint.CapturePlan(
-            facts=facts,
-            name=name,
-            type="snapshot",
-            image=snapshot_name(project, name),
-            parents=parents,
-            layers=0,
-            replaces=existing,
-            numbered=numbered,
-        )
-
-    def capture(self, plan: Any, cleanup: bool = True) -> dict[str, Any]:
-        from . import _checkpoint, _naming
-
-        provider = self.provider
-        facts = plan.facts
-        running = facts.state == "running"
-        warnings = (
-            [
-                "Daytona checkpoints stop the box while the snapshot is taken: its processes were restarted "
-                "(agentbox-boot ran again)"
-            ]
-            if running
-            else [f"the box is {facts.state}: captured without the in-box cleanup"]
-        )
-        timings: dict[str, float] = {}
-        sandbox = provider._sandbox(facts.name, "checkpoint", fresh=True)
+    def prepare_capture(self, facts: BoxFacts) -> tuple[list[str], list[str], dict[str, Any]]:
+        sandbox = self.provider._sandbox(facts.name, "checkpoint", fresh=True)
         refuse_if_ephemeral(sandbox, facts.name, "checkpoint")
-        heads: list[dict[str, str]] = []
-        if running:
-            _checkpoint._guard_secrets(provider, facts, [f"{k}={v}" for k, v in (sandbox.env or {}).items()])
-            if facts.branch:
-                heads = _checkpoint._in_box_head(provider, facts)
-            if cleanup:
-                timings["cleanup_seconds"], warning = _checkpoint.run_cleanup(provider, facts.name, mounts=[])
-                if warning:
-                    warnings.append(warning)
-        base_image = facts.labels.get("image") or facts.image
-        parent_record = None
-        if facts.checkpoint:
-            parent_record = _checkpoint._read_json(manifest_path(facts.project, facts.checkpoint))
-        if parent_record:
-            base_image = parent_record.get("base_image") or base_image
-        record = {
-            "schema": _checkpoint.SCHEMA_VERSION,
-            "name": plan.name,
-            "type": "snapshot",
-            "image": plan.image,
-            "provider": "daytona",
-            "project": facts.project,
-            "workspace": facts.workspace,
-            "parents": plan.parents,
-            "layers": 0,
-            "source_box": facts.name,
-            "source_box_id": facts.id,
-            "region": getattr(sandbox, "target", None),
-            "branch": heads[0]["branch"] if heads else facts.branch,
-            "commit": heads[0]["commit"] if heads else "",
-            "worktrees": heads,
-            "base_image": base_image,
-            "base_image_id": "",
-            "base_fingerprint": self.fingerprint(base_image) or "",
-            "collection_version": _checkpoint.COLLECTION_VERSION,
-            "engine": f"{provider.name}:{provider.engine}",
-            "created": _naming.now_iso(),
-        }
-        started = time.monotonic()
-        made = provider.commit(facts.name, plan.image, {})
-        timings["capture_seconds"] = time.monotonic() - started
-        record["image_id"] = made["id"]
-        _checkpoint._write_json(manifest_path(facts.project, plan.name), record)
-        if plan.replaces and plan.replaces.image and plan.replaces.image != plan.image:
-            try:
-                provider.delete_snapshot(plan.replaces.image)
-            except ProviderError as exc:
-                warnings.append(f"the replaced snapshot {plan.replaces.image} could not be deleted: {exc}")
-        if plan.numbered:
-            _checkpoint._record_number(facts.project, facts.name, plan.name)
-        return _checkpoint.captured(plan, facts, record, made, timings, warnings)
-
-    def remove(self, checkpoint: Any) -> dict[str, Any]:
-        from . import _checkpoint
-
-        removed: dict[str, Any] = {"image": None, "manifest": None, "refs": []}
-        if checkpoint.image:
-            try:
-                if self.provider.delete_snapshot(checkpoint.image):
-                    removed["image"] = checkpoint.image
-            except ProviderError as exc:
-                raise _checkpoint.CheckpointError(
-                    f"could not delete snapshot {checkpoint.image}: {exc}. Destroy the boxes that run on it first"
-                ) from exc
-        directory = os.path.dirname(manifest_path(checkpoint.project, checkpoint.name))
-        if os.path.isdir(directory):
-            shutil.rmtree(directory)
-            removed["manifest"] = os.path.join(directory, "manifest.json")
-        if _checkpoint.project_default(self.provider, checkpoint.project) == checkpoint.name:
-            _checkpoint.set_project_default(checkpoint.project, None, provider=self.provider)
-            removed["default_cleared"] = True
-        return removed
-
-    def prune(self, check_mode: bool = False, project: str | None = None) -> dict[str, Any]:
-        """Checkpoint snapshots that no manifest refers to (of one project when given)."""
-        prefix = f"{CHECKPOINT_IMAGE_PREFIX}{project}-" if project else CHECKPOINT_IMAGE_PREFIX
-        kept: set[str] = set()
-        root = os.path.dirname(manifests_dir("x"))
-        from . import _checkpoint
-
-        for owner in os.listdir(root) if os.path.isdir(root) else []:
-            for entry in os.listdir(os.path.join(root, owner)):
-                record = _checkpoint._read_json(manifest_path(owner, entry)) if not entry.startswith(".") else None
-                if record and record.get("image"):
-                    kept.add(record["image"])
-        removed: list[dict[str, str]] = []
-        failed: list[dict[str, str]] = []
-        for snapshot in self.provider.list_snapshots(prefix):
-            if snapshot.name in kept or parse_snapshot_name(snapshot.name) is None:
-                continue
-            if not check_mode:
-                try:
-                    self.provider.delete_snapshot(snapshot.name)
-                except ProviderError as exc:
-                    failed.append({"image": snapshot.name, "id": snapshot.id, "error": str(exc)})
-                    continue
-            removed.append({"image": snapshot.name, "id": snapshot.id})
-        return {"removed": removed, "failed": failed}
-
-
-def _minimal_record(project: str, name: str, image: str) -> dict[str, Any]:
-    """What a snapshot alone tells (its manifest is gone): enough to list, restore or remove it."""
-    return {
-        "schema": None,
-        "name": name,
-        "type": "snapshot",
-        "image": image,
-        "provider": "daytona",
-        "project": project,
-        "workspace": "",
-        "parents": [],
-        "layers": 0,
-        "source_box": "",
-        "source_box_id": "",
-        "branch": "",
-        "commit": "",
-        "worktrees": [],
-        "base_image": "",
-        "base_image_id": "",
-        "base_fingerprint": "",
-        "collection_version": "",
-        "engine": "daytona",
-        "created": "",
-    }
+        warnings = ["Daytona checkpoints stop the box while the snapshot is taken: its processes were restarted "
+                    "(agentbox-boot ran again)"]
+        env = [f"{k}={v}" for k, v in (sandbox.env or {}).items()]
+        return warnings, env, {"region": getattr(sandbox, "target", None)}

@@ -270,3 +270,37 @@ def test_bad_input_says_what_to_do_and_makes_nothing(world: World, monkeypatch: 
     while len(world.machines()) != before and time.monotonic() < deadline:
         time.sleep(0.2)
     assert len(world.machines()) == before
+
+
+def test_checkpoint_restored_into_a_new_box(world: World, created: dict) -> None:
+    """checkpoint.yml takes a live boxd snapshot of the shared box; create_box.yml makes a new box from it,
+    with the warm files and the host's later work; removing the box and the checkpoint leaves nothing."""
+    provider = world.provider()
+    provider.exec(world.box, ["sh", "-c", "echo warm > /workspace/warm.txt && mkdir -p ~/.cache/x && "
+                              "echo c > ~/.cache/x/c"]).check("warming")
+    name = f"warm-{secrets.token_hex(2)}"
+    done = world.playbook("checkpoint.yml", f"box={world.box}", f"checkpoint={name}")
+    assert f"checkpoint: {name}" in done.stdout, done.stdout[-3000:]
+    assert provider.find(world.box).state == "running"  # a live snapshot: the box was never stopped
+    snapshots = [s for s in world.emu.control.state()["snapshots"] if f"-{name}-" in s]
+    assert len(snapshots) == 1
+    (created["workspace"] / "notes/after-checkpoint.md").write_text("later\n")
+    os.chown(created["workspace"] / "notes/after-checkpoint.md", 1000, 1000)
+    restored = f"{world.box}-r"
+    try:
+        world.playbook("create_box.yml", f"workspace={created['workspace']}", f"box={restored}", f"checkpoint={name}")
+        facts = provider.find(restored)
+        assert facts is not None and facts.checkpoint == name and facts.state == "running"
+        assert provider.exec(restored, ["cat", "/workspace/warm.txt"]).stdout == b"warm\n"
+        assert provider.exec(restored, ["cat", "/home/vscode/.cache/x/c"]).stdout == b"c\n"
+        assert provider.exec(restored, ["cat", "/workspace/notes/after-checkpoint.md"]).stdout == b"later\n"
+        head = provider.exec(restored, ["git", "-C", "/workspace", "symbolic-ref", "--short", "HEAD"]).text.strip()
+        assert head == f"agentbox/{restored}"
+    finally:
+        world.playbook("destroy_box.yml", f"box={restored}", check=False)
+        (created["workspace"] / "notes/after-checkpoint.md").unlink()
+    assert provider.find(restored) is None
+    store = provider.checkpoint_store()
+    found = store.find(facts.project, name)
+    store.remove(found)
+    assert not [s for s in world.emu.control.state()["snapshots"] if f"-{name}-" in s]

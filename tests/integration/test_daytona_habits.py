@@ -222,7 +222,7 @@ def test_a_recoverable_error_is_recovered(emu: Emu) -> None:
 
 def test_a_capture_whose_answer_is_lost_waits_for_its_snapshot(emu: Emu) -> None:
     """The snapshot exists only once the capture ends; a lost answer must not be read as a failed capture."""
-    from ansible_collections.agentbox.box.plugins.module_utils._daytona import snapshot_name
+    from ansible_collections.agentbox.box.plugins.module_utils._snapshot_store import snapshot_name
 
     provider = emu.provider()
     name = unique("cap")
@@ -243,7 +243,7 @@ def test_a_capture_whose_answer_is_lost_waits_for_its_snapshot(emu: Emu) -> None
 
 def test_an_inactive_snapshot_is_activated_to_restore_from(emu: Emu) -> None:
     """Daytona deactivates snapshots unused for 14 days; a restore activates it rather than calling it gone."""
-    from ansible_collections.agentbox.box.plugins.module_utils._daytona import snapshot_name
+    from ansible_collections.agentbox.box.plugins.module_utils._snapshot_store import snapshot_name
 
     provider = emu.provider()
     source, restored = unique("src"), unique("rst")

@@ -100,8 +100,8 @@ def test_pause_resume(live: dict) -> None:
 
 def test_checkpoint_round_trip(live: dict) -> None:
     from ansible_collections.agentbox.box.plugins.module_utils import _naming
-    from ansible_collections.agentbox.box.plugins.module_utils._daytona import snapshot_name
     from ansible_collections.agentbox.box.plugins.module_utils._provider import BoxSpec
+    from ansible_collections.agentbox.box.plugins.module_utils._snapshot_store import snapshot_name
 
     provider, name = live["provider"], live["name"]
     provider.exec(name, ["sh", "-c", "echo kept > /home/vscode/kept.txt"]).check("write")

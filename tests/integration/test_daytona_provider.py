@@ -369,7 +369,7 @@ def test_checkpoint_and_restore_into_a_new_box(world: World, checkpointed: dict)
 
 
 def test_checkpoint_info_and_prune(world: World, checkpointed: dict) -> None:
-    from ansible_collections.agentbox.box.plugins.module_utils._daytona import snapshot_name
+    from ansible_collections.agentbox.box.plugins.module_utils._snapshot_store import snapshot_name
 
     provider = world.provider()
     project = provider.find(world.box).project

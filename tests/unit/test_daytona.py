@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / ".collections"))
 
 from ansible_collections.agentbox.box.plugins.module_utils import _daytona as dt  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils import _snapshot_store as snapshots  # noqa: E402
 from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError  # noqa: E402
 
 
@@ -145,10 +146,10 @@ def test_sizes_names_and_states() -> None:
     assert dt.gib("4g") == 4 and dt.gib("512m") == 1 and dt.gib(3 * (1 << 30)) == 3 and dt.gib("2GiB") == 2
     with pytest.raises(ProviderError, match="not a size"):
         dt.gib("lots")
-    name = dt.snapshot_name("0123456789abcdef", "my-box-3")
-    assert dt.parse_snapshot_name(name) == ("0123456789abcdef", "my-box-3")
-    assert dt.snapshot_name("0123456789abcdef", "x") != dt.snapshot_name("0123456789abcdef", "x")
-    assert dt.parse_snapshot_name("agentbox/box:latest") is None
+    name = snapshots.snapshot_name("0123456789abcdef", "my-box-3")
+    assert snapshots.parse_snapshot_name(name) == ("0123456789abcdef", "my-box-3")
+    assert snapshots.snapshot_name("0123456789abcdef", "x") != snapshots.snapshot_name("0123456789abcdef", "x")
+    assert snapshots.parse_snapshot_name("agentbox/box:latest") is None
     assert dt.is_registry_reference("ghcr.io/org/box:1") and dt.is_registry_reference("localhost:5000/box")
     assert not dt.is_registry_reference("agentbox/box:latest") and not dt.is_registry_reference("ubuntu")
     assert [dt.box_state(s) for s in ("started", "archived", "stopped", "error", "destroyed")] == [

@@ -1,0 +1,302 @@
+# Copyright (c) agentbox.box contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Checkpoints as a cloud's snapshots (Daytona, boxd): the engine side _checkpoint calls through a
+provider's `checkpoint_store()`, written once. A subclass says how its cloud names, finds, lists and
+deletes snapshots and what to check before a capture; the manifests, numbering, listing, restore plan,
+capture record, removal and prune are the same for both.
+
+Snapshot names carry the project and a nonce (a cloud may never let a name be used twice):
+`agentbox-ckpt-<project>-<checkpoint>-<8 hex>`; the host manifest maps the checkpoint name to it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import time
+from typing import Any
+
+from ._naming import CHECKPOINT_IMAGE_PREFIX
+from ._provider import BoxFacts, Provider, ProviderError
+
+SNAPSHOT_NAME_PATTERN = re.compile(rf"^{re.escape(CHECKPOINT_IMAGE_PREFIX)}([0-9a-f]{{16}})-(.+)-([0-9a-f]{{8}})$")
+
+
+def snapshot_name(project: str, checkpoint: str, nonce: str | None = None) -> str:
+    """Cloud-side name of a checkpoint: never reused, so it carries a nonce."""
+    return f"{CHECKPOINT_IMAGE_PREFIX}{project}-{checkpoint}-{nonce or secrets.token_hex(4)}"
+
+
+def parse_snapshot_name(name: str) -> tuple[str, str] | None:
+    """(project, checkpoint) of a checkpoint snapshot name, or None."""
+    match = SNAPSHOT_NAME_PATTERN.match(name or "")
+    return (match.group(1), match.group(2)) if match else None
+
+
+class SnapshotCheckpoints:
+    """The engine side of checkpoints on a cloud whose checkpoints are its own snapshots."""
+
+    #: the provider's name: manifests live under ~/.agentbox/<kind>/checkpoints, records say it
+    kind = ""
+    #: how messages name the cloud
+    cloud = ""
+
+    def __init__(self, provider: Provider):
+        self.provider = provider
+
+    # -- what a subclass says about its cloud ---------------------------------------------------------
+    def snapshot(self, image: str) -> Any | None:
+        """The snapshot called `image` (with .name and .id), or None."""
+        raise NotImplementedError
+
+    def snapshots(self, prefix: str) -> list[Any]:
+        raise NotImplementedError
+
+    def delete_snapshot(self, image: str) -> bool:
+        raise NotImplementedError
+
+    def usable(self, snapshot: Any | None) -> bool:
+        return snapshot is not None
+
+    def size_bytes(self, snapshot: Any | None) -> int:
+        return 0
+
+    def snapshot_name(self, project: str, name: str) -> str:
+        return snapshot_name(project, name)
+
+    def prepare_capture(self, facts: BoxFacts) -> tuple[list[str], list[str], dict[str, Any]]:
+        """(warnings, the box's env as KEY=VALUE for the secrets guard, extra record fields), or a refusal."""
+        return [], [], {}
+
+    # -- manifests ------------------------------------------------------------------------------------
+    def manifests_dir(self, project: str) -> str:
+        """Apart from the Docker checkpoints' manifests, whose names they may share."""
+        from ._checkpoint import agentbox_home
+
+        return os.path.join(agentbox_home(), self.kind, "checkpoints", project)
+
+    def manifest_path(self, project: str, name: str) -> str:
+        return os.path.join(self.manifests_dir(project), name, "manifest.json")
+
+    def _checkpoint(self, project: str, name: str, record: dict[str, Any] | None, snapshot: Any | None) -> Any:
+        from . import _checkpoint
+
+        image = (record or {}).get("image") or (snapshot.name if snapshot is not None else "")
+        return _checkpoint.Checkpoint(
+            name=name,
+            project=project,
+            image=image,
+            record=record or self._minimal_record(project, name, image),
+            has_manifest=record is not None,
+            image_exists=self.usable(snapshot),
+            image_id=snapshot.id if snapshot is not None else "",
+            size=self.size_bytes(snapshot) if snapshot is not None else 0,
+        )
+
+    def find(self, project: str, name: str) -> Any:
+        from . import _checkpoint
+
+        record = _checkpoint._read_json(self.manifest_path(project, name))
+        if record is not None:
+            snapshot = self.snapshot(record.get("image", "")) if record.get("image") else None
+            return self._checkpoint(project, name, record, snapshot)
+        for snapshot in self.snapshots(f"{CHECKPOINT_IMAGE_PREFIX}{project}-"):
+            if parse_snapshot_name(snapshot.name) == (project, name):
+                return self._checkpoint(project, name, None, snapshot)
+        return None
+
+    def list(self, project: str) -> list[Any]:
+        from . import _checkpoint
+
+        found: dict[str, Any] = {}
+        snapshots = {s.name: s for s in self.snapshots(f"{CHECKPOINT_IMAGE_PREFIX}{project}-")}
+        root = self.manifests_dir(project)
+        for entry in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+            record = _checkpoint._read_json(self.manifest_path(project, entry)) if not entry.startswith(".") else None
+            if record is not None:
+                found[entry] = self._checkpoint(project, entry, record, snapshots.get(record.get("image", "")))
+        referenced = {c.image for c in found.values()}
+        for snapshot in snapshots.values():
+            parsed = parse_snapshot_name(snapshot.name)
+            if parsed and parsed[1] not in found and snapshot.name not in referenced:
+                found[parsed[1]] = self._checkpoint(project, parsed[1], None, snapshot)
+        return [found[name] for name in sorted(found)]
+
+    def plan_restore(self, project: str, checkpoint_name: str) -> Any:
+        from . import _checkpoint
+
+        name = _checkpoint.parse_reference(checkpoint_name, project)
+        found = self.find(project, name)
+        if found is None:
+            raise _checkpoint.CheckpointError(
+                f"no checkpoint {name!r} in this project on {self.cloud} ({self.provider.engine}): list them with "
+                f"agentbox.box.agentbox_checkpoint_info (provider: {self.kind}), or pass checkpoint: none to start "
+                "fresh"
+            )
+        if found.broken:
+            raise _checkpoint.CheckpointError(
+                f"checkpoint {name!r} is broken: its manifest exists but snapshot {found.image} is gone from "
+                f"{self.cloud}. Remove it (agentbox_checkpoint state=absent) and take a new one"
+            )
+        return _checkpoint.RestorePlan(name=name, image=found.image, record=found.record)
+
+    def fingerprint(self, base_image: str) -> str | None:
+        snapshot = self.snapshot(base_image) if base_image else None
+        return snapshot.id if snapshot is not None else None
+
+    def plan_capture(self, facts: BoxFacts, name: str | None, replace: bool) -> Any:
+        from . import _checkpoint, _naming
+
+        if not facts.project:
+            raise _checkpoint.CheckpointError(
+                f"box {facts.name!r} has no io.agentbox.project label: it was not made by agentbox"
+            )
+        project = facts.project
+        numbered = not name
+        if name:
+            name = _checkpoint.parse_reference(name, project)
+        else:
+            taken = [c.name for c in self.list(project)]
+            name = _naming.validate_checkpoint_name(
+                f"{facts.name}-{_checkpoint._next_number(project, facts.name, taken)}"
+            )
+        existing = self.find(project, name)
+        if existing and not replace:
+            raise _checkpoint.CheckpointError(
+                f"checkpoint {name!r} already exists in this project (snapshot {existing.image}"
+                f"{', broken: its snapshot is gone' if existing.broken else ''}): pass replace: true "
+                "(playbooks/checkpoint.yml: -e replace=true) to overwrite it, or pick another name"
+            )
+        parent = facts.checkpoint
+        parent_record = _checkpoint._read_json(self.manifest_path(project, parent)) if parent else None
+        parents = [parent, *((parent_record or {}).get("parents") or [])] if parent else []
+        return _checkpoint.CapturePlan(
+            facts=facts,
+            name=name,
+            type="snapshot",
+            image=self.snapshot_name(project, name),
+            parents=parents,
+            layers=0,
+            replaces=existing,
+            numbered=numbered,
+        )
+
+    def capture(self, plan: Any, cleanup: bool = True) -> dict[str, Any]:
+        from . import _checkpoint, _naming
+
+        provider = self.provider
+        facts = plan.facts
+        running = facts.state == "running"
+        warnings, env, extra = self.prepare_capture(facts)
+        if not running:
+            warnings = [f"the box is {facts.state}: captured without the in-box cleanup"]
+        timings: dict[str, float] = {}
+        heads: list[dict[str, str]] = []
+        if running:
+            _checkpoint._guard_secrets(provider, facts, env)
+            if facts.branch:
+                heads = _checkpoint._in_box_head(provider, facts)
+            if cleanup:
+                timings["cleanup_seconds"], warning = _checkpoint.run_cleanup(provider, facts.name, mounts=[])
+                if warning:
+                    warnings.append(warning)
+        base_image = facts.labels.get("image") or facts.image
+        parent_record = None
+        if facts.checkpoint:
+            parent_record = _checkpoint._read_json(self.manifest_path(facts.project, facts.checkpoint))
+        if parent_record:
+            base_image = parent_record.get("base_image") or base_image
+        record = {
+            "schema": _checkpoint.SCHEMA_VERSION,
+            "name": plan.name,
+            "type": "snapshot",
+            "image": plan.image,
+            "provider": self.kind,
+            "project": facts.project,
+            "workspace": facts.workspace,
+            "parents": plan.parents,
+            "layers": 0,
+            "source_box": facts.name,
+            "source_box_id": facts.id,
+            **extra,
+            "branch": heads[0]["branch"] if heads else facts.branch,
+            "commit": heads[0]["commit"] if heads else "",
+            "worktrees": heads,
+            "base_image": base_image,
+            "base_image_id": "",
+            "base_fingerprint": self.fingerprint(base_image) or "",
+            "collection_version": _checkpoint.COLLECTION_VERSION,
+            "engine": f"{provider.name}:{provider.engine}",
+            "created": _naming.now_iso(),
+        }
+        started = time.monotonic()
+        made = provider.commit(facts.name, plan.image, {})
+        timings["capture_seconds"] = time.monotonic() - started
+        record["image_id"] = made["id"]
+        _checkpoint._write_json(self.manifest_path(facts.project, plan.name), record)
+        if plan.replaces and plan.replaces.image and plan.replaces.image != plan.image:
+            try:
+                self.delete_snapshot(plan.replaces.image)
+            except ProviderError as exc:
+                warnings.append(f"the replaced snapshot {plan.replaces.image} could not be deleted: {exc}")
+        if plan.numbered:
+            _checkpoint._record_number(facts.project, facts.name, plan.name)
+        return _checkpoint.captured(plan, facts, record, made, timings, warnings)
+
+    def remove(self, checkpoint: Any) -> dict[str, Any]:
+        from . import _checkpoint
+
+        removed: dict[str, Any] = {"image": None, "manifest": None, "refs": []}
+        if checkpoint.image:
+            try:
+                if self.delete_snapshot(checkpoint.image):
+                    removed["image"] = checkpoint.image
+            except ProviderError as exc:
+                raise _checkpoint.CheckpointError(
+                    f"could not delete snapshot {checkpoint.image}: {exc}. Destroy the boxes that run on it first"
+                ) from exc
+        directory = os.path.dirname(self.manifest_path(checkpoint.project, checkpoint.name))
+        if os.path.isdir(directory):
+            shutil.rmtree(directory)
+            removed["manifest"] = os.path.join(directory, "manifest.json")
+        if _checkpoint.project_default(self.provider, checkpoint.project) == checkpoint.name:
+            _checkpoint.set_project_default(checkpoint.project, None, provider=self.provider)
+            removed["default_cleared"] = True
+        return removed
+
+    def prune(self, check_mode: bool = False, project: str | None = None) -> dict[str, Any]:
+        """Checkpoint snapshots that no manifest refers to (of one project when given)."""
+        from . import _checkpoint
+
+        prefix = f"{CHECKPOINT_IMAGE_PREFIX}{project}-" if project else CHECKPOINT_IMAGE_PREFIX
+        kept: set[str] = set()
+        root = os.path.dirname(self.manifests_dir("x"))
+        for owner in os.listdir(root) if os.path.isdir(root) else []:
+            for entry in os.listdir(os.path.join(root, owner)):
+                record = _checkpoint._read_json(self.manifest_path(owner, entry)) if not entry.startswith(".") else None
+                if record and record.get("image"):
+                    kept.add(record["image"])
+        removed: list[dict[str, str]] = []
+        failed: list[dict[str, str]] = []
+        for snapshot in self.snapshots(prefix):
+            if snapshot.name in kept or parse_snapshot_name(snapshot.name) is None:
+                continue
+            if not check_mode:
+                try:
+                    self.delete_snapshot(snapshot.name)
+                except ProviderError as exc:
+                    failed.append({"image": snapshot.name, "id": snapshot.id, "error": str(exc)})
+                    continue
+            removed.append({"image": snapshot.name, "id": snapshot.id})
+        return {"removed": removed, "failed": failed}
+
+    def _minimal_record(self, project: str, name: str, image: str) -> dict[str, Any]:
+        """What a snapshot alone tells (its manifest is gone): enough to list, restore or remove it."""
+        return {
+            "schema": None, "name": name, "type": "snapshot", "image": image, "provider": self.kind,
+            "project": project, "workspace": "", "parents": [], "layers": 0, "source_box": "", "source_box_id": "",
+            "branch": "", "commit": "", "worktrees": [], "base_image": "", "base_image_id": "",
+            "base_fingerprint": "", "collection_version": "", "engine": self.kind, "created": "",
+        }
