@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 from . import _box, _git, _gitlayer
@@ -34,6 +35,9 @@ class Outcome:
     stdout: str = ""
     stderr: str = ""
     data: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # Work that must wait until the box has its answer (a Daytona checkpoint stops the box), run by
+    # the server right after sending it, and audited on its own line.
+    after: Callable[[], Outcome] | None = None
 
     def summary(self) -> dict[str, Any]:
         """What the audit log keeps: the status and the output's tail."""
@@ -206,14 +210,36 @@ def checkpoint(provider: Provider, facts: BoxFacts, request: Request) -> Outcome
     """Capture the box as playbooks/checkpoint.yml would (same planning, same capture)."""
     from . import _checkpoint
 
+    plan = _checkpoint.plan_capture(provider, facts, request.args["name"])  # every check, before the answer
     if provider.name == "daytona":
-        return Outcome(1, stderr="a Daytona checkpoint stops the box, which would end this command: "
-                                 "run playbooks/checkpoint.yml on the host instead")
-    plan = _checkpoint.plan_capture(provider, facts, request.args["name"])
+        # The snapshot stops the box, which would end the command waiting for this answer: answer first.
+        text = (f"checkpoint {plan.name} (snapshot) is being taken: this box stops for it and starts again (its "
+                "processes restart); on the host, agentbox_checkpoint_info lists it once saved and the relay's "
+                "audit log has the result\n")
+        return Outcome(0, stdout=text, data={"checkpoint": plan.name, "deferred": True},
+                       after=lambda: _capture_after_answer(provider, plan))
     made = _checkpoint.capture(provider, plan)
     warnings = "".join(f"warning: {text}\n" for text in made.get("warnings", []))
     text = f"checkpoint {made['name']} ({made['type']}) saved as {made['image']}\n"
     return Outcome(0, stdout=text, stderr=warnings, data={"checkpoint": made["name"], "image": made["image"]})
+
+
+def _capture_after_answer(provider: Provider, plan: Any) -> Outcome:
+    """A Daytona checkpoint, once the box's client has read its answer (it removes the answer file;
+    one in-box wait of at most 10 s), so the stop does not cut the command short."""
+    from . import _checkpoint
+    from ._relay_poll import QUEUE_DIR
+
+    box = plan.facts.name
+    try:
+        provider.exec(box, ["sh", "-c", 'i=0; while [ "$i" -lt 50 ] && ls "$1"/*.out >/dev/null 2>&1; '
+                                        'do sleep 0.2; i=$((i + 1)); done; true', "wait", QUEUE_DIR])
+        made = _checkpoint.capture(provider, plan)
+    except (ProviderError, _git.GitError, ValueError) as exc:
+        return Outcome(1, stderr=f"{exc}\n")
+    warnings = "".join(f"warning: {text}\n" for text in made.get("warnings", []))
+    return Outcome(0, stdout=f"checkpoint {made['name']} ({made['type']}) saved as {made['image']}\n",
+                   stderr=warnings, data={"checkpoint": made["name"], "image": made["image"]})
 
 
 def open_url(provider: Provider, facts: BoxFacts, request: Request) -> Outcome:

@@ -280,6 +280,10 @@ class Relay:
                 LOG.info("box %s asks to open %s", box, request.args["url"])
             await send({"type": "result", "rc": outcome.rc, "stdout": outcome.stdout, "stderr": outcome.stderr,
                         "data": outcome.data})
+            if outcome.after is not None:
+                async with lock:
+                    later = await asyncio.to_thread(outcome.after)
+                self._audit({**entry, "phase": "after the answer"}, decision, later.summary())
         finally:
             await asyncio.to_thread(provider.close)
 

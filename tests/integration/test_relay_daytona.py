@@ -10,6 +10,7 @@ import concurrent.futures
 import os
 import secrets
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -85,3 +86,31 @@ def test_approval_from_a_daytona_box(host: shared.Host, daytona_box: tuple[Any, 
     assert done.rc == 1
     assert "waiting for approval on the host" in done.stderr.decode() and "denied" in done.stderr.decode()
     assert os.path.exists(os.path.join(host.home, ".agentbox/relay/audit.jsonl"))
+
+
+def test_checkpoint_from_a_daytona_box(
+    host: shared.Host, daytona_box: tuple[Any, str], project: dict[str, Path], daytona: dict[str, Any]
+) -> None:
+    """The snapshot stops the box: the relay answers first, then captures, and audits the result."""
+    provider, box = daytona_box
+    name = f"relay-{secrets.token_hex(3)}"
+    env = {"HOME": host.home, **daytona["env"]}
+    try:
+        asked = provider.exec(box, ["sh", "-c", f"cd /workspace && agentbox-ctl checkpoint --name {name}"])
+        assert asked.rc == 0, asked.stderr.decode()
+        assert f"checkpoint {name} (snapshot) is being taken" in asked.stdout.decode()
+        deadline = time.monotonic() + 600  # a condition to wait for (the capture's own audit line), not a timing
+        while not (done := [e for e in host.audit() if e["box"] == box and e.get("phase") == "after the answer"]):
+            assert time.monotonic() < deadline, "the relay never audited the checkpoint's capture"
+            time.sleep(1)
+        assert done[-1]["operation"] == "checkpoint" and done[-1]["result"]["rc"] == 0, done[-1]
+        listed = run_module("agentbox_checkpoint_info", {"provider": "daytona", "workspace": str(project["workspace"])},
+                            env=env)
+        assert name in {c["name"] for c in listed["checkpoints"]}, listed
+        # The box runs again, and its relay channel with it.
+        assert provider.find(box).state == "running"
+        again = provider.exec(box, ["sh", "-c", "cd /workspace && agentbox-ctl open https://example.invalid/after"])
+        assert again.rc == 0, again.stderr.decode()
+    finally:
+        run_module("agentbox_checkpoint", {"name": name, "state": "absent", "provider": "daytona",
+                                           "workspace": str(project["workspace"])}, env=env)
