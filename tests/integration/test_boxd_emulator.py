@@ -150,7 +150,8 @@ def test_upload_download_10_mib_unicode_name(client, emu):
 
 
 def test_auto_suspend_then_wake(client, emu):
-    machine = _machine(client, auto_suspend_timeout=1)
+    # Not wait_until_ready: it wants "running", which an idle machine may already have left for "suspended".
+    machine = client.machines.create(f"t-{secrets.token_hex(4)}", auto_suspend_timeout=1)
     deadline = time.monotonic() + 60
     while client.machines.get(machine.id).status != "suspended":
         assert time.monotonic() < deadline, "the idle machine was never suspended"
