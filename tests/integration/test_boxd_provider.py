@@ -146,6 +146,11 @@ def test_box_state_and_inventory_connection(world: World, created: dict) -> None
                          cwd=REPO, env=world.env(), capture_output=True, text=True, check=False)  # fmt: skip
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-2000:]
     assert f"agentbox/{world.box}" in ran.stdout and "root" in ran.stdout
+    status = subprocess.run([str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), "playbooks/fleet_status.yml",
+                             "-e", f"fleet_status_html={world.root / 'fleet.html'}"],
+                            cwd=REPO, env=world.env(), capture_output=True, text=True, check=False)  # fmt: skip
+    assert status.returncode == 0, status.stdout[-3000:] + status.stderr[-2000:]
+    assert world.box in status.stdout and f"agentbox/{world.box}" in status.stdout
 
 
 def test_exec_files_lifecycle_and_destroy(world: World) -> None:
