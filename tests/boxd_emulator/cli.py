@@ -9,6 +9,7 @@ import secrets
 import signal
 import sys
 import threading
+from typing import Any
 
 from tests.daytona_emulator.config import DEFAULT_IMAGE
 
@@ -48,12 +49,26 @@ def main(argv: list[str] | None = None) -> int:
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
-    emulator.start()
-    print(json.dumps({"event": "ready", "base_url": emulator.base_url, "instance_id": emulator.instance_id}),
-          flush=True)
-    print(f"boxd-emulator: serving {emulator.base_url} (instance {emulator.instance_id}, image {args.image})\n"
-          f"  export BOXD_BASE_URL={emulator.base_url} BOXD_TOKEN=<the same token>", file=sys.stderr)
-    done.wait()
-    print("boxd-emulator: stopping; removing its containers and snapshot images", file=sys.stderr)
-    emulator.stop()
+    parent = os.getppid()
+    try:
+        emulator.start()
+        _say(json.dumps({"event": "ready", "base_url": emulator.base_url, "instance_id": emulator.instance_id}),
+             sys.stdout)
+        _say(f"boxd-emulator: serving {emulator.base_url} (instance {emulator.instance_id}, image {args.image})\n"
+             f"  export BOXD_BASE_URL={emulator.base_url} BOXD_TOKEN=<the same token>", sys.stderr)
+        # A parent that died without stopping us (a killed test run) must not leave machines behind.
+        while not done.wait(1.0):
+            if os.getppid() != parent:
+                break
+        _say("boxd-emulator: stopping; removing its containers and snapshot images", sys.stderr)
+    finally:
+        emulator.stop()  # always: gRPC's server threads would keep the process alive, with its containers
     return 0
+
+
+def _say(text: str, stream: Any) -> None:
+    """Print, unless the reader is gone (its pipe closed): then the emulator still stops cleanly."""
+    try:
+        print(text, file=stream, flush=True)
+    except (OSError, ValueError):
+        pass
