@@ -7,7 +7,7 @@
    in-box supervisor up. Reports boxes per minute.
 2. Memory of each idle running box from the engine's cgroup figures (usage minus inactive file pages, as
    `docker stats` shows it), median over the boxes; the CPU the idle fleet uses together (cgroup CPU time
-   over a 10 s window).
+   over a 10 s window); each box's writable layer on disk (median).
 3. One idle-policy pass over the N (scoped to the benchmark's project: a pass over the whole engine would
    pause other people's boxes), in check mode, then for real with `max_running: 0, include_agentless`,
    which pauses all N; then the memory of each paused box, median.
@@ -139,9 +139,12 @@ def run(args: argparse.Namespace, env: dict[str, str], workspace: Path, prefix: 
     figures["idle_running_mib"] = median_memory(client, running)
     figures["mem_available_with_boxes_mib"] = round(mem_available_mib())
     figures["idle_fleet_cpu_percent_of_one_core"] = idle_cpu_percent(client, running, 10.0)
+    sized = client.api.containers(all=True, size=True, filters={"label": f"{_naming.label('project')}={project}"})
+    figures["disk_rw_mib_median"] = round(statistics.median(entry.get("SizeRw", 0) for entry in sized) / MIB, 1)
     print(f"idle running box: {figures['idle_running_mib']} MiB (median of {len(running)}); "
           f"MemAvailable {figures['mem_available_before_mib']} -> {figures['mem_available_with_boxes_mib']} MiB; "
-          f"the idle fleet uses {figures['idle_fleet_cpu_percent_of_one_core']}% of one core", flush=True)  # fmt: skip
+          f"the idle fleet uses {figures['idle_fleet_cpu_percent_of_one_core']}% of one core; "
+          f"writable layer {figures['disk_rw_mib_median']} MiB (median)", flush=True)  # fmt: skip
 
     state_file = str(Path(env["HOME"]) / "paused.json")
     settings = {"max_running": 0, "idle_minutes": 0, "include_agentless": True}
