@@ -11,6 +11,7 @@ from daytona import DaytonaRateLimitError
 
 from ansible_collections.agentbox.box.plugins.module_utils import _daytona as dt
 from ansible_collections.agentbox.box.plugins.module_utils import _daytona_state as st
+from ansible_collections.agentbox.box.plugins.module_utils import _shell_line as shell_line
 
 
 def sandbox(state: str, desired: str | None = None, name: str = "box") -> SimpleNamespace:
@@ -63,12 +64,12 @@ def test_per_throttler_retry_after_headers_are_honoured() -> None:
 
 def test_command_line_switches_user_in_the_box_only_when_needed() -> None:
     me = getpass.getuser()
-    line = dt.command_line(["sh", "-c", 'id -un; printf %s "$V"'], user=me, env={"V": "a b"})
+    line = shell_line.command_line(["sh", "-c", 'id -un; printf %s "$V"'], user=me, env={"V": "a b"})
     done = subprocess.run(["sh", "-c", line], capture_output=True, text=True, check=False)
     assert (done.returncode, done.stdout) == (0, f"{me}\na b")  # already that user: no sudo involved
-    assert "agentbox-as" in line and "sudo -n -E -H -u" in dt.AS_USER_SCRIPT
+    assert "agentbox-as" in line and "sudo -n -E -H -u" in shell_line.AS_USER_SCRIPT
     # With the daemon's user known, the old static form is kept.
-    assert dt.command_line(["id"], user="vscode", sandbox_user="vscode") == "sh -c 'exec id'"
+    assert shell_line.command_line(["id"], user="vscode", sandbox_user="vscode") == "sh -c 'exec id'"
 
 
 def test_listings_drop_ghosts_and_repeats() -> None:
@@ -83,7 +84,7 @@ def test_listings_drop_ghosts_and_repeats() -> None:
 
 def test_output_lives_on_disk_and_survives_a_resent_waiter(tmp_path) -> None:
     control, outputs = tmp_path / "shm" / "n1", tmp_path / "disk"
-    line = dt.command_line(["sh", "-c", "printf out; printf err >&2; exit 3"], user=None)
+    line = shell_line.command_line(["sh", "-c", "printf out; printf err >&2; exit 3"], user=None)
     subprocess.run(["sh", "-c", dt.LAUNCH_SCRIPT, "launch", str(control), line, "", str(outputs)], check=True)
 
     def wait() -> tuple:
