@@ -292,24 +292,39 @@ def run_pass(
     decisions = plan(boxes, agents, record, now, settings, activity)
     by_name = {facts.name: facts for facts in found}
     errors: list[str] = []
+
+    def pause(box: str) -> BoxFacts | ProviderError:
+        try:
+            return provider.pause(box)
+        except ProviderError as exc:
+            return exc
+
+    def stop(box: str) -> BoxFacts | ProviderError:
+        try:
+            # A stop through the collection's own path: the box's commits reach the host first.
+            return _box.set_state(provider, by_name[box], "stopped")
+        except ProviderError as exc:
+            return exc
+
     for entry in decisions:
         entry["done"] = False
-        if entry["action"] == "keep" or check_mode:
-            continue
-        facts = by_name[entry["name"]]
-        try:
-            if entry["action"] == "pause":
-                after = provider.pause(facts.name)
-                record[record_key(facts.to_dict())] = now
-            else:
-                # A stop through the collection's own path: the box's commits reach the host first.
-                after = _box.set_state(provider, facts, "stopped")
-                record.pop(record_key(facts.to_dict()), None)
-            entry.update(done=True, state=after.state)
-        except ProviderError as exc:
+    todo = [] if check_mode else [e for e in decisions if e["action"] != "keep"]
+    # Pauses go side by side where the engine allows it (as the reads do); stops, which fetch the box's
+    # commits into the host repository, one at a time.
+    outcome = _agent.each_box(provider, [e["name"] for e in todo if e["action"] == "pause"], pause)
+    outcome.update({e["name"]: stop(e["name"]) for e in todo if e["action"] == "stop"})
+    for entry in todo:
+        facts, after = by_name[entry["name"]], outcome[entry["name"]]
+        if isinstance(after, ProviderError):
             # One box that fails must not keep the others running.
-            entry.update(action="error", reason=f"{entry['action']} failed: {exc}")
-            errors.append(f"{facts.name}: {exc}")
+            entry.update(action="error", reason=f"{entry['action']} failed: {after}")
+            errors.append(f"{facts.name}: {after}")
+            continue
+        if entry["action"] == "pause":
+            record[record_key(facts.to_dict())] = now
+        else:
+            record.pop(record_key(facts.to_dict()), None)
+        entry.update(done=True, state=after.state)
     if not check_mode:
         with contextlib.suppress(OSError):
             save_record(state_file, record)
