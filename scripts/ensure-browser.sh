@@ -12,8 +12,8 @@ fi
 if [ -r /etc/debian_version ] && [ "$(id -u)" = 0 ]; then
   say "installing Debian's chromium"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends chromium >/dev/null
+  apt-get -o DPkg::Lock::Timeout=300 -o Acquire::Retries=5 update -qq
+  apt-get -o DPkg::Lock::Timeout=300 -o Acquire::Retries=5 install -y -qq --no-install-recommends chromium >/dev/null
   command -v chromium >/dev/null 2>&1 && exit 0
   say "chromium was installed but is not on PATH"
   exit 1

@@ -9,11 +9,12 @@
 #
 # Environment:
 #   AGENTBOX_DOCKERD_LOG      dockerd log file (default /var/log/agentbox-dockerd.log)
-#   AGENTBOX_DOCKERD_WAIT     seconds to wait for the engine (default 60)
+#   AGENTBOX_DOCKERD_WAIT     seconds to wait for the engine (default 180: after an unclean stop
+#                             dockerd first cleans up every container it had, which takes a while)
 set -euo pipefail
 
 log_file=${AGENTBOX_DOCKERD_LOG:-/var/log/agentbox-dockerd.log}
-wait_seconds=${AGENTBOX_DOCKERD_WAIT:-60}
+wait_seconds=${AGENTBOX_DOCKERD_WAIT:-180}
 # busybox-static: the Daytona emulator's tests build a tiny image from it.
 # acl: setfacl lets boxes commit into a root-owned repository.
 # rsync: the access tests copy through `rsync -e ssh` over a box's alias.
@@ -38,8 +39,9 @@ if is_debian_root; then
   if [ "${#missing[@]}" -gt 0 ] && [ -n "${missing[0]}" ]; then
     say "installing ${missing[*]} from Debian's packages"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    # A fresh machine's own apt jobs may hold the lock for a while; mirrors may drop a request.
+    apt-get -o DPkg::Lock::Timeout=300 -o Acquire::Retries=5 update -qq
+    apt-get -o DPkg::Lock::Timeout=300 -o Acquire::Retries=5 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   fi
 fi
 

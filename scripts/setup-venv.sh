@@ -9,7 +9,9 @@ want=$(sha256sum requirements.txt | cut -d' ' -f1)
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv" 2>/dev/null || {
     if [ "$(id -u)" = 0 ] && [ -r /etc/debian_version ]; then
-      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+      apt-get -o DPkg::Lock::Timeout=300 -o Acquire::Retries=5 update -qq &&
+        DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 -o Acquire::Retries=5 \
+          install -y -qq python3-venv >/dev/null
       python3 -m venv "$venv"
     else
       echo "setup-venv: python3 -m venv failed; install python3-venv (Debian/Ubuntu) and run again" >&2
@@ -19,7 +21,9 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup-venv: installing requirements.txt into $venv" >&2
-  "$venv/bin/pip" install -q --upgrade pip
-  "$venv/bin/pip" install -q -r requirements.txt
+  # The index is reached through a proxy that may drop a connection: retry, and once more whole.
+  pip_install() { "$venv/bin/pip" install -q --retries 10 "$@"; }
+  pip_install --upgrade pip || pip_install --upgrade pip
+  pip_install -r requirements.txt || { sleep 5; pip_install -r requirements.txt; }
   echo "$want" > "$stamp"
 fi

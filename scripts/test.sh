@@ -5,6 +5,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH=$PWD/.venv/bin:$PATH ANSIBLE_CONFIG=$PWD/ansible.cfg ANSIBLE_NOCOLOR=1 PY_COLORS=0
+# The relay a create starts (molecule's included) must not pause other tests' boxes: its idle policy
+# is off for the whole run (tests/integration/test_autopause_relay.py turns it on for its own relay).
+export AGENTBOX_IDLE_INTERVAL=0
 
 failed=()
 step() {  # step NAME COMMAND...: run, time, remember failures, go on with the next step
@@ -29,11 +32,20 @@ for farm in .collections playbooks/collections; do
 done
 
 # Set-up: without these nothing else can run, so a failure stops here.
-bash scripts/setup-venv.sh || exit 1
-bash scripts/ensure-docker.sh || exit 1
-bash scripts/ensure-browser.sh || exit 1
-echo "=== box image"
-ansible-playbook playbooks/build_image.yml || exit 1
+setup_step() {  # setup_step NAME COMMAND...: like step, but a failure ends the run here
+  local name=$1 started=$SECONDS
+  shift
+  echo "=== set-up: $name"
+  if ! "$@"; then
+    echo "=== set-up: $name: FAILED after $((SECONDS - started)) s; nothing else can run"
+    exit 1
+  fi
+  echo "=== set-up: $name: ok ($((SECONDS - started)) s)"
+}
+setup_step "venv" bash scripts/setup-venv.sh
+setup_step "docker engine" bash scripts/ensure-docker.sh
+setup_step "browser" bash scripts/ensure-browser.sh
+setup_step "box image" ansible-playbook playbooks/build_image.yml
 
 if [ "${AGENTBOX_SKIP_GATES:-0}" != 1 ]; then
   step "ruff" ruff check .  # every Python file, in-box programs included (ruff.toml extend-include)

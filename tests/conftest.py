@@ -21,6 +21,10 @@ REPO = Path(__file__).resolve().parents[1]
 # gRPC's default epoll1 poller aborts a child forked while a channel is live (the boxd SDK's channel,
 # git and Ansible children); the poll poller does not. Set before anything imports grpc.
 os.environ.setdefault("GRPC_POLL_STRATEGY", "poll")
+# Tests share one HOME, so a relay that one test's create starts would apply its default idle policy
+# (at most 5 running) to every other test's boxes and pause them mid-test. Off for the suite; the
+# policy's own tests (test_autopause_relay.py) run their relay under a private HOME with it on.
+os.environ.setdefault("AGENTBOX_IDLE_INTERVAL", "0")
 if str(REPO / ".collections") not in sys.path:
     sys.path.insert(0, str(REPO / ".collections"))
 # Every import of ansible_collections.agentbox.box goes through Ansible's own collection finder,

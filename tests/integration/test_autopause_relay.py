@@ -38,7 +38,8 @@ def write_policy(home: str, policy: dict) -> None:
 def relayed(docker_client: docker.DockerClient, box_image: str, tmp_path: Path) -> Iterator[dict]:
     home = tempfile.mkdtemp(prefix="abi-", dir="/tmp")  # short: the relay's socket paths are bounded
     os.chmod(home, 0o755)
-    env = {"HOME": home}
+    # The suite turns the policy off for every relay (conftest); this relay is the policy under test.
+    env = {"HOME": home, "AGENTBOX_IDLE_INTERVAL": ""}
     repo = make_repo(tmp_path / "ws", {"a.txt": "a\n"})
     chown_tree(repo)
     token = secrets.token_hex(3)
