@@ -326,13 +326,8 @@ def fetch_box_branch(
 def _fetch_one(provider: Provider, box: str, repo: _git.Repo, entry: dict[str, Any], force: bool) -> dict[str, Any]:
     branch, path, base = entry["branch"], entry["path"], entry["base"]
     ref = f"refs/heads/{branch}"
-    tip_run = _box_git(provider, box, path, "rev-parse", "--verify", "-q", f"{ref}^{{commit}}")
-    if tip_run.rc != 0:
-        raise ProviderError(f"the box's repo at {path} has no branch {branch} any more", box=box, operation="fetch")
-    tip = object_id(tip_run.text.strip(), f"the tip of {branch} in the box", box)
-    if not _host_has_commit(repo.root, tip):
-        fetch_bundle(provider, box, repo.root, path, ref, base)
     previous = _git.git(repo.root, "rev-parse", "--verify", "-q", ref, check=False).stdout.decode().strip()
+    tip = _bring_tip(provider, box, repo.root, path, ref, base, previous)
     if previous == tip:
         return _report(repo, entry, tip, previous, 0, changed=False)
     current = _git.git(repo.root, "symbolic-ref", "-q", "HEAD", check=False).stdout.decode().strip()
@@ -343,21 +338,79 @@ def _fetch_one(provider: Provider, box: str, repo: _git.Repo, entry: dict[str, A
             box=box,
             operation="fetch",
         )
-    if previous and not force:
-        ancestor = _git.git(repo.root, "merge-base", "--is-ancestor", previous, tip, check=False)
-        if ancestor.returncode != 0:
-            raise ProviderError(
-                f"{branch} in {repo.root} has commits the box's branch does not ({previous[:12]} is not an ancestor of "
-                f"{tip[:12]}): merge them into the box first, or fetch with force to overwrite",
-                box=box,
-                operation="fetch",
-            )
+    # One walk answers both questions: is the host's branch an ancestor of the tip (nothing of it
+    # only on the host), and how many commits are new.
+    counted = _git.git(repo.root, "rev-list", "--left-right", "--count", f"{previous or base}...{tip}", check=False)
+    only_host, new_commits = (
+        ([int(part) for part in counted.stdout.split()] + [0, 0])[:2] if counted.returncode == 0 else (-1, 0)
+    )
+    if previous and not force and only_host != 0:
+        raise ProviderError(
+            f"{branch} in {repo.root} has commits the box's branch does not ({previous[:12]} is not an ancestor of "
+            f"{tip[:12]}): merge them into the box first, or fetch with force to overwrite",
+            box=box,
+            operation="fetch",
+        )
     _git.git(
         repo.root, "update-ref", "-m", f"agentbox: fetched from box {box}", ref, tip, *([previous] if previous else [])
     )
-    counted = _git.git(repo.root, "rev-list", "--count", tip, f"^{previous or base}", check=False)
-    new_commits = int(counted.stdout.decode().strip() or 0) if counted.returncode == 0 else 0
     return _report(repo, entry, tip, previous, new_commits, changed=True)
+
+
+# In the box, as its user, in one exec: the branch's tip (first line), then what came of the
+# commits the host lacks (second line): "none", "file" (a bundle at BUNDLE_PATH, copied out
+# streaming) or "inline" (a small bundle, following on stdout: no copy-out, no clean-up exec).
+# The bundle leaves out what the host has: the base the box started from and the host's copy of
+# the branch when the box has that commit, so a push after others carries only its own new
+# commits. Arguments: path ref base have bundle-path inline-limit.
+_TIP_AND_BUNDLE = r"""
+cd "$1" || exit 3
+tip=$(git rev-parse --verify -q "$2^{commit}") || exit 3
+echo "$tip"
+[ "$tip" = "$4" ] && { echo none; exit 0; }
+have=$4 out=$5 limit=$6
+set -- "$2" "^$3"
+if [ -n "$have" ] && git cat-file -e "$have^{commit}" 2>/dev/null; then set -- "$@" "^$have"; fi
+[ -z "$(git rev-list -1 "$@")" ] && { echo none; exit 0; }
+git bundle create -q "$out" "$@" || exit 4
+if [ "$(wc -c < "$out")" -le "$limit" ]; then echo inline; cat "$out"; rm -f "$out"; else echo file; fi
+"""
+INLINE_BUNDLE_LIMIT = 4 * 1024 * 1024
+
+
+def _bring_tip(provider: Provider, box: str, repo_root: str, path: str, ref: str, base: str, have: str) -> str:
+    """The tip of the box's `ref`, its new commits fetched into the host repo (no host ref moves)."""
+    # Inline only where exec's output is the engine's own byte stream (the local engine); remote
+    # channels keep the streamed copy-out.
+    limit = INLINE_BUNDLE_LIMIT if provider.shares_host_filesystem else 0
+    run = provider.exec(
+        box,
+        ["sh", "-c", _TIP_AND_BUNDLE, "tip", path, ref, base, have, BUNDLE_PATH, str(limit)],
+        user="vscode",
+    )
+    if run.rc == 3:
+        raise ProviderError(
+            f"the box's repo at {path} has no branch {ref.removeprefix('refs/heads/')} any more",
+            box=box,
+            operation="fetch",
+        )
+    run.check(f"git bundle of {ref} in {path}", box)
+    first, _sep, rest = run.stdout.partition(b"\n")
+    how, _sep, inline = rest.partition(b"\n")
+    tip = object_id(
+        first.decode("utf-8", "replace").strip(), f"the tip of {ref.removeprefix('refs/heads/')} in the box", box
+    )
+    if how == b"file":
+        _fetch_box_bundle(provider, box, repo_root, ref, base)
+    elif how == b"inline":
+        _fetch_box_bundle(provider, box, repo_root, ref, base, inline)
+    elif not _host_has_commit(repo_root, tip):
+        raise ProviderError(
+            f"the box's tip {tip[:12]} is in neither the base nor {ref} on the host, and the box made no bundle of it",
+            box=box,
+            operation="fetch",
+        )
+    return tip
 
 
 def _report(repo: _git.Repo, entry: dict[str, Any], tip: str, previous: str, new: int, changed: bool) -> dict[str, Any]:
@@ -377,23 +430,40 @@ def fetch_bundle(provider: Provider, box: str, repo_root: str, path: str, ref: s
     (where index-pack re-hashes every object; no host ref moves here)."""
     made = _box_git(provider, box, path, "bundle", "create", "-q", BUNDLE_PATH, ref, f"^{base}")
     made.check(f"git bundle of {ref} in {path}", box)
+    _fetch_box_bundle(provider, box, repo_root, ref, base)
+
+
+def _fetch_box_bundle(
+    provider: Provider, box: str, repo_root: str, ref: str, base: str, inline: bytes | None = None
+) -> None:
+    """Fetch `ref` into the host repo from the bundle: `inline` (already read from the box), else
+    BUNDLE_PATH copied out of the box, whose copy is then removed."""
     scratch = tempfile.mkdtemp(prefix="agentbox-fetch-")
     bundle = os.path.join(scratch, "box.bundle")
     try:
-        _copy_out(provider, box, BUNDLE_PATH, bundle)
+        if inline is None:
+            _copy_out(provider, box, BUNDLE_PATH, bundle)
+        else:
+            with open(bundle, "wb") as handle:
+                handle.write(inline)
         # git may run as the repo's owner (see _git): let it read the bundle.
         os.chmod(scratch, 0o755)
         os.chmod(bundle, 0o644)
-        verify = _git.git(repo_root, "bundle", "verify", "-q", bundle, check=False)
-        if verify.returncode != 0:
-            raise ProviderError(
-                f"the box's commits do not apply to {repo_root}: "
-                f"{verify.stderr.decode('utf-8', 'replace').strip()[-500:]} (the base commit {base[:12]} the box "
-                "started from is missing there)",
-                box=box,
-                operation="fetch",
-            )
-        _git.git(repo_root, "fetch", "-q", "--no-tags", "--no-write-fetch-head", bundle, ref)
+        # fetch checks the bundle's prerequisites itself; verify runs only to say why it failed.
+        fetched = _git.git(repo_root, "fetch", "-q", "--no-tags", "--no-write-fetch-head", bundle, ref, check=False)
+        if fetched.returncode != 0:
+            verify = _git.git(repo_root, "bundle", "verify", "-q", bundle, check=False)
+            if verify.returncode != 0:
+                raise ProviderError(
+                    f"the box's commits do not apply to {repo_root}: "
+                    f"{verify.stderr.decode('utf-8', 'replace').strip()[-500:]} (the base commit {base[:12]} the box "
+                    "started from is missing there)",
+                    box=box,
+                    operation="fetch",
+                )
+            detail = fetched.stderr.decode("utf-8", "replace").strip()
+            raise _git.GitError(f"git fetch -q --no-tags in {repo_root} failed: {detail}")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-        provider.exec(box, ["rm", "-f", BUNDLE_PATH], user="vscode")
+        if inline is None:
+            provider.exec(box, ["rm", "-f", BUNDLE_PATH], user="vscode")
