@@ -20,6 +20,8 @@ from typing import Any
 from ._provider import ProviderError
 from ._relay_protocol import RequestError, check_branch_name
 
+# Where the workspace is inside every box.
+WORKSPACE = "/workspace"
 OBJECT_ID = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?")
 MAX_JSON_BYTES = 4 << 20
 MAX_WORKTREES = 256  # nested repositories of one workspace

@@ -33,27 +33,47 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import json
 import os
-import re
 import shutil
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from . import _ckpt_env, _git, _gitlayer, _naming, _seed
-from ._box_data import head_line, restore_answer
-from ._provider import BoxFacts, Provider, ProviderError
+from . import _checkpoint_records, _ckpt_env, _git, _gitlayer, _naming, _seed
+from ._box_data import restore_answer
+from ._checkpoint_records import (
+    COLLECTION_VERSION,
+    SCHEMA_VERSION,
+    CapturePlan,
+    Checkpoint,
+    CheckpointError,
+    agentbox_home,
+    captured,
+    checkpoints_dir,
+    foreign,
+    guard_secrets,
+    in_box_head,
+    manifest_path,
+    next_number,
+    parse_reference,
+    project_default,
+    read_manifest,
+    record_number,
+    set_project_default,
+    write_json,
+)
+from ._provider import BoxFacts, Provider
 from ._tarstream import tar_of_paths, tar_of_tree
 
-SCHEMA_VERSION = 1
-# Kept in step with galaxy.yml by hand: modules run from a zip, where galaxy.yml is not readable.
-COLLECTION_VERSION = "0.1.0"
+# The names tests/unit/test_checkpoint.py reads from here since before they moved to _checkpoint_records.
+_next_number = next_number
+_record_number = record_number
+project_config_path = _checkpoint_records.project_config_path
+
 DEFAULT_MAX_LAYERS = 3
 CLEANUP_COMMAND = "/usr/local/bin/agentbox-checkpoint-cleanup"
-SECRETS_DIR = "/run/agentbox/secrets"
 # Never in a flattened checkpoint, whatever the engine's export contains (the tmpfs mount point stays).
 EXCLUDED_FROM_FLATTEN = ("run/agentbox/",)
 CHECKPOINT_REF_PREFIX = "refs/agentbox/checkpoints/"
@@ -81,139 +101,6 @@ LABEL_KEYS = (
     CKPT + "source_box",
     CKPT + "source_box_id",
 )
-
-
-class CheckpointError(ProviderError):
-    """Bad input or a failed capture, restore or removal; the message says what to do."""
-
-
-# -- where things live on the host ------------------------------------------------------------------
-def agentbox_home() -> str:
-    return os.path.join(os.path.expanduser("~"), ".agentbox")
-
-
-def checkpoints_dir(project: str) -> str:
-    return os.path.join(agentbox_home(), "checkpoints", project)
-
-
-def manifest_path(project: str, name: str) -> str:
-    return os.path.join(checkpoints_dir(project), name, "manifest.json")
-
-
-def project_config_path(project: str) -> str:
-    """The project's own settings; this module keeps `default_checkpoint` there."""
-    return os.path.join(agentbox_home(), "projects", project, "config.json")
-
-
-def _counters_path(project: str) -> str:
-    return os.path.join(checkpoints_dir(project), ".counters.json")
-
-
-@contextlib.contextmanager
-def _locked(path: str) -> Iterator[None]:
-    """An exclusive lock next to `path`: two playbooks writing one file never lose a write."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".lock", "a+", encoding="utf-8") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _read_json(path: str) -> dict[str, Any] | None:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{path} is not readable JSON ({exc}): fix or delete it") from exc
-    return data if isinstance(data, dict) else None
-
-
-def _write_json(path: str, data: dict[str, Any]) -> None:
-    """Atomic: a reader sees the old file or the new one, never half of one."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, scratch = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=2, sort_keys=True)
-            handle.write("\n")
-        os.replace(scratch, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(scratch)
-        raise
-
-
-# -- project defaults and name counters -------------------------------------------------------------
-def engine_scope(provider: Provider) -> str:
-    """`<provider>:<engine>`: where a checkpoint lives, as manifests record it under `engine`."""
-    return f"{provider.name}:{provider.engine}"
-
-
-def project_default(provider: Provider, project: str) -> str | None:
-    """The project's default checkpoint on this provider and engine (set with set_default), or None.
-
-    Defaults are kept per provider and engine: a Docker checkpoint is no default for Daytona. A
-    default written before they were (`default_checkpoint`) belongs to the local engine.
-    """
-    config = _read_json(project_config_path(project)) or {}
-    scoped = config.get("default_checkpoints")
-    value = scoped.get(engine_scope(provider)) if isinstance(scoped, dict) else None
-    if value is None and engine_scope(provider) == "docker:local":
-        value = config.get("default_checkpoint")
-    return value if isinstance(value, str) and value else None
-
-
-def set_project_default(project: str, name: str | None, workspace: str | None = None, *, provider: Provider) -> None:
-    """Set (or with None clear) the project's default checkpoint on this provider and engine only."""
-    path = project_config_path(project)
-    with _locked(path):
-        config = _read_json(path) or {}
-        scoped = config.get("default_checkpoints")
-        scoped = dict(scoped) if isinstance(scoped, dict) else {}
-        if engine_scope(provider) == "docker:local" and "default_checkpoint" in config:
-            legacy = config.pop("default_checkpoint")
-            scoped.setdefault("docker:local", legacy)
-        if name:
-            scoped[engine_scope(provider)] = name
-        else:
-            scoped.pop(engine_scope(provider), None)
-        config["default_checkpoints"] = scoped
-        if workspace:
-            config.setdefault("workspace", workspace)
-        _write_json(path, config)
-
-
-def _foreign(provider: Provider, manifest: dict[str, Any] | None) -> bool:
-    """A manifest of a checkpoint on another provider or engine (its name is taken there)."""
-    engine = (manifest or {}).get("engine")
-    return bool(engine) and engine != engine_scope(provider)
-
-
-def _next_number(project: str, box: str, taken: Iterable[str]) -> int:
-    """Next n for <box>-<n>: above every number ever handed out, and above every name seen."""
-    pattern = re.compile(rf"^{re.escape(box)}-(\d+)$")
-    counters = _read_json(_counters_path(project)) or {}
-    highest = int(counters.get(box, 0) or 0)
-    for name in taken:
-        match = pattern.match(name)
-        if match:
-            highest = max(highest, int(match.group(1)))
-    return highest + 1
-
-
-def _record_number(project: str, box: str, name: str) -> None:
-    match = re.match(rf"^{re.escape(box)}-(\d+)$", name)
-    if not match:
-        return
-    path = _counters_path(project)
-    with _locked(path):
-        counters = _read_json(path) or {}
-        counters[box] = max(int(counters.get(box, 0) or 0), int(match.group(1)))
-        _write_json(path, counters)
 
 
 # -- the engine side (Docker API) -------------------------------------------------------------------
@@ -330,63 +217,13 @@ def _record_to_labels(record: dict[str, Any]) -> dict[str, str]:
     return {_naming.label(key): value for key, value in values.items()}
 
 
-def read_manifest(project: str, name: str) -> dict[str, Any] | None:
-    return _read_json(manifest_path(project, name))
-
-
-def parse_reference(ref: str, project: str) -> str:
-    """A checkpoint name from `name` or `agentbox-ckpt-<project>:<name>`; another project's → error."""
-    if ":" in ref and ref.startswith(_naming.CHECKPOINT_IMAGE_PREFIX):
-        repo, _sep, name = ref.rpartition(":")
-        owner = repo[len(_naming.CHECKPOINT_IMAGE_PREFIX) :]
-        if owner != project:
-            raise CheckpointError(
-                f"checkpoint {ref!r} belongs to project {owner}, not to this workspace's project {project}: "
-                "restore it from its own workspace, or take a checkpoint of a box of this workspace"
-            )
-        return _naming.validate_checkpoint_name(name)
-    return _naming.validate_checkpoint_name(ref)
-
-
-@dataclasses.dataclass
-class Checkpoint:
-    """One checkpoint as seen from the host (manifest) and the engine (image)."""
-
-    name: str
-    project: str
-    image: str
-    record: dict[str, Any]
-    has_manifest: bool
-    image_exists: bool
-    image_id: str = ""
-    size: int = 0
-
-    @property
-    def broken(self) -> bool:
-        return not self.image_exists
-
-    def to_dict(self) -> dict[str, Any]:
-        data = dict(self.record)
-        data.update(
-            name=self.name,
-            project=self.project,
-            image=self.image,
-            image_id=self.image_id,
-            image_exists=self.image_exists,
-            manifest=self.has_manifest,
-            broken=self.broken,
-            size=self.size,
-        )
-        return data
-
-
 def find_checkpoint(provider: Provider, project: str, name: str) -> Checkpoint | None:
     if (store := _snapshot_store(provider)) is not None:
         return store.find(project, name)
     client = _docker(provider)
     image_ref = _naming.checkpoint_image(project, name)
     manifest = read_manifest(project, name)
-    if _foreign(provider, manifest):
+    if foreign(provider, manifest):
         manifest = None  # that name is a checkpoint on another provider or engine
     image = _image_or_none(client, image_ref)
     if manifest is None and image is None:
@@ -413,7 +250,7 @@ def list_checkpoints(provider: Provider, project: str) -> list[Checkpoint]:
     root = checkpoints_dir(project)
     for entry in sorted(os.listdir(root)) if os.path.isdir(root) else []:
         manifest = read_manifest(project, entry) if not entry.startswith(".") else None
-        if manifest is None or _foreign(provider, manifest):
+        if manifest is None or foreign(provider, manifest):
             continue
         image = _image_or_none(client, _naming.checkpoint_image(project, entry))
         found[entry] = Checkpoint(
@@ -466,18 +303,6 @@ def is_stale(provider: Provider, record: dict[str, Any]) -> bool:
 
 
 # -- capture ----------------------------------------------------------------------------------------
-@dataclasses.dataclass
-class CapturePlan:
-    facts: BoxFacts
-    name: str
-    type: str
-    image: str
-    parents: list[str]
-    layers: int
-    replaces: Checkpoint | None
-    numbered: bool
-
-
 def _box_image_labels(provider: Provider, facts: BoxFacts) -> tuple[dict[str, str], str]:
     """(labels of the image the box runs, that image's id): how deep its checkpoint chain is."""
     client = _docker(provider)
@@ -510,9 +335,9 @@ def plan_capture(
             raise CheckpointError(f"checkpoint names may not contain {TEMP_TAG_MARK!r}")
     else:
         taken = [c.name for c in list_checkpoints(provider, project)]
-        name = _naming.validate_checkpoint_name(f"{facts.name}-{_next_number(project, facts.name, taken)}")
+        name = _naming.validate_checkpoint_name(f"{facts.name}-{next_number(project, facts.name, taken)}")
     elsewhere = read_manifest(project, name)
-    if _foreign(provider, elsewhere):
+    if foreign(provider, elsewhere):
         raise CheckpointError(
             f"checkpoint {name!r} of this project already exists on {(elsewhere or {}).get('engine')} (manifests "
             "are shared by every provider and engine): pick another name"
@@ -581,22 +406,6 @@ def _worktree_heads(provider: Provider, facts: BoxFacts) -> list[dict[str, str]]
             }
         )
     return heads
-
-
-def _guard_secrets(provider: Provider, facts: BoxFacts, container_env: list[str]) -> None:
-    """Refuse to capture a box whose environment holds the value of one of its own secrets."""
-    script = f'for f in {SECRETS_DIR}/*; do [ -f "$f" ] && {{ printf "%s\\0" "$(cat "$f")"; }}; done; exit 0'
-    run = provider.exec(facts.name, ["sh", "-c", script], user="root")
-    values = [v for v in run.stdout.split(b"\0") if len(v) >= 4]
-    for entry in container_env:
-        key, _sep, value = entry.partition("=")
-        raw = value.encode("utf-8", "replace")
-        if any(secret in raw for secret in values):
-            raise CheckpointError(
-                f"the box's environment variable {key} holds one of its secrets, and a checkpoint would keep it: "
-                "recreate the box passing that value under 'secrets' (a tmpfs file) instead of 'env'",
-                box=facts.name,
-            )
 
 
 # The cleanup empties /tmp, /var/tmp, apt caches and /var/log with `rm -rf`, which follows into
@@ -857,12 +666,12 @@ def capture(provider: Provider, plan: CapturePlan, cleanup: bool = True) -> dict
     warnings: list[str] = []
     timings: dict[str, float] = {}
     if running:
-        _guard_secrets(provider, facts, config.get("Env") or [])
+        guard_secrets(provider, facts, config.get("Env") or [])
     else:
         warnings.append(f"the box is {facts.state}: captured without the in-box cleanup (start it to have it run)")
     heads = _worktree_heads(provider, facts) if provider.shares_host_filesystem else []
     if not heads and running and facts.branch:
-        heads = _in_box_head(provider, facts)
+        heads = in_box_head(provider, facts)
     box_labels, box_image_id = _box_image_labels(provider, facts)
     parent = _naming.strip_labels(box_labels)
     is_checkpoint_image = parent.get("kind") == "checkpoint"
@@ -928,9 +737,9 @@ def capture(provider: Provider, plan: CapturePlan, cleanup: bool = True) -> dict
         with contextlib.suppress(Exception):
             client.images.remove(old_id)
     record["image_id"] = made["id"]
-    _write_json(manifest_path(facts.project, plan.name), record)
+    write_json(manifest_path(facts.project, plan.name), record)
     if plan.numbered:
-        _record_number(facts.project, facts.name, plan.name)
+        record_number(facts.project, facts.name, plan.name)
     if provider.shares_host_filesystem:
         for head in heads:
             if head["commit"]:
@@ -942,42 +751,6 @@ def capture(provider: Provider, plan: CapturePlan, cleanup: bool = True) -> dict
                     head["commit"],
                 )
     return captured(plan, facts, record, made, timings, warnings)
-
-
-def captured(
-    plan: CapturePlan,
-    facts: BoxFacts,
-    record: dict[str, Any],
-    made: dict[str, Any],
-    timings: dict[str, float],
-    warnings: list[str],
-) -> dict[str, Any]:
-    """What a capture returns, whichever store made the image or snapshot."""
-    result = Checkpoint(
-        name=plan.name,
-        project=facts.project,
-        image=plan.image,
-        record=record,
-        has_manifest=True,
-        image_exists=True,
-        image_id=made["id"],
-        size=int(made.get("size") or 0),
-    ).to_dict()
-    result["timings"] = {key: round(value, 3) for key, value in timings.items()}
-    result["warnings"] = warnings
-    return result
-
-
-def _in_box_head(provider: Provider, facts: BoxFacts) -> list[dict[str, str]]:
-    """A box with its own clone (remote engines): its branch and commit, read in the box."""
-    run = provider.exec(
-        facts.name, ["sh", "-c", "cd /workspace && git rev-parse HEAD && git symbolic-ref -q --short HEAD"]
-    )
-    lines = run.text.split()
-    if run.rc not in (0, 1) or not lines:
-        return []
-    commit, branch = head_line(lines[0], lines[1] if len(lines) > 1 else "", "the box's /workspace", facts.name)
-    return [{"sub": "", "git_dir": "", "path": _seed.WORKSPACE, "branch": branch, "commit": commit}]
 
 
 def _ref(project: str, name: str) -> str:

@@ -23,13 +23,12 @@ import os
 import shlex
 from typing import Any
 
-from ._box_data import seed_record
+from ._box_data import WORKSPACE, seed_record
 from ._git import CarryOver, Repo, capture_carry_over
 from ._journal import pause_point, pausing_stream
 from ._provider import Provider
 from ._tarstream import tar_of_paths, tar_of_tree
 
-WORKSPACE = "/workspace"
 WORKTREES_HOME = "/home/vscode/.agentbox-worktrees"
 SEED_RECORD = "/etc/agentbox/seed.json"
 BOX_UID = 1000

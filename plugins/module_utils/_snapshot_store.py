@@ -18,6 +18,25 @@ import shutil
 import time
 from typing import Any
 
+from . import _naming
+from ._checkpoint_records import (
+    COLLECTION_VERSION,
+    SCHEMA_VERSION,
+    CapturePlan,
+    Checkpoint,
+    CheckpointError,
+    agentbox_home,
+    captured,
+    guard_secrets,
+    in_box_head,
+    next_number,
+    parse_reference,
+    project_default,
+    read_json,
+    record_number,
+    set_project_default,
+    write_json,
+)
 from ._naming import CHECKPOINT_IMAGE_PREFIX
 from ._provider import BoxFacts, Provider, ProviderError
 
@@ -73,18 +92,14 @@ class SnapshotCheckpoints:
     # -- manifests ------------------------------------------------------------------------------------
     def manifests_dir(self, project: str) -> str:
         """Apart from the Docker checkpoints' manifests, whose names they may share."""
-        from ._checkpoint import agentbox_home
-
         return os.path.join(agentbox_home(), self.kind, "checkpoints", project)
 
     def manifest_path(self, project: str, name: str) -> str:
         return os.path.join(self.manifests_dir(project), name, "manifest.json")
 
     def _checkpoint(self, project: str, name: str, record: dict[str, Any] | None, snapshot: Any | None) -> Any:
-        from . import _checkpoint
-
         image = (record or {}).get("image") or (snapshot.name if snapshot is not None else "")
-        return _checkpoint.Checkpoint(
+        return Checkpoint(
             name=name,
             project=project,
             image=image,
@@ -96,9 +111,7 @@ class SnapshotCheckpoints:
         )
 
     def find(self, project: str, name: str) -> Any:
-        from . import _checkpoint
-
-        record = _checkpoint._read_json(self.manifest_path(project, name))
+        record = read_json(self.manifest_path(project, name))
         if record is not None:
             snapshot = self.snapshot(record.get("image", "")) if record.get("image") else None
             return self._checkpoint(project, name, record, snapshot)
@@ -108,13 +121,11 @@ class SnapshotCheckpoints:
         return None
 
     def list(self, project: str) -> list[Any]:
-        from . import _checkpoint
-
         found: dict[str, Any] = {}
         snapshots = {s.name: s for s in self.snapshots(f"{CHECKPOINT_IMAGE_PREFIX}{project}-")}
         root = self.manifests_dir(project)
         for entry in sorted(os.listdir(root)) if os.path.isdir(root) else []:
-            record = _checkpoint._read_json(self.manifest_path(project, entry)) if not entry.startswith(".") else None
+            record = read_json(self.manifest_path(project, entry)) if not entry.startswith(".") else None
             if record is not None:
                 found[entry] = self._checkpoint(project, entry, record, snapshots.get(record.get("image", "")))
         referenced = {c.image for c in found.values()}
@@ -127,16 +138,16 @@ class SnapshotCheckpoints:
     def plan_restore(self, project: str, checkpoint_name: str) -> Any:
         from . import _checkpoint
 
-        name = _checkpoint.parse_reference(checkpoint_name, project)
+        name = parse_reference(checkpoint_name, project)
         found = self.find(project, name)
         if found is None:
-            raise _checkpoint.CheckpointError(
+            raise CheckpointError(
                 f"no checkpoint {name!r} in this project on {self.cloud} ({self.provider.engine}): list them with "
                 f"agentbox.box.agentbox_checkpoint_info (provider: {self.kind}), or pass checkpoint: none to start "
                 "fresh"
             )
         if found.broken:
-            raise _checkpoint.CheckpointError(
+            raise CheckpointError(
                 f"checkpoint {name!r} is broken: its manifest exists but snapshot {found.image} is gone from "
                 f"{self.cloud}. Remove it (agentbox_checkpoint state=absent) and take a new one"
             )
@@ -147,32 +158,30 @@ class SnapshotCheckpoints:
         return snapshot.id if snapshot is not None else None
 
     def plan_capture(self, facts: BoxFacts, name: str | None, replace: bool) -> Any:
-        from . import _checkpoint, _naming
-
         if not facts.project:
-            raise _checkpoint.CheckpointError(
+            raise CheckpointError(
                 f"box {facts.name!r} has no io.agentbox.project label: it was not made by agentbox"
             )
         project = facts.project
         numbered = not name
         if name:
-            name = _checkpoint.parse_reference(name, project)
+            name = parse_reference(name, project)
         else:
             taken = [c.name for c in self.list(project)]
             name = _naming.validate_checkpoint_name(
-                f"{facts.name}-{_checkpoint._next_number(project, facts.name, taken)}"
+                f"{facts.name}-{next_number(project, facts.name, taken)}"
             )
         existing = self.find(project, name)
         if existing and not replace:
-            raise _checkpoint.CheckpointError(
+            raise CheckpointError(
                 f"checkpoint {name!r} already exists in this project (snapshot {existing.image}"
                 f"{', broken: its snapshot is gone' if existing.broken else ''}): pass replace: true "
                 "(playbooks/checkpoint.yml: -e replace=true) to overwrite it, or pick another name"
             )
         parent = facts.checkpoint
-        parent_record = _checkpoint._read_json(self.manifest_path(project, parent)) if parent else None
+        parent_record = read_json(self.manifest_path(project, parent)) if parent else None
         parents = [parent, *((parent_record or {}).get("parents") or [])] if parent else []
-        return _checkpoint.CapturePlan(
+        return CapturePlan(
             facts=facts,
             name=name,
             type="snapshot",
@@ -184,7 +193,7 @@ class SnapshotCheckpoints:
         )
 
     def capture(self, plan: Any, cleanup: bool = True) -> dict[str, Any]:
-        from . import _checkpoint, _naming
+        from . import _checkpoint
 
         provider = self.provider
         facts = plan.facts
@@ -195,9 +204,9 @@ class SnapshotCheckpoints:
         timings: dict[str, float] = {}
         heads: list[dict[str, str]] = []
         if running:
-            _checkpoint._guard_secrets(provider, facts, env)
+            guard_secrets(provider, facts, env)
             if facts.branch:
-                heads = _checkpoint._in_box_head(provider, facts)
+                heads = in_box_head(provider, facts)
             if cleanup:
                 timings["cleanup_seconds"], warning = _checkpoint.run_cleanup(provider, facts.name, mounts=[])
                 if warning:
@@ -205,11 +214,11 @@ class SnapshotCheckpoints:
         base_image = facts.labels.get("image") or facts.image
         parent_record = None
         if facts.checkpoint:
-            parent_record = _checkpoint._read_json(self.manifest_path(facts.project, facts.checkpoint))
+            parent_record = read_json(self.manifest_path(facts.project, facts.checkpoint))
         if parent_record:
             base_image = parent_record.get("base_image") or base_image
         record = {
-            "schema": _checkpoint.SCHEMA_VERSION,
+            "schema": SCHEMA_VERSION,
             "name": plan.name,
             "type": "snapshot",
             "image": plan.image,
@@ -227,7 +236,7 @@ class SnapshotCheckpoints:
             "base_image": base_image,
             "base_image_id": "",
             "base_fingerprint": self.fingerprint(base_image) or "",
-            "collection_version": _checkpoint.COLLECTION_VERSION,
+            "collection_version": COLLECTION_VERSION,
             "engine": f"{provider.name}:{provider.engine}",
             "created": _naming.now_iso(),
         }
@@ -235,47 +244,43 @@ class SnapshotCheckpoints:
         made = provider.commit(facts.name, plan.image, {})
         timings["capture_seconds"] = time.monotonic() - started
         record["image_id"] = made["id"]
-        _checkpoint._write_json(self.manifest_path(facts.project, plan.name), record)
+        write_json(self.manifest_path(facts.project, plan.name), record)
         if plan.replaces and plan.replaces.image and plan.replaces.image != plan.image:
             try:
                 self.delete_snapshot(plan.replaces.image)
             except ProviderError as exc:
                 warnings.append(f"the replaced snapshot {plan.replaces.image} could not be deleted: {exc}")
         if plan.numbered:
-            _checkpoint._record_number(facts.project, facts.name, plan.name)
-        return _checkpoint.captured(plan, facts, record, made, timings, warnings)
+            record_number(facts.project, facts.name, plan.name)
+        return captured(plan, facts, record, made, timings, warnings)
 
     def remove(self, checkpoint: Any) -> dict[str, Any]:
-        from . import _checkpoint
-
         removed: dict[str, Any] = {"image": None, "manifest": None, "refs": []}
         if checkpoint.image:
             try:
                 if self.delete_snapshot(checkpoint.image):
                     removed["image"] = checkpoint.image
             except ProviderError as exc:
-                raise _checkpoint.CheckpointError(
+                raise CheckpointError(
                     f"could not delete snapshot {checkpoint.image}: {exc}. Destroy the boxes that run on it first"
                 ) from exc
         directory = os.path.dirname(self.manifest_path(checkpoint.project, checkpoint.name))
         if os.path.isdir(directory):
             shutil.rmtree(directory)
             removed["manifest"] = os.path.join(directory, "manifest.json")
-        if _checkpoint.project_default(self.provider, checkpoint.project) == checkpoint.name:
-            _checkpoint.set_project_default(checkpoint.project, None, provider=self.provider)
+        if project_default(self.provider, checkpoint.project) == checkpoint.name:
+            set_project_default(checkpoint.project, None, provider=self.provider)
             removed["default_cleared"] = True
         return removed
 
     def prune(self, check_mode: bool = False, project: str | None = None) -> dict[str, Any]:
         """Checkpoint snapshots that no manifest refers to (of one project when given)."""
-        from . import _checkpoint
-
         prefix = f"{CHECKPOINT_IMAGE_PREFIX}{project}-" if project else CHECKPOINT_IMAGE_PREFIX
         kept: set[str] = set()
         root = os.path.dirname(self.manifests_dir("x"))
         for owner in os.listdir(root) if os.path.isdir(root) else []:
             for entry in os.listdir(os.path.join(root, owner)):
-                record = _checkpoint._read_json(self.manifest_path(owner, entry)) if not entry.startswith(".") else None
+                record = read_json(self.manifest_path(owner, entry)) if not entry.startswith(".") else None
                 if record and record.get("image"):
                     kept.add(record["image"])
         removed: list[dict[str, str]] = []

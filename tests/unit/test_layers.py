@@ -46,6 +46,7 @@ RANKS: dict[str, int] = {
     "_filetar": HOST,
     # 2 the provider interface.
     "_provider": INTERFACE,
+    "_checkpoint_records": INTERFACE,
     # 3 transports: the Engine API, SSH, the cloud SDK wrappers, the relay's channels into a box.
     "_engine_api": TRANSPORT,
     "_ssh": TRANSPORT,
@@ -99,7 +100,7 @@ KNOWN_UPWARD: dict[tuple[str, str], str] = {
     ("_daytona", "_box"): "a box restored from a snapshot runs _box.boot_box from inside the provider",
     ("_docker", "_gitlayer"): "the provider makes and removes the .git overlay volumes kept in _gitlayer",
     ("_relay_state", "_ssh"): "the relay's host files name the ssh config path that _ssh owns",
-    ("_snapshot_store", "_checkpoint"): "the cloud snapshot store reuses _checkpoint's manifests and numbering",
+    ("_snapshot_store", "_checkpoint"): "the cloud snapshot store builds _checkpoint's RestorePlan and runs its cleanup",
 }
 
 # Strongly connected components among files of one rank that exist today (sorted tuples).
@@ -112,16 +113,6 @@ KNOWN_PRIVATE: dict[tuple[str, str, str], str] = {
     ("_checkpoint", "_seed", "_finish"): "a restore finishes a seed the way _seed does",
     ("_ship", "_seed", "_finish"): "a shipped seed finishes the way a local one does",
     ("_checkpoint", "_ship", "_upload"): "a restore re-ships the host's carry-over with _ship's upload",
-    (
-        "_snapshot_store",
-        "_checkpoint",
-        "_guard_secrets",
-    ): "the snapshot store's capture checks secrets as _checkpoint does",
-    ("_snapshot_store", "_checkpoint", "_in_box_head"): "the snapshot store reads the box's HEAD as _checkpoint does",
-    ("_snapshot_store", "_checkpoint", "_next_number"): "the snapshot store numbers checkpoints as _checkpoint does",
-    ("_snapshot_store", "_checkpoint", "_read_json"): "the snapshot store reads manifests as _checkpoint does",
-    ("_snapshot_store", "_checkpoint", "_record_number"): "the snapshot store numbers checkpoints as _checkpoint does",
-    ("_snapshot_store", "_checkpoint", "_write_json"): "the snapshot store writes manifests as _checkpoint does",
 }
 
 
