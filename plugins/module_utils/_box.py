@@ -16,6 +16,7 @@ import json
 from typing import Any
 
 from . import _agent, _git, _gitlayer, _journal, _naming, _preflight, _relay_state, _rollback, _seed
+from ._box_data import worktree_records
 from ._provider import BoxFacts, BoxSpec, Provider, ProviderError
 
 DEFAULT_IMAGE = "agentbox/box:latest"
@@ -324,16 +325,6 @@ def boot_box(provider: Provider, name: str) -> dict[str, Any] | None:
         return json.loads(lines[-1]) if lines else {}
     except ValueError:
         return {"output": run.stdout.decode("utf-8", "replace")[-2000:]}
-
-
-def worktree_records(facts: BoxFacts) -> list[dict[str, str]]:
-    raw = facts.labels.get("worktrees")
-    if not raw:
-        return []
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return []
 
 
 def destroy_box(

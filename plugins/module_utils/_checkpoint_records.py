@@ -16,6 +16,7 @@ import json
 import os
 import re
 import tempfile
+import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -27,6 +28,8 @@ SCHEMA_VERSION = 1
 # Kept in step with galaxy.yml by hand: modules run from a zip, where galaxy.yml is not readable.
 COLLECTION_VERSION = "0.1.0"
 SECRETS_DIR = "/run/agentbox/secrets"
+DEFAULT_MAX_LAYERS = 3
+CLEANUP_COMMAND = "/usr/local/bin/agentbox-checkpoint-cleanup"
 
 
 class CheckpointError(ProviderError):
@@ -277,3 +280,48 @@ def in_box_head(provider: Provider, facts: BoxFacts) -> list[dict[str, str]]:
         return []
     commit, branch = head_line(lines[0], lines[1] if len(lines) > 1 else "", "the box's /workspace", facts.name)
     return [{"sub": "", "git_dir": "", "path": WORKSPACE, "branch": branch, "commit": commit}]
+
+
+# The cleanup empties /tmp, /var/tmp, apt caches and /var/log with `rm -rf`, which follows into
+# whatever is mounted there: a workspace under /tmp has its .git (the box's git layer) mounted at that same
+# path, and a plain run deletes the box's view of it. So the cleanup runs in a private mount namespace
+# (the box has CAP_SYS_ADMIN) where every host mount is covered by an empty placeholder (a tiny
+# tmpfs, or /dev/null for a file): `rm` sees nothing to delete, and cannot remove the mount points
+# themselves (busy), so the box's own namespace keeps its mounts reachable too.
+_CLEANUP_SCRIPT = r"""
+[ -x "$1" ] || exit 127
+command -v unshare >/dev/null 2>&1 || exit 90
+exec unshare --mount --propagation private sh -c '
+  cleanup=$1; shift
+  for mount_point in "$@"; do
+    # Under a parent covered already (a volume inside a volume): out of reach, nothing to cover.
+    [ -e "$mount_point" ] || continue
+    if [ -d "$mount_point" ]; then
+      mount -t tmpfs -o size=64k,mode=0755 agentbox-shield "$mount_point" || exit 90
+    else
+      mount --bind /dev/null "$mount_point" || exit 90
+    fi
+  done
+  exec "$cleanup"' cleanup "$@"
+"""
+
+
+def run_cleanup(provider: Provider, box: str, mounts: list[str]) -> tuple[float, str | None]:
+    """The in-box cleanup as root, away from the host mounts at `mounts`: (seconds, warning or None).
+    Best effort."""
+    # Shallowest first: a mount inside another one is then covered by its parent's placeholder.
+    ordered = sorted(set(mounts), key=lambda path: path.count("/"))
+    started = time.monotonic()
+    run = provider.exec(box, ["sh", "-c", _CLEANUP_SCRIPT, "cleanup", CLEANUP_COMMAND, *ordered], user="root")
+    elapsed = time.monotonic() - started
+    if run.rc == 127:
+        return elapsed, f"{CLEANUP_COMMAND} is not in the box's image: captured without cleanup"
+    if run.rc == 90:
+        return elapsed, (
+            "the in-box cleanup was skipped: the host mounts could not be covered in its private mount "
+            "namespace (it would otherwise delete host files mounted under /tmp)"
+        )
+    if run.rc != 0:
+        detail = (run.stderr or run.stdout).decode("utf-8", "replace").strip()[-500:]
+        return elapsed, f"the checkpoint cleanup exited {run.rc}: {detail}"
+    return elapsed, None

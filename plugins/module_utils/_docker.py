@@ -636,6 +636,12 @@ class DockerProvider(Provider):
         return stream
 
     # -- images and checkpoints -----------------------------------------------------------------
+    def checkpoint_store(self) -> Any:
+        """The engine side of checkpoints: images on this engine (_image_store)."""
+        from ._image_store import ImageStore  # lazy: only checkpoints need it
+
+        return ImageStore(self)
+
     def image_exists(self, image: str) -> bool:
         try:
             self.client.images.get(image)

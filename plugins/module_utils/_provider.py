@@ -197,6 +197,11 @@ class Provider(abc.ABC):
         """Labels of an image (or snapshot) on this engine; {} when absent or unsupported."""
         return {}
 
+    def checkpoint_store(self) -> Any:
+        """The engine side of this provider's checkpoints, which _checkpoint works through: images on
+        a Docker engine (_image_store), snapshots on a cloud (_snapshot_store)."""
+        raise ProviderError(f"checkpoints are not supported on the {self.name!r} provider")
+
     @abc.abstractmethod
     def commit(self, name: str, image: str, labels: dict[str, str], env: list[str] | None = None) -> dict[str, Any]:
         """Capture the box's filesystem as `image` (layered), with `env` as its Env when given (the

@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The in-box half of a checkpoint restore, run in the box as `python3 -c <this file's source>`.
 
-stdin is the JSON request built by _checkpoint.restore_workspace, stdout's last line the JSON answer.
+stdin is the JSON request built by _restore.restore_workspace, stdout's last line the JSON answer.
 It runs as the repository's owner against the box's view of the host .git (its git layer), with the
 box's own python3 and the standard library only: nothing here imports the collection. The host reads
 this source with inspect.getsource, which works from Ansiballz's zip too (the loader's get_source).

@@ -34,6 +34,7 @@ from ._checkpoint_records import (
     project_default,
     read_json,
     record_number,
+    run_cleanup,
     set_project_default,
     write_json,
 )
@@ -85,6 +86,10 @@ class SnapshotCheckpoints:
     def snapshot_name(self, project: str, name: str) -> str:
         return snapshot_name(project, name)
 
+    def host_mounts(self, box: str) -> list[str]:
+        """Nothing of the host is mounted in a cloud box."""
+        return []
+
     def prepare_capture(self, facts: BoxFacts) -> tuple[list[str], list[str], dict[str, Any]]:
         """(warnings, the box's env as KEY=VALUE for the secrets guard, extra record fields), or a refusal."""
         return [], [], {}
@@ -135,9 +140,8 @@ class SnapshotCheckpoints:
                 found[parsed[1]] = self._checkpoint(project, parsed[1], None, snapshot)
         return [found[name] for name in sorted(found)]
 
-    def plan_restore(self, project: str, checkpoint_name: str) -> Any:
-        from . import _checkpoint
-
+    def restorable(self, project: str, checkpoint_name: str) -> Checkpoint:
+        """The checkpoint a new box of `project` may start from; unknown or broken ones fail here."""
         name = parse_reference(checkpoint_name, project)
         found = self.find(project, name)
         if found is None:
@@ -151,13 +155,16 @@ class SnapshotCheckpoints:
                 f"checkpoint {name!r} is broken: its manifest exists but snapshot {found.image} is gone from "
                 f"{self.cloud}. Remove it (agentbox_checkpoint state=absent) and take a new one"
             )
-        return _checkpoint.RestorePlan(name=name, image=found.image, record=found.record)
+        return found
 
     def fingerprint(self, base_image: str) -> str | None:
         snapshot = self.snapshot(base_image) if base_image else None
         return snapshot.id if snapshot is not None else None
 
-    def plan_capture(self, facts: BoxFacts, name: str | None, replace: bool) -> Any:
+    def plan_capture(
+        self, facts: BoxFacts, name: str | None, replace: bool, merged: bool = False, max_layers: int = 0
+    ) -> CapturePlan:
+        """Name and parents of a snapshot (`merged` and `max_layers` are for image layers: none here)."""
         if not facts.project:
             raise CheckpointError(
                 f"box {facts.name!r} has no io.agentbox.project label: it was not made by agentbox"
@@ -193,8 +200,6 @@ class SnapshotCheckpoints:
         )
 
     def capture(self, plan: Any, cleanup: bool = True) -> dict[str, Any]:
-        from . import _checkpoint
-
         provider = self.provider
         facts = plan.facts
         running = facts.state == "running"
@@ -208,7 +213,7 @@ class SnapshotCheckpoints:
             if facts.branch:
                 heads = in_box_head(provider, facts)
             if cleanup:
-                timings["cleanup_seconds"], warning = _checkpoint.run_cleanup(provider, facts.name, mounts=[])
+                timings["cleanup_seconds"], warning = run_cleanup(provider, facts.name, [])
                 if warning:
                     warnings.append(warning)
         base_image = facts.labels.get("image") or facts.image

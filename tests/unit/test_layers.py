@@ -28,6 +28,7 @@ RANK_NAMES = ("pure", "host", "interface", "transport", "provider", "registry", 
 RANKS: dict[str, int] = {
     # 0 pure helpers: names, labels, states as data, checks on values, in-box layout constants, errors.
     "_naming": PURE,
+    "_restore_program": PURE,
     "_shell_line": PURE,
     "_daytona_state": PURE,
     "_boxd_state": PURE,
@@ -63,6 +64,8 @@ RANKS: dict[str, int] = {
     "_image": PROVIDER,
     "_image_transfer": PROVIDER,
     "_ckpt_env": PROVIDER,
+    "_image_store": PROVIDER,
+    "_image_flatten": PROVIDER,
     # 5 the registry: which providers exist, their options.
     "_module": REGISTRY,
     # 6 workflows, written against the interface.
@@ -71,6 +74,7 @@ RANKS: dict[str, int] = {
     "_ship": WORKFLOW,
     "_gitlayer": WORKFLOW,
     "_checkpoint": WORKFLOW,
+    "_restore": WORKFLOW,
     "_carry_env": WORKFLOW,
     "_export": WORKFLOW,
     "_rollback": WORKFLOW,
@@ -100,19 +104,19 @@ KNOWN_UPWARD: dict[tuple[str, str], str] = {
     ("_daytona", "_box"): "a box restored from a snapshot runs _box.boot_box from inside the provider",
     ("_docker", "_gitlayer"): "the provider makes and removes the .git overlay volumes kept in _gitlayer",
     ("_relay_state", "_ssh"): "the relay's host files name the ssh config path that _ssh owns",
-    ("_snapshot_store", "_checkpoint"): "the cloud snapshot store builds _checkpoint's RestorePlan and runs its cleanup",
+    ("_image_store", "_gitlayer"): "a local box's worktree heads are read from its git layer (_gitlayer.box_heads)",
 }
 
 # Strongly connected components among files of one rank that exist today (sorted tuples).
 KNOWN_CYCLES: dict[tuple[str, ...], str] = {
-    ("_agent", "_box", "_checkpoint"): "_box starts agents and restores checkpoints; both call back into _box",
+    ("_agent", "_box"): "_box starts agents; _agent calls back into _box",
 }
 
 # (user, owner, name): a private name of another file used today.
 KNOWN_PRIVATE: dict[tuple[str, str, str], str] = {
-    ("_checkpoint", "_seed", "_finish"): "a restore finishes a seed the way _seed does",
+    ("_restore", "_seed", "_finish"): "a restore finishes a seed the way _seed does",
     ("_ship", "_seed", "_finish"): "a shipped seed finishes the way a local one does",
-    ("_checkpoint", "_ship", "_upload"): "a restore re-ships the host's carry-over with _ship's upload",
+    ("_restore", "_ship", "_upload"): "a restore re-ships the host's carry-over with _ship's upload",
 }
 
 
