@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +26,8 @@ from ._relay_protocol import Request
 
 GH_TIMEOUT = 120
 BOX_BUNDLE = "agentbox-relay-fetch.bundle"
+SEED_RECORD_TTL = 60.0  # as the server's box facts: written once at seeding, for that box id
+_seed_records: dict[str, tuple[float, dict[str, Any]]] = {}
 
 
 @dataclasses.dataclass
@@ -76,6 +79,25 @@ def wake(provider: Provider, facts: BoxFacts) -> BoxFacts:
     return current
 
 
+def _seed_record(provider: Provider, facts: BoxFacts) -> dict[str, Any] | None:
+    """The box's seed record, read from the box once per SEED_RECORD_TTL per box id: one exec less
+    per push. It is the box's to write either way: fetch_box_branch checks it on every use (only
+    the box's own branch moves), so a stale copy can only refuse or fetch that box's own work.
+    None when the box has none (not kept: asked again next time)."""
+    from ._seed import read_seed_record
+
+    now = time.monotonic()
+    cached = _seed_records.get(facts.id)
+    if cached is not None and now - cached[0] < SEED_RECORD_TTL:
+        return cached[1]
+    for box_id in [key for key, (when, _record) in _seed_records.items() if now - when >= SEED_RECORD_TTL]:
+        _seed_records.pop(box_id, None)  # boxes gone or quiet: not kept for the relay's lifetime
+    record = read_seed_record(provider, facts.name)
+    if record is not None:
+        _seed_records[facts.id] = (now, record)
+    return record
+
+
 def _provider_options(registration: dict[str, Any]) -> dict[str, Any]:
     if registration["provider"] == "docker":
         return {}
@@ -118,7 +140,7 @@ def push(provider: Provider, facts: BoxFacts, request: Request) -> Outcome:
         # The box's commits live in its own clone, or its own git layer: bring them into the host repository first.
         from ._ship import fetch_box_branch
 
-        fetched = fetch_box_branch(provider, facts, force=bool(args["force"]))
+        fetched = fetch_box_branch(provider, facts, force=bool(args["force"]), record=_seed_record(provider, facts))
         new = sum(item["new_commits"] for item in fetched["repos"])
         notes = f"fetched {new} new commit(s) of {branch} from the box into {repo}\n"
     target = args["as"] or branch

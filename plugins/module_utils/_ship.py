@@ -289,15 +289,21 @@ def _copy_out(provider: Provider, box: str, path: str, destination: str) -> None
 
 
 def fetch_box_branch(
-    provider: Provider, facts: BoxFacts, workspace: str | None = None, *, force: bool = False
+    provider: Provider,
+    facts: BoxFacts,
+    workspace: str | None = None,
+    *,
+    force: bool = False,
+    record: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Fetch the box's branch into each host repo as the same branch (agentbox/<box>).
 
-    Fast-forward only unless force; a branch checked out on the host is never moved.
+    Fast-forward only unless force; a branch checked out on the host is never moved. `record`:
+    the box's seed record when the caller has it already (read from the box otherwise).
     Returns {'repos': [{'sub', 'host_root', 'branch', 'commit', 'previous', 'new_commits', 'changed'}]}.
     """
     box = facts.name
-    record = _seed.read_seed_record(provider, box)
+    record = record if record is not None else _seed.read_seed_record(provider, box)
     # A local box whose .git is an overlay (_gitlayer) keeps its commits in the box too.
     if not record or record.get("mode") not in ("shipped", "worktree", "checkpoint"):
         raise ProviderError(
