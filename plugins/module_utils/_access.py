@@ -28,13 +28,12 @@ import os
 import re
 import shlex
 import shutil
-import sys
 from typing import Any
 
 from . import _host_files
 from ._naming import container_name
 from ._provider import BoxFacts, Provider, ProviderError
-from ._relay_state import code_root
+from ._relay_state import code_root, module_argv
 
 ALIAS_PREFIX = "agentbox-"
 BOX_USER = "vscode"
@@ -232,9 +231,11 @@ def write_wake_launcher() -> bool:
     root = code_root()
     if root is None:
         return False
+    # -P (module_argv): ssh runs the ProxyCommand in the user's current directory, which must not be on sys.path.
+    command = " ".join(shlex.quote(word) for word in module_argv(WAKE_MODULE))
     text = (
         "#!/bin/sh\n# Written by agentbox.box: wakes a paused or stopped box for `ssh agentbox-<box>` (docs/access.md).\n"
-        f"PYTHONPATH={shlex.quote(root)} exec {shlex.quote(sys.executable)} -m {WAKE_MODULE} \"$@\"\n"
+        f'PYTHONPATH={shlex.quote(root)} exec {command} "$@"\n'
     )
     path = wake_launcher_path()
     if _host_files.read_text(path) == text:

@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """agentbox-relay's command line: serve (foreground), start, stop, restart, status, approvals.
 
-    python -m ansible_collections.agentbox.box.plugins.module_utils._relay_main serve
+    python -P -m ansible_collections.agentbox.box.plugins.module_utils._relay_main serve
     scripts/agentbox-relay start|stop|restart|status|approvals [--approve ID | --deny ID]
 
 `start` runs `serve` detached in its own session and returns once the relay answers; a second

@@ -213,6 +213,21 @@ def code_root() -> str | None:
     return root
 
 
+def module_argv(module: str, python: str | None = None) -> list[str]:
+    """`python -m module` that never imports from the current directory. Plain `-m` (and `-c`) put it
+    first on sys.path, so a file named like any module imported later, in whatever directory the
+    command runs from (the user's, ssh's for a ProxyCommand), would run on the host. -P (3.11+) leaves
+    it out; an older interpreter drops it ('' under -c) before anything is imported."""
+    python = python or sys.executable
+    if python == sys.executable and sys.version_info < (3, 11):
+        code = (
+            "import sys; sys.path[:1] == [''] and sys.path.pop(0); import runpy; "
+            f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"
+        )
+        return [python, "-c", code]
+    return [python, "-P", "-m", module]
+
+
 def start(python: str | None = None, root: str | None = None, wait: float = START_TIMEOUT) -> dict[str, Any]:
     """Start the daemon unless one answers; {'changed', 'pid'}. A second start is a no-op."""
     pid = running_pid()
@@ -228,7 +243,7 @@ def start(python: str | None = None, root: str | None = None, wait: float = STAR
     try:
         # A new session: the daemon outlives the playbook and its process group's signals.
         subprocess.Popen(
-            [python or sys.executable, "-m", "ansible_collections.agentbox.box.plugins.module_utils._relay_main", "serve"],
+            [*module_argv("ansible_collections.agentbox.box.plugins.module_utils._relay_main", python), "serve"],
             env=env,
             cwd="/",
             stdin=subprocess.DEVNULL,

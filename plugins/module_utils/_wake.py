@@ -5,7 +5,7 @@
 The alias's ProxyCommand (see _access.waking_proxy_command) runs the box's sshd through the engine and,
 only when that fails, this module through ~/.agentbox/bin/agentbox-wake:
 
-    python -m ansible_collections.agentbox.box.plugins.module_utils._wake PROVIDER ENGINE BOX SSH_OPTIONS -- COMMAND...
+    python -P -m ansible_collections.agentbox.box.plugins.module_utils._wake PROVIDER ENGINE BOX SSH_OPTIONS -- COMMAND...
 
 (SSH_OPTIONS: the JSON object of the docker_ssh engine's key file and host key checking, `{}` otherwise;
 the local engine is reached through DOCKER_HOST as the alias's own command.)

@@ -10,12 +10,14 @@ import multiprocessing
 import os
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from ansible_collections.agentbox.box.plugins.module_utils import _access
 from ansible_collections.agentbox.box.plugins.module_utils._provider import BoxFacts
+from ansible_collections.agentbox.box.plugins.module_utils._relay_state import code_root, module_argv
 
 
 @pytest.fixture
@@ -175,3 +177,37 @@ def test_waking_proxy_command_runs_the_wake_only_when_the_direct_command_fails(h
     # No launcher written yet (no box made from this HOME): the wake is tried, and says what is missing.
     tried = as_ssh_runs(failing)
     assert tried.returncode == 127 and "agentbox-wake" in tried.stderr
+
+
+def plant(directory: Path) -> Path:
+    """Modules named like ones the launchers import (a stdlib one and the collection's top package), each
+    writing a marker when imported: what a hostile checkout could hold in the directory ssh runs from."""
+    marker = directory / "PLANTED-RAN"
+    code = f"open({str(marker)!r}, 'a').write(__name__ + '\\n')\n"
+    directory.mkdir()
+    (directory / "json.py").write_text(code)
+    (directory / "ansible_collections").mkdir()
+    (directory / "ansible_collections" / "__init__.py").write_text(code)
+    return marker
+
+
+def test_host_launchers_never_import_from_their_current_directory(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _access.write_wake_launcher()
+    launcher = _access.wake_launcher_path()
+    marker = plant(home / "hostile")
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PYTHON")}
+    woke = subprocess.run([launcher], cwd=home / "hostile", env=env, capture_output=True, text=True, check=False)
+    # It got as far as its own usage line: the collection imported, from its own root, not the planted one.
+    assert woke.returncode == 2 and "usage: agentbox-wake" in woke.stderr, woke.stderr
+    relay = Path(__file__).resolve().parents[2] / "scripts" / "agentbox-relay"
+    status = subprocess.run([str(relay), "status"], cwd=home / "hostile", env=env, capture_output=True, text=True,
+                            check=False)  # fmt: skip
+    assert status.returncode == 3 and '"running": false' in status.stdout, status.stderr
+    # What an interpreter older than 3.11 (no -P) gets: the same usage line, nothing planted imported.
+    monkeypatch.setattr(sys, "version_info", (3, 10, 0))
+    older = module_argv(_access.WAKE_MODULE)
+    assert "-P" not in older
+    env["PYTHONPATH"] = str(code_root())
+    woke = subprocess.run(older, cwd=home / "hostile", env=env, capture_output=True, text=True, check=False)
+    assert woke.returncode == 2 and "usage: agentbox-wake" in woke.stderr, woke.stderr
+    assert not marker.exists(), marker.read_text()
