@@ -10,7 +10,7 @@ an SSH access token (Daytona boxes, see _daytona_ssh). No port is published, no 
 in the box, and stop/start changes nothing in the entry (a Daytona box's token is renewed).
 
 What the box gets (box_ready, on create, start and restore, as root through the provider): its
-host keys (`ssh-keygen -A`, once per box), the user's public keys in
+ed25519 host key (once per box; the only HostKey its sshd uses), the user's public keys in
 /run/agentbox/ssh/authorized_keys (a tmpfs: gone when the box stops, written again at start;
 never a private key), an sshd drop-in that reads only that file and lets only vscode in with a
 key, and a profile snippet that starts an SSH login shell in /workspace.
@@ -64,7 +64,9 @@ for dir in @EDITOR_DIRS@; do
 done
 sshd=/usr/sbin/sshd
 [ -x "$sshd" ] || { echo "no OpenSSH server in the box ($sshd)" >&2; exit 4; }
-ls /etc/ssh/ssh_host_ed25519_key >/dev/null 2>&1 || ssh-keygen -A >/dev/null
+# Only the ed25519 host key, once per box (the alias pins it): `ssh-keygen -A` also made RSA, 1-2 s of every create.
+key=/etc/ssh/ssh_host_ed25519_key
+[ -s "$key.pub" ] || { rm -f "$key" "$key.pub"; ssh-keygen -q -t ed25519 -N '' -C "" -f "$key"; }
 mkdir -p /run/sshd /etc/ssh/sshd_config.d /etc/profile.d
 install -d -m 0755 -o root -g root /run/agentbox/ssh
 umask 022
@@ -77,6 +79,7 @@ PasswordAuthentication no
 KbdInteractiveAuthentication no
 PermitRootLogin no
 AllowUsers vscode
+HostKey /etc/ssh/ssh_host_ed25519_key
 EOF
 cat > /etc/profile.d/agentbox-workspace.sh <<'EOF'
 # Written by agentbox.box: an SSH login starts in the box's workspace.
