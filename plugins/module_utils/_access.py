@@ -13,7 +13,8 @@ What the box gets (box_ready, on create, start and restore, as root through the 
 ed25519 host key (once per box; the only HostKey its sshd uses), the user's public keys in
 /run/agentbox/ssh/authorized_keys (a tmpfs: gone when the box stops, written again at start;
 never a private key), an sshd drop-in that reads only that file and lets only vscode in with a
-key, and a profile snippet that starts an SSH login shell in /workspace.
+key, and a ForceCommand wrapper: every session (login, command, scp/sftp, rsync) starts in
+/workspace through vscode's login shell.
 
 The host trusts nothing the box writes: the box's host key is read through the engine (the
 same channel `docker exec` uses) and checked for shape before it enters
@@ -67,7 +68,7 @@ sshd=/usr/sbin/sshd
 # Only the ed25519 host key, once per box (the alias pins it): `ssh-keygen -A` also made RSA, 1-2 s of every create.
 key=/etc/ssh/ssh_host_ed25519_key
 [ -s "$key.pub" ] || { rm -f "$key" "$key.pub"; ssh-keygen -q -t ed25519 -N '' -C "" -f "$key"; }
-mkdir -p /run/sshd /etc/ssh/sshd_config.d /etc/profile.d
+mkdir -p /run/sshd /etc/ssh/sshd_config.d /usr/local/libexec
 install -d -m 0755 -o root -g root /run/agentbox/ssh
 umask 022
 cat > /run/agentbox/ssh/authorized_keys.new
@@ -80,11 +81,20 @@ KbdInteractiveAuthentication no
 PermitRootLogin no
 AllowUsers vscode
 HostKey /etc/ssh/ssh_host_ed25519_key
+ForceCommand /usr/local/libexec/agentbox-ssh-session
 EOF
-cat > /etc/profile.d/agentbox-workspace.sh <<'EOF'
-# Written by agentbox.box: an SSH login starts in the box's workspace.
-if [ -n "${SSH_CONNECTION:-}" ] && [ "$PWD" = "$HOME" ] && [ -d /workspace ]; then cd /workspace; fi
+cat > /usr/local/libexec/agentbox-ssh-session.new <<'EOF'
+#!/bin/sh
+# Written by agentbox.box: every SSH session (a login, `ssh agentbox-<box> COMMAND`, scp, sftp, rsync)
+# starts in /workspace through the box user's login shell; sshd's ForceCommand runs it, the client's
+# command (a subsystem's program for sftp) is in SSH_ORIGINAL_COMMAND.
+cd /workspace 2>/dev/null || cd
+if [ -n "${SSH_ORIGINAL_COMMAND:-}" ]; then exec "${SHELL:-/bin/sh}" -l -c "$SSH_ORIGINAL_COMMAND"; fi
+exec "${SHELL:-/bin/sh}" -l
 EOF
+chmod 0755 /usr/local/libexec/agentbox-ssh-session.new
+mv -f /usr/local/libexec/agentbox-ssh-session.new /usr/local/libexec/agentbox-ssh-session
+rm -f /etc/profile.d/agentbox-workspace.sh  # what boxes made before the session wrapper had
 cat /etc/ssh/ssh_host_ed25519_key.pub
 """
 

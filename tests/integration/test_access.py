@@ -78,6 +78,10 @@ def test_ssh_alias_local_box(home: Path, repo_factory, boxes: list[str]) -> None
     branch = ssh(home, alias, "git -C /workspace rev-parse --abbrev-ref HEAD")
     assert branch.returncode == 0, branch.stderr
     assert branch.stdout.strip() == f"agentbox/{name}"
+    # A command lands where a login does (issue 16): in /workspace, as vscode, through a login shell.
+    where = ssh(home, alias, "pwd; id -un; shopt -q login_shell && echo LOGIN-SHELL")
+    assert where.returncode == 0, where.stderr
+    assert where.stdout.splitlines() == ["/workspace", "vscode", "LOGIN-SHELL"], where.stdout
 
     # An interactive login: vscode, a login shell, in /workspace.
     login = ssh(home, alias, "", "-tt", stdin="id -un; pwd; shopt -q login_shell && echo LOGIN-SHELL; exit\n")
@@ -93,6 +97,10 @@ def test_ssh_alias_local_box(home: Path, repo_factory, boxes: list[str]) -> None
     back = home / "back.bin"
     subprocess.run([*scp, f"{alias}:/workspace/in.bin", str(back)], check=True, timeout=60)
     assert back.read_bytes() == payload.read_bytes()
+    # The legacy scp protocol too (`scp -O`: the remote `scp -t`, through the same login shell).
+    subprocess.run([*scp, "-O", str(payload), f"{alias}:legacy.bin"], check=True, timeout=60)
+    legacy = ssh(home, alias, "cmp in.bin legacy.bin && echo SAME")
+    assert legacy.stdout.strip() == "SAME", legacy.stderr
     synced = home / "synced"
     subprocess.run(
         ["rsync", "-a", "-e", f"ssh -F {config} -o BatchMode=yes", f"{alias}:/workspace/", f"{synced}/"],

@@ -102,6 +102,8 @@ def test_ssh_alias_lands_as_vscode_on_the_boxs_branch(world: World) -> None:
     assert branch.returncode == 0, branch.stderr
     assert branch.stdout.strip() == f"agentbox/{world.box}"
     assert world.ssh("id -un").stdout == "vscode\n"
+    # The same in-box sshd as a local box's: a command lands in /workspace (issue 16).
+    assert world.ssh("pwd").stdout == "/workspace\n"
     # The token is a credential: only in the private gateway file, never in the shared config or a command line.
     token = world.gateway_token()
     assert token not in world.config.read_text()
