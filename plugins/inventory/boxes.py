@@ -155,7 +155,8 @@ from ansible.plugins.loader import connection_loader
 try:
     from ansible_collections.agentbox.box.plugins.module_utils._agent import agents_of
     from ansible_collections.agentbox.box.plugins.module_utils._naming import project_id, sanitize_group
-    from ansible_collections.agentbox.box.plugins.module_utils._provider import PROVIDERS, ProviderError
+    from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
+    from ansible_collections.agentbox.box.plugins.module_utils._registry import PROVIDERS
     from ansible_collections.agentbox.box.plugins.plugin_utils._providers import (
         BOX_PYTHON,
         CONNECTION_PLUGIN,

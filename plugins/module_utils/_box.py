@@ -16,12 +16,12 @@ import json
 from typing import Any
 
 from . import _agent, _git, _gitlayer, _journal, _naming, _preflight, _relay_state, _rollback, _seed
+from ._boot import BOOT_COMMAND, boot_box  # below the providers, which run it after a restart
 from ._box_data import worktree_records
 from ._provider import BoxFacts, BoxSpec, Provider, ProviderError
 
 DEFAULT_IMAGE = "agentbox/box:latest"
 WEB_PORT = 80
-BOOT_COMMAND = "agentbox-boot"
 
 
 @dataclasses.dataclass
@@ -313,18 +313,6 @@ def early_boot(provider: Provider, name: str) -> None:
     provider.exec(name, ["sh", "-c", script], user="root")
 
 
-def boot_box(provider: Provider, name: str) -> dict[str, Any] | None:
-    """Run the in-box start sequence (dockerd, supervisor, VNC, sshd) if the image has it."""
-    script = f"command -v {BOOT_COMMAND} >/dev/null 2>&1 || exit 3; exec {BOOT_COMMAND}"
-    run = provider.exec(name, ["sh", "-c", script], user="root")
-    if run.rc == 3:
-        return None
-    run.check("the in-box start sequence (agentbox-boot)", name)
-    lines = [line for line in run.stdout.decode("utf-8", "replace").splitlines() if line.startswith("{")]
-    try:
-        return json.loads(lines[-1]) if lines else {}
-    except ValueError:
-        return {"output": run.stdout.decode("utf-8", "replace")[-2000:]}
 
 
 def destroy_box(

@@ -17,7 +17,8 @@ import posixpath
 import re
 from typing import Any
 
-from ._provider import BoxFacts, ProviderError
+from ._errors import ProviderError
+from ._provider import BoxFacts
 from ._relay_protocol import RequestError, check_branch_name
 
 # Where the workspace is inside every box.

@@ -355,7 +355,7 @@ class BoxdProvider(Provider):
             return self._facts(self._until_status(name, machine.id, {"running"}, "resume"))
         facts = self._facts(self._until_ready(name, machine.id, "resume"))
         if needs_start(status):
-            from ._box import boot_box  # lazy: the workflow sits above the providers
+            from ._boot import boot_box  # lazy: only a stopped machine needs it
 
             boot_box(self, name)  # a stopped machine lost its processes
         return facts

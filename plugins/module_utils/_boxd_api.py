@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._provider import BoxNotFound, EngineUnreachable, ProviderError
+from ._errors import BoxNotFound, EngineUnreachable, ProviderError
 
 # gRPC's default epoll1 poller aborts a child forked while a channel is live (Ansible and git fork
 # while a box is made); the poll poller does not. Must be set before grpc is first imported.

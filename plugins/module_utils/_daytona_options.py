@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._daytona_state import network_settings
-from ._provider import ProviderError
+from ._errors import ProviderError
 
 # Merged into agentbox_box's argument spec (documented in the module).
 BOX_OPTIONS: dict[str, dict[str, Any]] = {

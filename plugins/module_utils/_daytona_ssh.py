@@ -24,7 +24,7 @@ import shlex
 from typing import Any
 
 from . import _host_files
-from ._provider import ProviderError
+from ._errors import ProviderError
 
 MINUTES_ENV = "AGENTBOX_DAYTONA_SSH_MINUTES"
 DEFAULT_MINUTES = 480

@@ -18,7 +18,7 @@ from typing import IO, Any
 
 from . import _editor_volumes
 from ._engine_api import EngineAPI, EngineAPIError, EngineUnanswered, feed_stdin, local_engine
-from ._gitlayer import create_layers, remove_layers, rescue_commits
+from ._gitlayer_volumes import create_layers, remove_layers, rescue_commits
 from ._naming import container_name, docker_volume_name, label, strip_labels
 from ._provider import (
     BoxFacts,

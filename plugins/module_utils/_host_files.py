@@ -18,6 +18,14 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 
+# Where the SSH client settings for remote engines are read from, when a task names no file.
+SSH_CONFIG_ENV = "AGENTBOX_SSH_CONFIG"
+
+
+def ssh_config_file(config_file: str | None = None) -> str:
+    """The SSH config read for remote engines: the given file, else $AGENTBOX_SSH_CONFIG, else ~/.ssh/config."""
+    return os.path.expanduser(config_file or os.environ.get(SSH_CONFIG_ENV) or "~/.ssh/config")
+
 
 def home() -> str:
     """The user's home as $HOME says (OpenSSH itself uses the passwd entry; see include_path)."""

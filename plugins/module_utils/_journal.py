@@ -37,7 +37,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ._provider import ProviderError
+from ._errors import ProviderError
 
 PAUSE_AT_ENV = "AGENTBOX_TEST_PAUSE_AT"
 PAUSE_FILE_ENV = "AGENTBOX_TEST_PAUSE_FILE"

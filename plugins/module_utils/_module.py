@@ -8,10 +8,11 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from ._provider import Provider, ProviderError, get_provider
+from ._provider import Provider, ProviderError
+from ._registry import PROVIDERS, get_provider
 
 PROVIDER_ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
-    "provider": {"type": "str", "choices": ["docker", "docker_ssh", "daytona", "boxd"], "default": "docker"},
+    "provider": {"type": "str", "choices": list(PROVIDERS), "default": "docker"},
     "engine": {"type": "str"},
     "ssh_strict_host_key_checking": {"type": "bool", "default": True},
     "ssh_private_key_file": {"type": "path"},

@@ -15,30 +15,10 @@ import dataclasses
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
+# The errors live at the bottom rank (_errors), re-exported here: modules, plugins and tests import them from _provider.
+from ._errors import BoxNotFound, EngineUnreachable, ProviderError  # noqa: F401  # pylint: disable=unused-import
+
 BOX_STATES = ("running", "paused", "stopped", "missing")
-PROVIDERS = ("docker", "docker_ssh", "daytona", "boxd")
-
-
-class ProviderError(Exception):
-    """An engine or API failed. `message` says which box, which operation, and what to do."""
-
-    def __init__(self, message: str, *, box: str | None = None, operation: str | None = None):
-        self.box = box
-        self.operation = operation
-        prefix = ""
-        if operation and box:
-            prefix = f"{operation} of box {box!r} failed: "
-        elif operation:
-            prefix = f"{operation} failed: "
-        super().__init__(prefix + message)
-
-
-class EngineUnreachable(ProviderError):
-    """The engine or API cannot be reached at all (daemon down, SSH refused, DNS)."""
-
-
-class BoxNotFound(ProviderError):
-    pass
 
 
 @dataclasses.dataclass
@@ -209,26 +189,3 @@ class Provider(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook: most providers hold nothing to release
         """Release connections. Safe to call twice."""
-
-
-def get_provider(provider: str, **options: Any) -> Provider:
-    """The provider called `provider`, configured from options (engine, daytona settings...)."""
-    if provider == "docker":
-        from ._docker import DockerProvider
-
-        return DockerProvider(**options)
-    if provider == "docker_ssh":
-        from ._docker import DockerProvider
-
-        if not options.get("engine"):
-            raise ProviderError("provider 'docker_ssh' needs 'engine': an SSH destination such as user@host:port")
-        return DockerProvider(**options)
-    if provider == "daytona":
-        from ._daytona import DaytonaProvider
-
-        return DaytonaProvider(**options)
-    if provider == "boxd":
-        from ._boxd import BoxdProvider
-
-        return BoxdProvider(**options)
-    raise ProviderError(f"unknown provider {provider!r}: use one of {', '.join(PROVIDERS)}")

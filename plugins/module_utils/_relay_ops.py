@@ -21,7 +21,8 @@ from collections.abc import Callable
 from typing import Any
 
 from . import _box, _git, _gitlayer
-from ._provider import BoxFacts, Provider, ProviderError, get_provider
+from ._provider import BoxFacts, Provider, ProviderError
+from ._registry import get_provider
 from ._relay_protocol import Request
 
 GH_TIMEOUT = 120

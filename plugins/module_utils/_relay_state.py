@@ -26,6 +26,7 @@ import sys
 import time
 from typing import Any
 
+from ._host_files import ssh_config_file
 from ._naming import now_iso
 
 BOX_SOCKET_DIR = "/run/agentbox/relay"  # where the box sees its sock/<id>/ directory
@@ -302,10 +303,8 @@ def attach_box(provider: Any, name: str, box_id: str) -> dict[str, str]:
         # The API key stays out of the relay's files: the relay takes DAYTONA_API_KEY from its environment.
         options["api_url"] = provider.engine
     elif provider.name == "docker_ssh":
-        from ._ssh import config_path
-
         # The relay may run with another environment: keep the SSH settings this create used.
-        options["ssh_options"] = {**provider.ssh_options, "config_file": config_path(provider.ssh_options.get("config_file"))}
+        options["ssh_options"] = {**provider.ssh_options, "config_file": ssh_config_file(provider.ssh_options.get("config_file"))}
     try:
         directory = register_box(name, box_id, provider.name, provider.engine, options)
     except RelayError:

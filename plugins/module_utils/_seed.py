@@ -156,7 +156,7 @@ def seed_worktrees(
             stream = pausing_stream(tar_of_paths(plan.host_root, untracked), "streaming")
             provider.put_archive(box, plan.path, stream)
     if streams:
-        _finish(provider, box, None, result)
+        finish(provider, box, None, result)
     return result
 
 
@@ -166,11 +166,11 @@ def seed_copy(provider: Provider, box: str, workspace: str) -> SeedResult:
     provider.put_archive(box, WORKSPACE, tar_of_tree(workspace))
     # Not a git workspace: every file is untracked, and every one was copied.
     result.untracked = sum(len(files) for _root, _dirs, files in os.walk(workspace))
-    _finish(provider, box, None, result)
+    finish(provider, box, None, result)
     return result
 
 
-def _finish(provider: Provider, box: str, target: str | None, result: SeedResult) -> None:
+def finish(provider: Provider, box: str, target: str | None, result: SeedResult) -> None:
     """Point /workspace at `target` (when given) and leave the seed record, in one exec."""
     link = ""
     if target:
@@ -191,3 +191,7 @@ def read_seed_record(provider: Provider, box: str) -> dict[str, Any] | None:
 def capture_all(repos: list[Repo]) -> dict[str, CarryOver]:
     nested = [repo.sub for repo in repos if repo.sub]
     return {repo.sub: capture_carry_over(repo, skip_dirs=nested if not repo.sub else None) for repo in repos}
+
+
+# The old name, still called by _checkpoint (being split elsewhere); new code calls finish.
+_finish = finish

@@ -10,7 +10,7 @@ import re
 import shlex
 from typing import Any
 
-from ._provider import ProviderError
+from ._errors import ProviderError
 
 AS_USER_SCRIPT = (
     'u=$1; shift; [ "$(id -un 2>/dev/null)" = "$u" ] && exec "$@"; '

@@ -180,7 +180,7 @@ def seed_shipped(
             shutil.rmtree(staged.path, ignore_errors=True)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    _seed._finish(provider, box, None, result)
+    _seed.finish(provider, box, None, result)
     return result
 
 

@@ -31,7 +31,11 @@ import threading
 from collections.abc import Iterable
 from typing import Any, Self
 
-from ._provider import EngineUnreachable, ProviderError
+from ._errors import EngineUnreachable, ProviderError
+
+# Re-exported: _access and tests use them by these names.
+from ._host_files import SSH_CONFIG_ENV  # noqa: F401  # pylint: disable=unused-import
+from ._host_files import ssh_config_file as config_path
 
 try:
     import paramiko
@@ -42,7 +46,6 @@ except ImportError as exc:  # pragma: no cover - reported when a remote engine i
     HAS_PARAMIKO = False
     PARAMIKO_IMPORT_ERROR = exc
 
-SSH_CONFIG_ENV = "AGENTBOX_SSH_CONFIG"
 CONNECT_TIMEOUT = 10.0
 KEEPALIVE_SECONDS = 30
 DEFAULT_KEY_NAMES = ("id_ed25519", "id_ecdsa", "id_rsa")
@@ -115,10 +118,6 @@ def split_destination(engine: str) -> tuple[str | None, str, int | None]:
     if port is not None and not 0 < int(port) < 65536:
         raise ProviderError(f"engine {engine!r}: port {port} is out of range 1-65535")
     return match.group("user"), match.group("host").strip("[]"), int(port) if port else None
-
-
-def config_path(config_file: str | None = None) -> str:
-    return os.path.expanduser(config_file or os.environ.get(SSH_CONFIG_ENV) or "~/.ssh/config")
 
 
 def _load_config(path: str) -> Any:

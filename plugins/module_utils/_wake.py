@@ -27,7 +27,7 @@ import sys
 from typing import Any
 
 from . import _box
-from ._provider import get_provider
+from ._registry import get_provider
 
 USAGE = "usage: agentbox-wake PROVIDER ENGINE BOX SSH_OPTIONS_JSON -- COMMAND..."
 

@@ -24,7 +24,8 @@ from engines import EngineFleet, free_port  # noqa: E402
 
 from ansible_collections.agentbox.box.plugins.module_utils import _docker, _ssh  # noqa: E402
 from ansible_collections.agentbox.box.plugins.module_utils._docker import DockerProvider  # noqa: E402
-from ansible_collections.agentbox.box.plugins.module_utils._provider import EngineUnreachable, get_provider  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils._provider import EngineUnreachable  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils._registry import get_provider  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

@@ -27,6 +27,7 @@ RANK_NAMES = ("pure", "host", "interface", "transport", "provider", "registry", 
 # File stem -> rank. Stems are unique across both directories (checked below).
 RANKS: dict[str, int] = {
     # 0 pure helpers: names, labels, states as data, checks on values, in-box layout constants, errors.
+    "_errors": PURE,
     "_naming": PURE,
     "_restore_program": PURE,
     "_shell_line": PURE,
@@ -48,6 +49,7 @@ RANKS: dict[str, int] = {
     # 2 the provider interface.
     "_provider": INTERFACE,
     "_checkpoint_records": INTERFACE,
+    "_boot": INTERFACE,
     # 3 transports: the Engine API, SSH, the cloud SDK wrappers, the relay's channels into a box.
     "_engine_api": TRANSPORT,
     "_ssh": TRANSPORT,
@@ -66,7 +68,9 @@ RANKS: dict[str, int] = {
     "_ckpt_env": PROVIDER,
     "_image_store": PROVIDER,
     "_image_flatten": PROVIDER,
+    "_gitlayer_volumes": PROVIDER,
     # 5 the registry: which providers exist, their options.
+    "_registry": REGISTRY,
     "_module": REGISTRY,
     # 6 workflows, written against the interface.
     "_box": WORKFLOW,
@@ -93,17 +97,8 @@ RANKS: dict[str, int] = {
 
 # (importer, imported): an import of a higher rank that exists today, and why.
 KNOWN_UPWARD: dict[tuple[str, str], str] = {
-    ("_box_data", "_provider"): "raises ProviderError, which lives with the interface",
-    ("_daytona_options", "_provider"): "raises ProviderError, which lives with the interface",
-    ("_shell_line", "_provider"): "raises ProviderError, which lives with the interface",
-    ("_journal", "_provider"): "raises ProviderError, which lives with the interface",
-    ("_provider", "_docker"): "get_provider, the provider factory, lives in the interface",
-    ("_provider", "_daytona"): "get_provider, the provider factory, lives in the interface",
-    ("_provider", "_boxd"): "get_provider, the provider factory, lives in the interface",
-    ("_boxd", "_box"): "a box restored from a snapshot runs _box.boot_box from inside the provider",
+    ("_box_data", "_provider"): "BoxFacts, the interface's dataclass, in the checks on what a box wrote",
     ("_daytona", "_box"): "a box restored from a snapshot runs _box.boot_box from inside the provider",
-    ("_docker", "_gitlayer"): "the provider makes and removes the .git overlay volumes kept in _gitlayer",
-    ("_relay_state", "_ssh"): "the relay's host files name the ssh config path that _ssh owns",
     ("_image_store", "_gitlayer"): "a local box's worktree heads are read from its git layer (_gitlayer.box_heads)",
 }
 
@@ -115,7 +110,6 @@ KNOWN_CYCLES: dict[tuple[str, ...], str] = {
 # (user, owner, name): a private name of another file used today.
 KNOWN_PRIVATE: dict[tuple[str, str, str], str] = {
     ("_restore", "_seed", "_finish"): "a restore finishes a seed the way _seed does",
-    ("_ship", "_seed", "_finish"): "a shipped seed finishes the way a local one does",
     ("_restore", "_ship", "_upload"): "a restore re-ships the host's carry-over with _ship's upload",
 }
 
