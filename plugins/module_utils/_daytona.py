@@ -5,16 +5,12 @@
 Boxes are found by name with `get` (lists are eventually consistent) and recognised by their
 io.agentbox.* labels (the SDK adds its own `code-toolbox-language` label; it is ignored).
 
-Resilience, on top of what the SDK already does by itself (urllib3 retries idempotent GETs on a
-dropped connection or a 429/503 carrying Retry-After; toolbox calls are re-sent on
-RemoteDisconnected even when they are POSTs):
-  * idempotent calls are retried a bounded number of times with backoff on 429, 502, 503, 504 and
-    connection errors; 500 and every 4xx fail at once;
+Resilience: the SDK calls go through `_daytona_api` (bounded retries of idempotent calls, every
+failure a ProviderError naming the box and the operation); on top of that
   * lifecycle calls (start, stop, archive, delete) never re-POST blindly: after a failure the state
     is read again and the call is only made again when the sandbox is still where it was;
   * a create is never re-sent after an ambiguous failure (dropped answer, 5xx, timeout): the sandbox
-    is looked up by name and adopted when it carries this box's id;
-  * every call has a timeout; every failure is a ProviderError naming the box and the operation.
+    is looked up by name and adopted when it carries this box's id.
 
 Commands (`exec`) run as session commands so the ~5 minute proxy cut does not kill them: a
 launcher, started in a per-box session, runs the command in the background with stdout, stderr and
@@ -34,7 +30,6 @@ twice, and the host manifest maps the checkpoint name to it (`DaytonaCheckpoints
 from __future__ import annotations
 
 import base64
-import contextlib
 import math
 import os
 import secrets
@@ -46,6 +41,39 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any
 
+from ._daytona_api import (
+    API_TIMEOUT,
+    DEFAULT_API_URL,
+    DEFAULT_RETRIES,
+    HAS_DAYTONA,
+    CreateSandboxFromImageParams,
+    CreateSandboxFromSnapshotParams,
+    DaytonaAPI,
+    DaytonaCallError,
+    DaytonaConflictError,
+    DaytonaSessionEndedError,
+    FileUpload,
+    Image,
+    ListSandboxesQuery,
+    Resources,
+    SessionExecuteRequest,
+    backoff_delay,
+    bounded,
+    is_api_error,
+    is_refusal_worth_retrying,
+    is_retryable,
+    is_transport_error,
+    make_client,
+    status_of,
+)
+
+# `name as name`: re-exported, the tests read these names here.
+from ._daytona_api import MAX_RETRY_AFTER as MAX_RETRY_AFTER  # pylint: disable=useless-import-alias,unused-import
+from ._daytona_api import RETRY_DEADLINE_SECONDS as RETRY_DEADLINE_SECONDS  # pylint: disable=useless-import-alias,unused-import
+from ._daytona_api import retry_after as retry_after  # pylint: disable=useless-import-alias,unused-import
+from ._daytona_idle import DEFAULT_IDLE_MINUTES, IDLE_LABEL
+from ._daytona_idle import IDLE_PROBE_SCRIPT as IDLE_PROBE_SCRIPT  # pylint: disable=useless-import-alias,unused-import
+from ._daytona_idle import idle_decision as idle_decision  # pylint: disable=useless-import-alias,unused-import
 from ._daytona_options import refuse_if_ephemeral, refuse_other_region
 from ._daytona_state import (
     FAILED_STATES,
@@ -55,7 +83,6 @@ from ._daytona_state import (
     box_state_of,
     changing,
     desired_name,
-    is_ghost,
     keeps_memory,
     live_sandboxes,
     network_settings,
@@ -76,49 +103,6 @@ from ._provider import (
 from ._shell_line import command_line, gib  # shared with the boxd provider (moved, same behaviour)
 from ._snapshot_store import SnapshotCheckpoints, parse_snapshot_name
 
-try:
-    from daytona import (
-        CreateSandboxFromImageParams,
-        CreateSandboxFromSnapshotParams,
-        Daytona,
-        DaytonaAuthenticationError,
-        DaytonaConfig,
-        DaytonaConflictError,
-        DaytonaConnectionError,
-        DaytonaError,
-        DaytonaNotFoundError,
-        DaytonaSessionEndedError,
-        FileUpload,
-        Image,
-        ListSandboxesQuery,
-        Resources,
-        SessionExecuteRequest,
-    )
-
-    HAS_DAYTONA = True
-    DAYTONA_IMPORT_ERROR: Exception | None = None
-except ImportError as exc:  # pragma: no cover - reported when the provider is used
-    HAS_DAYTONA = False
-    DAYTONA_IMPORT_ERROR = exc
-    DaytonaError = Exception  # type: ignore[assignment,misc]
-
-try:
-    import httpx
-
-    HTTPX_ERRORS: tuple[type[BaseException], ...] = (httpx.TransportError,)
-except ImportError:  # pragma: no cover - httpx comes with the SDK
-    httpx = None  # type: ignore[assignment]
-    HTTPX_ERRORS = ()
-
-try:
-    from urllib3.exceptions import MaxRetryError, ProtocolError
-    from urllib3.exceptions import TimeoutError as Urllib3Timeout
-
-    URLLIB3_ERRORS: tuple[type[BaseException], ...] = (MaxRetryError, ProtocolError, Urllib3Timeout)
-except ImportError:  # pragma: no cover - urllib3 comes with the SDK
-    URLLIB3_ERRORS = ()
-
-DEFAULT_API_URL = "https://app.daytona.io/api"
 BOX_USER = "vscode"
 WEB_PORT = 80
 SDK_LABEL = "code-toolbox-language"
@@ -132,16 +116,7 @@ EXEC_OUTPUT_DIR = "~/.cache/agentbox-exec"
 # Archives in transit live on disk: they can be large.
 TRANSFER_DIR = "/var/tmp"
 EXEC_SESSION = "agentbox-exec"
-IDLE_LABEL = "idle_timeout"
 
-RETRY_STATUSES = frozenset({429, 502, 503, 504})
-DEFAULT_RETRIES = 3  # retries after the first attempt
-BACKOFF_SECONDS = (0.5, 1.0, 2.0, 4.0)
-# Daytona's rate-limit windows are a minute long: a Retry-After up to that (and a margin) is honoured...
-MAX_RETRY_AFTER = 65.0
-# ...but all the retries of one call stay within this many seconds.
-RETRY_DEADLINE_SECONDS = 150.0
-API_TIMEOUT = 30.0
 CREATE_TIMEOUT = 600.0
 START_TIMEOUT = 300.0
 STOP_TIMEOUT = 120.0
@@ -156,7 +131,6 @@ MIN_SLICE_CUTS = 8
 # Empty answers to the exec waiter in a row that count as lost replies before the exec fails.
 EMPTY_WAITER_ANSWERS = 3
 PREVIEW_TTL_SECONDS = 3600
-DEFAULT_IDLE_MINUTES = 30
 ADOPT_WAIT_SECONDS = 15.0
 POLL_SECONDS = 1.0
 # How long an accepted launch may take to show up in the box before the command counts as never started.
@@ -230,105 +204,7 @@ base64 < "$o/err"
 case $d in *.done) ;; *) mv "$d" "$d.done" 2>/dev/null ;; esac
 """
 
-# Idle signal, printed as key=value lines (see docs/providers/daytona.md#idle-timeout).
-IDLE_PROBE_SCRIPT = r"""
-window=$1
-now=$(date +%s)
-echo "now=$now"
-hb="$HOME/.agentbox/last-activity"
-[ -e "$hb" ] && echo "heartbeat=$(stat -c %Y "$hb" 2>/dev/null)"
-if command -v tmux >/dev/null 2>&1; then
-  t=$(tmux list-windows -a -F '#{window_activity}' 2>/dev/null | sort -n | tail -n 1)
-  [ -n "$t" ] && echo "tmux=$t"
-fi
-if [ -d /workspace ]; then
-  ref=$(mktemp)
-  touch -d "@$((now - window))" "$ref" 2>/dev/null && \
-    echo "recent=$(find /workspace -xdev -mindepth 1 -newer "$ref" -print -quit 2>/dev/null)"
-  rm -f "$ref"
-fi
-exit 0
-"""
 
-
-class DaytonaCallError(ProviderError):
-    """A Daytona call failed; `status` is the HTTP status when there was one."""
-
-    def __init__(self, message: str, *, box: str | None, operation: str, status: int | None = None):
-        super().__init__(message, box=box, operation=operation)
-        self.status = status
-
-
-# -- pure helpers (unit-tested) ---------------------------------------------------------------------
-def status_of(exc: BaseException) -> int | None:
-    """The HTTP status behind an SDK or httpx error, when there is one."""
-    status = getattr(exc, "status_code", None)
-    if isinstance(status, int):
-        return status
-    response = getattr(exc, "response", None)
-    code = getattr(response, "status_code", None)
-    return code if isinstance(code, int) else None
-
-
-def is_transport_error(exc: BaseException) -> bool:
-    """No answer at all: refused, reset, dropped, or a read timeout (the SDK sometimes wraps urllib3's
-    MaxRetryError in a plain DaytonaError, so the cause chain is searched too)."""
-    seen = 0
-    current: BaseException | None = exc
-    while current is not None and seen < 8:
-        if HAS_DAYTONA and isinstance(current, DaytonaConnectionError):
-            return True
-        if HTTPX_ERRORS and isinstance(current, HTTPX_ERRORS):
-            return True
-        if URLLIB3_ERRORS and isinstance(current, URLLIB3_ERRORS):
-            return True
-        if isinstance(current, (ConnectionError, TimeoutError)):
-            return True
-        if status_of(current) is not None:
-            return False  # an answer came back
-        current = current.__cause__ or current.__context__
-        seen += 1
-    return False
-
-
-def is_retryable(exc: BaseException) -> bool:
-    """429, 502, 503, 504 or no answer: worth another try when the call is idempotent."""
-    return status_of(exc) in RETRY_STATUSES or is_transport_error(exc)
-
-
-def retry_after(exc: BaseException) -> float | None:
-    """Seconds the server asked us to wait: the longest of `Retry-After` and Daytona's per-throttler
-    `Retry-After-<name>` headers (@nestjs/throttler: authenticated, sandbox-create, sandbox-lifecycle; each a
-    window of up to a minute), capped at MAX_RETRY_AFTER."""
-    headers = getattr(exc, "headers", None)
-    if headers is None:
-        headers = getattr(getattr(exc, "response", None), "headers", None)
-    if not headers:
-        return None
-    waits: list[float] = []
-    try:
-        for key, value in headers.items():
-            lowered = str(key).lower()
-            if lowered == "retry-after" or lowered.startswith("retry-after-"):
-                try:
-                    waits.append(float(value))
-                except (TypeError, ValueError):
-                    continue  # an HTTP date, or garbage: the default backoff applies
-    except AttributeError:
-        return None
-    return min(max(waits), MAX_RETRY_AFTER) if waits else None
-
-
-def backoff_delay(attempt: int, exc: BaseException | None = None) -> float:
-    """Seconds before retry number `attempt` (0-based): Retry-After when given, else 0.5, 1, 2, 4."""
-    hinted = retry_after(exc) if exc is not None else None
-    if hinted is not None:
-        return hinted
-    return BACKOFF_SECONDS[min(attempt, len(BACKOFF_SECONDS) - 1)]
-
-
-# Runs "$@" as $1 whoever the toolbox daemon runs as: Daytona's daemon runs as the image's USER (root when
-# the image has none), not as the create's os_user, so the switch is decided in the box, per command.
 def parse_wait_output(text: str) -> tuple[str, int | None, bytes, bytes]:
     """(status, rc, stdout, stderr) from the waiter's output; status DONE, PENDING, LOST or NOTSTARTED."""
     head, _sep, rest = text.partition("\n")
@@ -378,34 +254,6 @@ def is_registry_reference(image: str) -> bool:
     return bool(sep) and ("." in first or ":" in first or first == "localhost")
 
 
-def idle_decision(probe: dict[str, str], timeout_minutes: float) -> tuple[str, str, float | None]:
-    """(action, reason, idle seconds) from the idle probe: 'keep' or 'pause'.
-
-    A box has an idle signal when its agent left one: the heartbeat file or a tmux window. Without
-    one it is never paused. With one, the newest of heartbeat and tmux activity is the last activity,
-    and any file under /workspace changed within the window counts as activity too.
-    """
-    now = _int_or_none(probe.get("now"))
-    marks = [value for value in (_int_or_none(probe.get("heartbeat")), _int_or_none(probe.get("tmux"))) if value]
-    if now is None:
-        return "keep", "the idle probe gave no time", None
-    if not marks:
-        return "keep", "no idle signal (no agent heartbeat file, no tmux window)", None
-    idle = float(max(0, now - max(marks)))
-    if probe.get("recent"):
-        return "keep", f"busy: {probe['recent']} changed within the last {timeout_minutes:g} min", idle
-    if idle <= timeout_minutes * 60:
-        return "keep", f"busy: last agent activity {idle:.0f} s ago (timeout {timeout_minutes:g} min)", idle
-    return "pause", f"idle for {idle:.0f} s, longer than its timeout of {timeout_minutes:g} min", idle
-
-
-def _int_or_none(value: Any) -> int | None:
-    try:
-        return int(str(value).strip())
-    except (TypeError, ValueError):
-        return None
-
-
 def _env_minutes(name: str, default: int | None, unit: str = "minutes") -> int | None:
     raw = os.environ.get(name)
     if raw is None or raw == "":
@@ -436,51 +284,17 @@ def _forget_inherited_clients() -> None:
 os.register_at_fork(after_in_child=_forget_inherited_clients)
 
 
-@contextlib.contextmanager
-def _neutral_cwd() -> Iterator[None]:
-    """Run the body in an empty private directory (no .env to read), then go back to where we were."""
-    try:
-        previous: str | None = os.getcwd()
-    except OSError:  # the directory we were in is gone: nothing to go back to
-        previous = None
-    neutral = tempfile.mkdtemp(prefix="agentbox-daytona-")
-    try:
-        os.chdir(neutral)
-        yield
-    finally:
-        if previous is not None:
-            try:
-                os.chdir(previous)
-            except OSError:
-                os.chdir(tempfile.gettempdir())
-        shutil.rmtree(neutral, ignore_errors=True)
-
-
 def _client_for(api_url: str, api_key: str | None, target: str | None) -> Any:
-    if not HAS_DAYTONA:
-        raise ProviderError(
-            f"the Python package 'daytona' (pinned daytona==0.226.1 in requirements.txt) is required on the "
-            f"controller for provider daytona: {DAYTONA_IMPORT_ERROR}"
-        )
     key = (api_url, api_key or "", target or "")
     with _CLIENTS_LOCK:
         client = _CLIENTS.get(key)
         if client is None:
-            try:
-                # The SDK fills what the config leaves empty (the key, the target: without DAYTONA_TARGET it is
-                # always so) from ./.env and ./.env.local of the current directory: the workspace an agent
-                # writes. Our settings come from the module and the process environment only.
-                with _neutral_cwd():
-                    client = Daytona(DaytonaConfig(api_key=api_key or None, api_url=api_url, target=target or None))
-            except DaytonaAuthenticationError as exc:
-                raise ProviderError(
-                    "no Daytona API key: set DAYTONA_API_KEY (or the module option daytona_api_key)"
-                ) from exc
+            client = make_client(api_url, api_key, target)
             _CLIENTS[key] = client
         return client
 
 
-class DaytonaProvider(Provider):
+class DaytonaProvider(DaytonaAPI, Provider):
     """Boxes as Daytona sandboxes. `engine` is the API URL."""
 
     name = "daytona"
@@ -502,10 +316,12 @@ class DaytonaProvider(Provider):
         auto_delete: int | None = None,
         **_ignored: Any,
     ):
+        super().__init__(
+            (api_url or os.environ.get("DAYTONA_API_URL") or DEFAULT_API_URL).rstrip("/"),
+            DEFAULT_RETRIES if retries is None else max(0, int(retries)),
+        )
         self._api_key = api_key or os.environ.get("DAYTONA_API_KEY") or None
-        self._api_url = (api_url or os.environ.get("DAYTONA_API_URL") or DEFAULT_API_URL).rstrip("/")
         self._target = target or os.environ.get("DAYTONA_TARGET") or None
-        self._retries = DEFAULT_RETRIES if retries is None else max(0, int(retries))
         slice_env = _env_minutes("AGENTBOX_DAYTONA_EXEC_SLICE", None, "seconds")
         self._exec_slice = int(exec_slice or slice_env or DEFAULT_EXEC_SLICE)
         self._idle_timeout = (
@@ -528,118 +344,25 @@ class DaytonaProvider(Provider):
             source = "network" if network is not None else "AGENTBOX_DAYTONA_NETWORK"
             raise ProviderError(f"{source}={raw_network!r}: {exc}") from exc
         self._auto_delete = auto_delete  # minutes stopped before Daytona deletes the box; 0: ephemeral
-        self._sandboxes: dict[str, Any] = {}
         self._sessions: set[str] = set()
         self._lock = threading.Lock()
 
     # -- plumbing -------------------------------------------------------------------------------
     @property
     def engine(self) -> str:
-        return self._api_url
+        return self.api_url
 
     @property
     def sdk(self) -> Any:
-        return _client_for(self._api_url, self._api_key, self._target)
+        return _client_for(self.api_url, self._api_key, self._target)
 
     def checkpoint_store(self) -> DaytonaCheckpoints:
         """The engine side of checkpoints for _checkpoint: sandbox snapshots, not Docker images."""
         return DaytonaCheckpoints(self)
 
-    def _fail(self, exc: BaseException, box: str | None, operation: str, attempts: int = 1) -> ProviderError:
-        """A ProviderError that says what failed, for which box, and what to do."""
-        status = status_of(exc)
-        detail = str(exc).strip() or type(exc).__name__
-        tries = f" after {attempts} attempts" if attempts > 1 else ""
-        if (HAS_DAYTONA and isinstance(exc, DaytonaAuthenticationError)) or status == 401:
-            return DaytonaCallError(
-                f"the Daytona API at {self._api_url} refused the API key (401): check DAYTONA_API_KEY "
-                "or daytona_api_key",
-                box=box,
-                operation=operation,
-                status=401,
-            )
-        if (HAS_DAYTONA and isinstance(exc, DaytonaNotFoundError)) or status == 404:
-            return BoxNotFound(f"not found on Daytona ({self._api_url}): {detail}", box=box, operation=operation)
-        if status is None and is_transport_error(exc):
-            error = EngineUnreachable(
-                f"the Daytona API at {self._api_url} did not answer{tries}: {detail}. Check the network and "
-                "DAYTONA_API_URL, then try again",
-                box=box,
-                operation=operation,
-            )
-            return error
-        if status == 429:
-            wait = retry_after(exc)
-            return DaytonaCallError(
-                f"Daytona answered 429{tries}: {detail}. Its rate limit refused the call"
-                + (f" (it asks to wait {wait:.0f} s)" if wait else "")
-                + "; try again later, or make fewer calls at once",
-                box=box,
-                operation=operation,
-                status=status,
-            )
-        if status in RETRY_STATUSES:
-            return DaytonaCallError(
-                f"Daytona answered {status}{tries}: {detail}. The service is overloaded or unreachable behind its "
-                "proxy; try again later",
-                box=box,
-                operation=operation,
-                status=status,
-            )
-        return DaytonaCallError(
-            f"Daytona answered {status or 'an error'}: {detail}", box=box, operation=operation, status=status
-        )
-
-    def _call(
-        self,
-        fn: Callable[[], Any],
-        *,
-        box: str | None,
-        operation: str,
-        idempotent: bool = True,
-        retry_on: Callable[[BaseException], bool] | None = None,
-    ) -> Any:
-        """fn() with bounded retries (idempotent calls only) and errors turned into ProviderError."""
-        attempt = 0
-        deadline = time.monotonic() + RETRY_DEADLINE_SECONDS
-        while True:
-            try:
-                return fn()
-            except ProviderError:
-                raise
-            except Exception as exc:
-                if not _is_api_error(exc):
-                    raise
-                retry = (retry_on or is_retryable)(exc) and idempotent
-                delay = backoff_delay(attempt, exc)
-                if retry and attempt < self._retries and time.monotonic() + delay <= deadline:
-                    time.sleep(delay)
-                    attempt += 1
-                    continue
-                raise self._fail(exc, box, operation, attempt + 1) from exc
-
-    # -- sandboxes ------------------------------------------------------------------------------
-    def _get(self, name: str, operation: str) -> Any | None:
-        """The sandbox called `name` (fresh), or None. get() is consistent; list() is not."""
-        try:
-            sandbox = self._call(lambda: self.sdk.get(name, request_timeout=API_TIMEOUT), box=name, operation=operation)
-        except BoxNotFound:
-            self._sandboxes.pop(name, None)
-            return None
-        if is_ghost(sandbox):
-            self._sandboxes.pop(name, None)
-            return None
-        self._sandboxes[name] = sandbox
-        return sandbox
-
-    def _sandbox(self, name: str, operation: str, fresh: bool = False) -> Any:
-        """The sandbox object for toolbox calls (cached: it carries the id and the toolbox URL)."""
-        sandbox = None if fresh else self._sandboxes.get(name)
-        if sandbox is None:
-            sandbox = self._get(name, operation)
-        if sandbox is None:
-            raise BoxNotFound(f"no box called {name!r} on Daytona ({self._api_url})", box=name, operation=operation)
-        return sandbox
+    # The tests call these under their old names.
+    _fail = DaytonaAPI.api_error
+    _call = DaytonaAPI.api_call
 
     def _facts(self, sandbox: Any, web_url: str | None = None) -> BoxFacts:
         labels = strip_labels(dict(sandbox.labels or {}))
@@ -647,7 +370,7 @@ class DaytonaProvider(Provider):
             name=labels.get("box", sandbox.name),
             id=labels.get("id", ""),
             provider=self.name,
-            engine=self._api_url,
+            engine=self.api_url,
             state=box_state_of(sandbox),
             container=sandbox.id,
             image=labels.get("image") or getattr(sandbox, "snapshot", None) or "",
@@ -673,8 +396,8 @@ class DaytonaProvider(Provider):
     def web_url(self, name: str, expires_in: int = PREVIEW_TTL_SECONDS, port: int = WEB_PORT) -> str | None:
         """A signed preview URL of a port of the box (its web port by default; works without
         headers, until it expires)."""
-        sandbox = self._sandbox(name, "preview URL")
-        preview = self._call(
+        sandbox = self.cached_sandbox(name, "preview URL")
+        preview = self.api_call(
             lambda: sandbox.create_signed_preview_url(port, expires_in_seconds=expires_in, request_timeout=API_TIMEOUT),
             box=name,
             operation="preview URL",
@@ -684,8 +407,8 @@ class DaytonaProvider(Provider):
     def preview_url(self, name: str, port: int, expires_in: int = PREVIEW_TTL_SECONDS) -> str:
         """A signed preview URL of any port of the box, valid `expires_in` seconds (no header needed: treat it
         as a credential)."""
-        sandbox = self._sandbox(name, "preview URL")
-        preview = self._call(
+        sandbox = self.cached_sandbox(name, "preview URL")
+        preview = self.api_call(
             lambda: sandbox.create_signed_preview_url(port, expires_in_seconds=expires_in, request_timeout=API_TIMEOUT),
             box=name,
             operation=f"preview URL of port {port}",
@@ -694,8 +417,8 @@ class DaytonaProvider(Provider):
 
     def ssh_access(self, name: str, minutes: int = 60) -> dict[str, str]:
         """A Daytona SSH access token for the box: {command, token, expires_at}. The token is a credential."""
-        sandbox = self._sandbox(name, "SSH access")
-        access = self._call(
+        sandbox = self.cached_sandbox(name, "SSH access")
+        access = self.api_call(
             lambda: sandbox.create_ssh_access(expires_in_minutes=minutes, request_timeout=API_TIMEOUT),
             box=name,
             operation="SSH access",
@@ -714,7 +437,7 @@ class DaytonaProvider(Provider):
 
     # -- discovery ------------------------------------------------------------------------------
     def find(self, name: str) -> BoxFacts | None:
-        sandbox = self._get(name, "find")
+        sandbox = self.get_sandbox(name, "find")
         if sandbox is None:
             return None
         return self._facts_with_url(self._owned(sandbox, name), name)
@@ -723,7 +446,7 @@ class DaytonaProvider(Provider):
         wanted = {label("kind"): "box"}
         if project:
             wanted[label("project")] = project
-        found = self._call(
+        found = self.api_call(
             lambda: list(self.sdk.list(ListSandboxesQuery(labels=wanted), request_timeout=API_TIMEOUT)),
             box=None,
             operation="list boxes",
@@ -819,10 +542,10 @@ class DaytonaProvider(Provider):
         while True:
             try:
                 sandbox = self.sdk.create(params, timeout=CREATE_TIMEOUT)
-                self._sandboxes[spec.name] = sandbox
+                self.sandboxes[spec.name] = sandbox
                 return sandbox
             except Exception as exc:
-                if not _is_api_error(exc):
+                if not is_api_error(exc):
                     raise
                 status = status_of(exc)
                 if (HAS_DAYTONA and isinstance(exc, DaytonaConflictError)) or status == 409:
@@ -835,7 +558,7 @@ class DaytonaProvider(Provider):
                         box=spec.name,
                         operation="create",
                     ) from exc
-                if status == 429 and attempt < self._retries:
+                if status == 429 and attempt < self.retries:
                     # Refused before any work: nothing was created, so asking again is safe.
                     if self._adopt(spec, wait=0) is None:
                         time.sleep(backoff_delay(attempt, exc))
@@ -846,15 +569,15 @@ class DaytonaProvider(Provider):
                     adopted = self._adopt(spec, wait=ADOPT_WAIT_SECONDS)
                     if adopted is not None:
                         return adopted
-                    raise self._fail(exc, spec.name, "create") from exc
+                    raise self.api_error(exc, spec.name, "create") from exc
                 # A definite refusal (4xx) or a sandbox that reached an error state: nothing usable stays
                 # (create() deletes what carries this box's id).
-                raise self._fail(exc, spec.name, "create") from exc
+                raise self.api_error(exc, spec.name, "create") from exc
 
     def _discard_own(self, spec: BoxSpec) -> None:
         """Delete the sandbox called spec.name when it is this box's (its io.agentbox.id), never another's."""
         try:
-            sandbox = self._get(spec.name, "create")
+            sandbox = self.get_sandbox(spec.name, "create")
             if sandbox is not None and (sandbox.labels or {}).get(label("id")) == spec.box_id:
                 self.destroy(spec.name)
         except ProviderError:
@@ -864,7 +587,7 @@ class DaytonaProvider(Provider):
         """The sandbox a lost create answer made, when it is this box's (same io.agentbox.id)."""
         deadline = time.monotonic() + wait
         while True:
-            sandbox = self._get(spec.name, "create")
+            sandbox = self.get_sandbox(spec.name, "create")
             if sandbox is not None:
                 if (sandbox.labels or {}).get(label("id")) != spec.box_id:
                     return None
@@ -891,14 +614,14 @@ class DaytonaProvider(Provider):
             'chown "$1:$1" "$d"; chmod 0700 "$d"'
         )
         self.exec(name, ["sh", "-c", script, "secrets", "1000"], user="root").check("making the secrets tmpfs", name)
-        sandbox = self._sandbox(name, "secrets")
+        sandbox = self.cached_sandbox(name, "secrets")
         for key, value in values.items():
             if "/" in key or key in ("", ".", ".."):
                 raise ProviderError(f"secret name {key!r} is not a file name", box=name, operation="secrets")
             path = f"{SECRETS_DIR}/{key}"
             data = value.encode("utf-8")
             try:
-                self._call(
+                self.api_call(
                     lambda path=path, data=data: sandbox.fs.upload_file_stream(data, path, timeout=API_TIMEOUT),
                     box=name,
                     operation="writing secrets",
@@ -933,9 +656,9 @@ class DaytonaProvider(Provider):
         failures = 0
         recoveries = 0
         while True:
-            sandbox = self._get(name, operation)
+            sandbox = self.get_sandbox(name, operation)
             if sandbox is None:
-                raise BoxNotFound(f"no box called {name!r} on Daytona ({self._api_url})", box=name, operation=operation)
+                raise BoxNotFound(f"no box called {name!r} on Daytona ({self.api_url})", box=name, operation=operation)
             state = state_name(sandbox.state)
             desired = desired_name(sandbox)
             # Reached only when the sandbox is also heading there: `started` with desired `stopped` (a stop or
@@ -974,20 +697,20 @@ class DaytonaProvider(Provider):
             try:
                 action(sandbox)
             except Exception as exc:
-                if not _is_api_error(exc):
+                if not is_api_error(exc):
                     raise
                 if (HAS_DAYTONA and isinstance(exc, DaytonaConflictError)) or status_of(exc) == 409:
                     time.sleep(POLL_SECONDS)  # a transition is in progress: wait for it
                     continue
-                if is_retryable(exc) and failures < self._retries:
+                if is_retryable(exc) and failures < self.retries:
                     time.sleep(backoff_delay(failures, exc))
                     failures += 1
                     continue
-                if status_of(exc) is None and not is_transport_error(exc) and failures < self._retries:
+                if status_of(exc) is None and not is_transport_error(exc) and failures < self.retries:
                     # The SDK's own wait ran out or saw a transient state: read the state again.
                     failures += 1
                     continue
-                raise self._fail(exc, name, operation, failures + 1) from exc
+                raise self.api_error(exc, name, operation, failures + 1) from exc
 
     def start(self, name: str) -> BoxFacts:
         sandbox = self._converge(
@@ -1001,7 +724,7 @@ class DaytonaProvider(Provider):
         return self._facts_with_url(sandbox, name)
 
     def stop(self, name: str) -> BoxFacts:
-        current = self._get(name, "stop")
+        current = self.get_sandbox(name, "stop")
         if current is not None:
             refuse_if_ephemeral(current, name, "stop")
         sandbox = self._converge(
@@ -1013,7 +736,7 @@ class DaytonaProvider(Provider):
     def pause(self, name: str) -> BoxFacts:
         """Stop, then archive (Daytona archives only a stopped sandbox); a linux-vm sandbox is paused instead,
         keeping its memory, so the agent in it is not killed."""
-        current = self._get(name, "pause")
+        current = self.get_sandbox(name, "pause")
         if current is not None:
             refuse_if_ephemeral(current, name, "pause")
         if current is not None and keeps_memory(current):
@@ -1032,7 +755,7 @@ class DaytonaProvider(Provider):
 
     def resume(self, name: str) -> BoxFacts:
         """Start again and re-run the in-box start sequence (the stop ended every process)."""
-        before = self._get(name, "resume")
+        before = self.get_sandbox(name, "resume")
         was_running = before is not None and (
             (state_name(before.state) == "started" and settled("started", desired_name(before)))
             or (state_name(before.state) == "paused" and keeps_memory(before))  # its processes were kept
@@ -1052,13 +775,13 @@ class DaytonaProvider(Provider):
         state `destroyed`) until the runner removes it, so the wait follows its id, not its name.
         """
         deadline = time.monotonic() + STOP_TIMEOUT
-        sandbox = self._get(name, "destroy")
+        sandbox = self.get_sandbox(name, "destroy")
         if sandbox is None:
             return
         while True:
             self._sessions.discard(sandbox.id)
             try:
-                self._call(lambda sb=sandbox: sb.delete(timeout=API_TIMEOUT), box=name, operation="destroy")
+                self.api_call(lambda sb=sandbox: sb.delete(timeout=API_TIMEOUT), box=name, operation="destroy")
                 break
             except BoxNotFound:
                 return
@@ -1067,15 +790,15 @@ class DaytonaProvider(Provider):
                 if exc.status != 409 or time.monotonic() > deadline:
                     raise
             time.sleep(POLL_SECONDS / 2)
-            current = self._get(name, "destroy")
+            current = self.get_sandbox(name, "destroy")
             if current is None:
                 break  # deleted meanwhile (by a timer or another client): wait for it below
             sandbox = current
-        self._sandboxes.pop(name, None)
+        self.sandboxes.pop(name, None)
         sandbox_id = sandbox.id
         while time.monotonic() < deadline:
             try:
-                current = self._call(
+                current = self.api_call(
                     lambda: self.sdk.get(sandbox_id, request_timeout=API_TIMEOUT), box=name, operation="destroy"
                 )
             except BoxNotFound:
@@ -1105,7 +828,7 @@ class DaytonaProvider(Provider):
         stdin: bytes | IO[bytes] | None = None,
         timeout: float | None = None,
     ) -> ExecResult:
-        sandbox = self._sandbox(name, "exec")
+        sandbox = self.cached_sandbox(name, "exec")
         # sandbox.user is only what the create asked for (os_user): the daemon runs as the image's USER.
         line = command_line(argv, user=user, workdir=workdir, env=env, timeout=timeout)
         try:
@@ -1116,13 +839,13 @@ class DaytonaProvider(Provider):
     def _why_not_running(self, name: str, failure: ProviderError) -> ProviderError:
         """A failed toolbox call: say so when the box is not running (an archived sandbox answers a
         misleading 404), and forget the cached sandbox (it may have been re-created under the name)."""
-        self._sandboxes.pop(name, None)
+        self.sandboxes.pop(name, None)
         try:
-            sandbox = self._get(name, "exec")
+            sandbox = self.get_sandbox(name, "exec")
         except ProviderError:
             return failure
         if sandbox is None:
-            return BoxNotFound(f"no box called {name!r} on Daytona ({self._api_url})", box=name, operation="exec")
+            return BoxNotFound(f"no box called {name!r} on Daytona ({self.api_url})", box=name, operation="exec")
         state = state_name(sandbox.state)
         if state != "started":
             what = "paused (archived)" if box_state(state) == "paused" else state
@@ -1159,7 +882,7 @@ class DaytonaProvider(Provider):
 
         for round_ in range(2):
             try:
-                self._call(send, box=name, operation="exec")
+                self.api_call(send, box=name, operation="exec")
             except ProviderError as exc:
                 cause = exc.__cause__
                 session_missing = cause is not None and (
@@ -1189,14 +912,17 @@ class DaytonaProvider(Provider):
                 raise
 
         try:
-            self._call(make, box=name, operation="exec (session)")
+            self.api_call(make, box=name, operation="exec (session)")
         except BoxNotFound:
             # The cached sandbox may be gone (re-created under the same name): look it up again.
-            fresh = self._sandbox(name, "exec", fresh=True)
+            fresh = self.cached_sandbox(name, "exec", fresh=True)
             if fresh.id == sandbox.id:
                 raise
-            self._call(lambda: fresh.process.create_session(EXEC_SESSION, request_timeout=API_TIMEOUT), box=name,
-                       operation="exec (session)")  # fmt: skip
+            self.api_call(
+                lambda: fresh.process.create_session(EXEC_SESSION, request_timeout=API_TIMEOUT),
+                box=name,
+                operation="exec (session)",
+            )
         self._sessions.add(sandbox.id)
 
     def _toolbox_hint(self, exc: ProviderError, name: str) -> ProviderError:
@@ -1216,11 +942,11 @@ class DaytonaProvider(Provider):
             waiter = f"sh -c {shlex.quote(WAIT_SCRIPT)} agentbox-wait {shlex.quote(directory)} {self._exec_slice}"
             asked = time.monotonic()
             try:
-                answer = self._call(
+                answer = self.api_call(
                     lambda waiter=waiter: sandbox.process.exec(waiter, timeout=self._exec_slice + 30),
                     box=name,
                     operation="exec",
-                    retry_on=_is_refusal_worth_retrying,  # a cut is handled here, where the slice adapts
+                    retry_on=is_refusal_worth_retrying,  # a cut is handled here, where the slice adapts
                 )
                 cut_in_a_row = 0
             except ProviderError as exc:
@@ -1235,7 +961,7 @@ class DaytonaProvider(Provider):
                         self._exec_slice = shorter
                         continue
                     # At the shortest slice, a loaded box can still overrun a cut now and then.
-                    if cut_in_a_row < max(self._retries, MIN_SLICE_CUTS):
+                    if cut_in_a_row < max(self.retries, MIN_SLICE_CUTS):
                         cut_in_a_row += 1
                         continue
                 raise self._toolbox_hint(exc, name) from exc
@@ -1295,13 +1021,13 @@ class DaytonaProvider(Provider):
 
         restartable = isinstance(source, (bytes, bytearray, str)) or position is not None
         try:
-            self._call(send, box=name, operation=what, idempotent=restartable)
+            self.api_call(send, box=name, operation=what, idempotent=restartable)
         except ProviderError as exc:
             raise self._toolbox_hint(exc, name) from exc
 
     def put_archive(self, name: str, path: str, tar_stream: Iterable[bytes] | IO[bytes]) -> None:
         """Spooled to a host temp file (flat memory, and an upload that can be retried), then untarred as root."""
-        sandbox = self._sandbox(name, f"copy into {path}")
+        sandbox = self.cached_sandbox(name, f"copy into {path}")
         remote = f"{TRANSFER_DIR}/agentbox-put-{secrets.token_hex(8)}.tar"
         with tempfile.NamedTemporaryFile(prefix="agentbox-put-", suffix=".tar") as spool:
             if hasattr(tar_stream, "read"):
@@ -1322,7 +1048,7 @@ class DaytonaProvider(Provider):
 
     def get_archive(self, name: str, path: str) -> Iterator[bytes]:
         """A tar of `path` made in the box, streamed down chunk by chunk (never held whole)."""
-        sandbox = self._sandbox(name, "copy out")
+        sandbox = self.cached_sandbox(name, "copy out")
         remote = f"{TRANSFER_DIR}/agentbox-get-{secrets.token_hex(8)}.tar"
         script = (
             'p=${1%/}; [ -n "$p" ] || p=/; [ -e "$p" ] || [ -L "$p" ] || '
@@ -1348,14 +1074,14 @@ class DaytonaProvider(Provider):
                         yield chunk
                     return
                 except Exception as exc:
-                    if not _is_api_error(exc):
+                    if not is_api_error(exc):
                         raise
                     # Only a download that has not yielded anything can start over.
-                    if not received and is_retryable(exc) and attempt < self._retries:
+                    if not received and is_retryable(exc) and attempt < self.retries:
                         time.sleep(backoff_delay(attempt, exc))
                         attempt += 1
                         continue
-                    raise self._fail(exc, name, "copy out", attempt + 1) from exc
+                    raise self.api_error(exc, name, "copy out", attempt + 1) from exc
         finally:
             try:
                 self.exec(name, ["rm", "-f", remote], user="root")
@@ -1365,8 +1091,8 @@ class DaytonaProvider(Provider):
     # -- images, snapshots and checkpoints ------------------------------------------------------
     def _snapshot(self, image: str) -> Any | None:
         try:
-            return self._call(
-                lambda: _bounded(lambda: self.sdk.snapshot.get(image), API_TIMEOUT, "snapshot lookup"),
+            return self.api_call(
+                lambda: bounded(lambda: self.sdk.snapshot.get(image), API_TIMEOUT, "snapshot lookup"),
                 box=None,
                 operation=f"snapshot lookup of {image!r}",
             )
@@ -1390,8 +1116,8 @@ class DaytonaProvider(Provider):
         state = state_name(snapshot.state)
         if state == "inactive":
             try:
-                self._call(
-                    lambda: _bounded(lambda: self.sdk.snapshot.activate(snapshot), API_TIMEOUT, "snapshot activate"),
+                self.api_call(
+                    lambda: bounded(lambda: self.sdk.snapshot.activate(snapshot), API_TIMEOUT, "snapshot activate"),
                     box=box,
                     operation=f"activating snapshot {image!r}",
                 )
@@ -1419,8 +1145,8 @@ class DaytonaProvider(Provider):
         snapshot = self._snapshot(image)
         if snapshot is None:
             return False
-        self._call(
-            lambda: _bounded(lambda: self.sdk.snapshot.delete(snapshot), API_TIMEOUT, "snapshot delete"),
+        self.api_call(
+            lambda: bounded(lambda: self.sdk.snapshot.delete(snapshot), API_TIMEOUT, "snapshot delete"),
             box=None,
             operation=f"delete of snapshot {image!r}",
         )
@@ -1430,8 +1156,8 @@ class DaytonaProvider(Provider):
         found: list[Any] = []
         page = 1
         while True:
-            result = self._call(
-                lambda page=page: _bounded(lambda: self.sdk.snapshot.list(page=page, limit=100), API_TIMEOUT, "list"),
+            result = self.api_call(
+                lambda page=page: bounded(lambda: self.sdk.snapshot.list(page=page, limit=100), API_TIMEOUT, "list"),
                 box=None,
                 operation="list snapshots",
             )
@@ -1446,9 +1172,9 @@ class DaytonaProvider(Provider):
         Snapshots carry no labels (the manifest keeps them). `image` must be a new name: Daytona
         never accepts a name twice.
         """
-        sandbox = self._get(name, "checkpoint")
+        sandbox = self.get_sandbox(name, "checkpoint")
         if sandbox is None:
-            raise BoxNotFound(f"no box called {name!r} on Daytona ({self._api_url})", box=name, operation="checkpoint")
+            raise BoxNotFound(f"no box called {name!r} on Daytona ({self.api_url})", box=name, operation="checkpoint")
         state = state_name(sandbox.state)
         if state not in ("started", "stopped"):
             raise ProviderError(
@@ -1464,7 +1190,7 @@ class DaytonaProvider(Provider):
         try:
             stopped = self._converge(name, "checkpoint", {"stopped"}, {"started": _stop_action}, STOP_TIMEOUT)
             try:
-                self._call(
+                self.api_call(
                     lambda: stopped.create_snapshot(image, timeout=SNAPSHOT_TIMEOUT),
                     box=name,
                     operation="checkpoint",
@@ -1518,7 +1244,7 @@ class DaytonaProvider(Provider):
             time.sleep(POLL_SECONDS)
 
     def close(self) -> None:
-        self._sandboxes.clear()
+        self.sandboxes.clear()
         self._sessions.clear()
 
 
@@ -1536,39 +1262,6 @@ def _pause_action(sandbox: Any) -> None:
 
 def _recover_action(sandbox: Any) -> None:
     sandbox.recover(timeout=START_TIMEOUT)
-
-
-def _is_refusal_worth_retrying(exc: BaseException) -> bool:
-    """429 and 503: the service refused before doing anything. (Gateway cuts are not retried blindly.)"""
-    return status_of(exc) in (429, 503)
-
-
-def _is_api_error(exc: BaseException) -> bool:
-    return (
-        (HAS_DAYTONA and isinstance(exc, DaytonaError))
-        or is_transport_error(exc)
-        or (httpx is not None and isinstance(exc, httpx.HTTPStatusError))
-    )
-
-
-def _bounded(fn: Callable[[], Any], seconds: float, what: str) -> Any:
-    """fn() in a worker thread, given up on after `seconds` (for SDK calls that take no timeout)."""
-    outcome: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            outcome["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
-            outcome["error"] = exc
-
-    worker = threading.Thread(target=run, name=f"daytona-{what}", daemon=True)
-    worker.start()
-    worker.join(seconds)
-    if worker.is_alive():
-        raise TimeoutError(f"{what} did not answer within {seconds:.0f} s")
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome.get("value")
 
 
 # -- checkpoints as snapshots -----------------------------------------------------------------------
@@ -1596,7 +1289,7 @@ class DaytonaCheckpoints(SnapshotCheckpoints):
         return int(float(size) * (1 << 30)) if size else 0
 
     def prepare_capture(self, facts: BoxFacts) -> tuple[list[str], list[str], dict[str, Any]]:
-        sandbox = self.provider._sandbox(facts.name, "checkpoint", fresh=True)
+        sandbox = self.provider.cached_sandbox(facts.name, "checkpoint", fresh=True)
         refuse_if_ephemeral(sandbox, facts.name, "checkpoint")
         warnings = ["Daytona checkpoints stop the box while the snapshot is taken: its processes were restarted "
                     "(agentbox-boot ran again)"]

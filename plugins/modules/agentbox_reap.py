@@ -106,7 +106,7 @@ paused:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.agentbox.box.plugins.module_utils import _naming
-from ansible_collections.agentbox.box.plugins.module_utils._daytona import (
+from ansible_collections.agentbox.box.plugins.module_utils._daytona_idle import (
     IDLE_LABEL,
     IDLE_PROBE_SCRIPT,
     idle_decision,

@@ -37,6 +37,7 @@ RANKS: dict[str, int] = {
     "_box_data": PURE,
     "_editor_volumes": PURE,
     "_daytona_options": PURE,
+    "_daytona_idle": PURE,
     # 1 host utilities: git, tar streams, ~/.agentbox state and locks, threads.
     "_git": HOST,
     "_host_files": HOST,
@@ -55,6 +56,7 @@ RANKS: dict[str, int] = {
     "_ssh": TRANSPORT,
     "_boxd_api": TRANSPORT,
     "_daytona_ssh": TRANSPORT,
+    "_daytona_api": TRANSPORT,
     "_relay_tunnel": TRANSPORT,
     "_relay_poll": TRANSPORT,
     # 4 providers and what only they use (engine images, snapshot stores).
