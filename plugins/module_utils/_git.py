@@ -205,7 +205,9 @@ def private_index(repo: Repo) -> Iterator[dict[str, str]]:
     try:
         copy = os.path.join(scratch, "index")
         if os.path.exists(index):
-            shutil.copyfile(index, copy)
+            # With its mtime: git's racy-clean check compares entries to the index file's mtime, and a
+            # copy stamped "now" makes a same-size edit from the last index write's tick look clean.
+            shutil.copy2(index, copy)
         identity = owner_identity(repo.root)
         if identity:
             for path in (scratch, copy):
