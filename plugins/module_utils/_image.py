@@ -119,15 +119,26 @@ def read_context(context_dir: str) -> list[ContextFile]:
 
 
 def context_from_parts(
-    dockerfile: str, programs: dict[str, str] | None = None, ca_certificates: list[str] | None = None
+    dockerfile: str,
+    programs: dict[str, str] | None = None,
+    ca_certificates: list[str] | None = None,
+    libraries: dict[str, str] | None = None,
 ) -> list[ContextFile]:
-    """The build context the role's template expects: Dockerfile, bin/<program> (0755) and
-    ca/agentbox-ca-<n>.crt (0644), from their texts."""
+    """The build context the role's template expects: Dockerfile, bin/<program> (0755),
+    ca/agentbox-ca-<n>.crt (0644) and lib/<relative path> (0644), from their texts."""
     entries = [ContextFile("Dockerfile", dockerfile.encode("utf-8"))]
     for name, content in sorted((programs or {}).items()):
         if not name or "/" in name or name in (".", ".."):
             raise ImageError(f"program name {name!r} is not a plain file name: programs go to /usr/local/bin/<name>")
         entries.append(ContextFile(f"bin/{name}", content.encode("utf-8"), executable=True))
+    for path, content in sorted((libraries or {}).items()):
+        parts = path.split("/")
+        if "\\" in path or any(part in ("", ".", "..") for part in parts):
+            raise ImageError(
+                f"library path {path!r} is not a relative path of plain names (like agentbox_inbox/cli.py): "
+                "libraries go to /usr/local/lib/agentbox/<path>"
+            )
+        entries.append(ContextFile(f"lib/{path}", content.encode("utf-8")))
     for index, pem in enumerate(ca_certificates or []):
         if "-----BEGIN CERTIFICATE-----" not in pem:
             raise ImageError(f"CA certificate number {index + 1} is not PEM text: give .crt/.pem files in PEM format")
@@ -393,11 +404,12 @@ def build_base_with_debootstrap(
 @dataclasses.dataclass
 class ImageRequest:
     """What to build. The context is either a directory (`context`) or given in parts (`dockerfile`,
-    `programs`, `ca_certificates`), which is what the role passes."""
+    `programs`, `ca_certificates`, `libraries`), which is what the role passes."""
 
     context: str | None = None
     dockerfile: str | None = None
     programs: dict[str, str] = dataclasses.field(default_factory=dict)
+    libraries: dict[str, str] = dataclasses.field(default_factory=dict)
     ca_certificates: list[str] = dataclasses.field(default_factory=list)
     base: str = DEFAULT_BASE
     repository: str = DEFAULT_REPOSITORY
@@ -619,7 +631,7 @@ def ensure_image(
     if request.context is not None:
         files = read_context(request.context)
     elif request.dockerfile is not None:
-        files = context_from_parts(request.dockerfile, request.programs, request.ca_certificates)
+        files = context_from_parts(request.dockerfile, request.programs, request.ca_certificates, request.libraries)
     else:
         raise ImageError("give the build context: a directory (context) or the rendered Dockerfile (dockerfile)")
     fingerprint = compute_fingerprint(files, recorded_labels(request.base, request.agents, request.vnc))

@@ -35,6 +35,13 @@ options:
       - Only with O(dockerfile); with O(context) the task fails and says to put them in the directory.
     type: dict
     default: {}
+  libraries:
+    description:
+      - Library files for the context, by relative path (for example C(agentbox_inbox/cli.py)); they are put in
+        C(lib/<path>) with mode 0644 (the role's C(Dockerfile) copies them to C(/usr/local/lib/agentbox/), root-owned).
+      - Only with O(dockerfile); with O(context) the task fails and says to put them in the directory.
+    type: dict
+    default: {}
   ca_certificates:
     description:
       - PEM texts of extra certificate authorities, put in C(ca/agentbox-ca-<n>.crt) in this order (so the
@@ -229,6 +236,7 @@ def main() -> None:
         argument_spec={
             "dockerfile": {"type": "str"},
             "programs": {"type": "dict", "default": {}},
+            "libraries": {"type": "dict", "default": {}},
             "ca_certificates": {"type": "list", "elements": "str", "default": []},
             "context": {"type": "path"},
             "base": {"type": "str", "default": "debian:bookworm"},
@@ -245,7 +253,7 @@ def main() -> None:
         mutually_exclusive=[("dockerfile", "context")],
         supports_check_mode=True,
     )
-    for part, kind in (("ca_certificates", "certificates"), ("programs", "programs")):
+    for part, kind in (("ca_certificates", "certificates"), ("programs", "programs"), ("libraries", "libraries")):
         if module.params["context"] and module.params[part]:
             # Ansible's own 'mutually exclusive' says what is wrong, not what to do instead.
             module.fail_json(
@@ -259,6 +267,7 @@ def main() -> None:
         context=module.params["context"],
         dockerfile=module.params["dockerfile"],
         programs={str(name): str(text) for name, text in module.params["programs"].items()},
+        libraries={str(path): str(text) for path, text in module.params["libraries"].items()},
         ca_certificates=module.params["ca_certificates"],
         base=module.params["base"],
         repository=module.params["tag"],
