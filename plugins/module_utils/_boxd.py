@@ -94,6 +94,7 @@ class BoxdProvider(Provider):
 
     name = "boxd"
     shares_host_filesystem = False
+    relay_channel = "poll"
 
     def __init__(
         self,

@@ -299,6 +299,7 @@ class DaytonaProvider(DaytonaAPI, Provider):
 
     name = "daytona"
     shares_host_filesystem = False
+    relay_channel = "poll"
 
     def __init__(
         self,

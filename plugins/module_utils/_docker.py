@@ -190,6 +190,7 @@ class DockerProvider(Provider):
         self.name = "docker" if self._engine == "local" else "docker_ssh"
         # Only the local engine sees the controller's files (the workspace .git bind mounts).
         self.shares_host_filesystem = self._engine == "local"
+        self.relay_channel = "socket" if self._engine == "local" else "tunnel"
         self._ssh_options = ssh_options or {}
         # The per-task calls go straight to the engine's socket when the standard library can
         # reach it (the local engine without TLS); otherwise the SDK makes them too.

@@ -93,6 +93,10 @@ class Provider(abc.ABC):
     #: True when host paths can be bind-mounted into boxes (the local engine): seeding then
     #: uses a git worktree on the host's .git; otherwise it ships a clone.
     shares_host_filesystem: bool = False
+    #: How the host relay reaches a box: 'socket' (a unix socket bound into the box), 'tunnel' (over
+    #: the engine's SSH connection) or 'poll' (the box cannot reach the host: the relay collects a
+    #: queue in the box through exec, checking first that the box runs so a poll never wakes it).
+    relay_channel: str = "socket"
 
     @property
     @abc.abstractmethod

@@ -1,15 +1,16 @@
 # Copyright (c) agentbox.box contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The relay's channel to a Daytona box: the box cannot reach the host, so the host polls.
+"""The relay's channel to a box that cannot reach the host (Daytona, boxd): the host polls.
 
 The in-box client writes its request to /run/agentbox/relay-queue/<id>.req. Every POLL_INTERVAL
 the relay runs one toolbox command in the box that prints every queued request and renames each
 to <id>.taken (so a request is collected once); each answer line is written back as <id>.out,
 replaced whole each time (the client reads the lines it has not shown yet). What arrives through
-the toolbox of that sandbox is that box's request. Cost: one toolbox call per running box per
-interval while idle, plus one per answer line; latency: up to one interval plus a toolbox round
-trip (about 2 s here against the emulator). A box that is not running is asked again after
-IDLE_INTERVAL.
+the exec of that box is that box's request. Each poll first asks the provider for the box's state
+and collects only from a running box: an exec wakes a suspended boxd machine (and a poll would then
+keep it awake for ever). Cost: one state lookup and one exec call per running box per interval while
+idle, plus one per answer line; latency: up to one interval plus an exec round trip (about 2 s here
+against the emulators). A box that is not running is asked again after at most IDLE_INTERVAL.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ ANSWER = r'cat > "$1.tmp" && mv "$1.tmp" "$1"'
 
 
 class Poller(BoxChannel):
-    """One Daytona box's queue, collected by a thread; requests are handled on the relay's loop."""
+    """One polled box's queue, collected by a thread; requests are handled on the relay's loop."""
 
     kind = "poll"
     first_wait = POLL_INTERVAL
@@ -66,6 +67,10 @@ class Poller(BoxChannel):
 
     def attempt(self) -> bool:
         self.provider = self.provider or self.provider_factory(self.registration)
+        # The state first: a paused (boxd: suspended) box would be woken by the exec, and kept awake.
+        facts = self.provider.find(self.registration["name"])
+        if facts is None or facts.id != self.registration["id"] or facts.state != "running":
+            return False
         self._collect(self.provider)
         return True
 

@@ -140,15 +140,16 @@ class Relay:
                 self.tunnels.pop(box_id).stop()
                 self.facts.pop(box_id, None)
         for box_id, registration in self.registrations.items():
-            if registration.get("provider") in ("docker_ssh", "daytona") and box_id not in self.tunnels:
+            kind = _relay_state.channel_of(registration)
+            if kind in ("tunnel", "poll") and box_id not in self.tunnels:
                 loop = asyncio.get_running_loop()
-                if registration["provider"] == "docker_ssh":
+                if kind == "tunnel":
                     channel: Tunnel | Poller = Tunnel(registration, self.handle, loop)
                 else:
                     channel = Poller(registration, self.handle, loop, _relay_ops.provider_of)
                 self.tunnels[box_id] = channel
                 channel.start()
-            if box_id in self.servers or registration.get("provider") != "docker":
+            if box_id in self.servers or kind != "socket":
                 continue
             await self._listen(box_id)
 

@@ -78,7 +78,8 @@ def check_socket_path(file: str) -> str:
 
 
 # -- registrations --------------------------------------------------------------------------------
-def register_box(name: str, box_id: str, provider: str, engine: str, options: dict[str, Any] | None = None) -> str:
+def register_box(name: str, box_id: str, provider: str, engine: str, options: dict[str, Any] | None = None,
+                 channel: str | None = None) -> str:
     """Record a box and make its socket directory; returns the directory to bind into the box."""
     ensure_home()
     check_socket_path(box_socket(box_id))
@@ -88,6 +89,8 @@ def register_box(name: str, box_id: str, provider: str, engine: str, options: di
     os.chmod(directory, 0o755)
     record = {"name": name, "id": box_id, "provider": provider, "engine": engine, "registered": now_iso(),
               "registered_at": time.time(), "options": options or {}}
+    if channel:
+        record["channel"] = channel  # the provider's relay_channel: socket, tunnel or poll
     write_json(path("boxes", f"{box_id}.json"), record)
     return directory
 
@@ -99,6 +102,15 @@ def forget_box(box_id: str) -> None:
         os.unlink(box_socket(box_id))
     with contextlib.suppress(OSError):
         os.rmdir(box_socket_dir(box_id))
+
+
+# Registrations written before the channel was recorded in them.
+LEGACY_CHANNELS = {"docker": "socket", "docker_ssh": "tunnel", "daytona": "poll"}
+
+
+def channel_of(registration: dict[str, Any]) -> str | None:
+    """How the relay reaches a registered box: 'socket', 'tunnel' or 'poll'."""
+    return registration.get("channel") or LEGACY_CHANNELS.get(str(registration.get("provider")))
 
 
 def registered_boxes() -> dict[str, dict[str, Any]]:
@@ -292,8 +304,8 @@ def attach_box(provider: Any, name: str, box_id: str) -> dict[str, str]:
     """At create: register the box, make sure a relay serves it; {host dir: path in the box} to bind.
 
     Local engine: a socket directory bound into the box. Remote engine (docker_ssh): no bind; the
-    relay opens a channel over the engine's SSH connection (_relay_tunnel). Daytona: the relay
-    polls a queue in the box through the toolbox (_relay_poll).
+    relay opens a channel over the engine's SSH connection (_relay_tunnel). Daytona and boxd: the
+    relay polls a queue in the box through their exec (_relay_poll).
     Creating a box never fails for the relay's sake: when the relay cannot be started here (the
     collection runs from a module's zip), the box's commands say how to start it, and a relay
     started later serves the box (it scans the registrations).
@@ -302,11 +314,14 @@ def attach_box(provider: Any, name: str, box_id: str) -> dict[str, str]:
     if provider.name == "daytona":
         # The API key stays out of the relay's files: the relay takes DAYTONA_API_KEY from its environment.
         options["api_url"] = provider.engine
+    elif provider.name == "boxd":
+        # Likewise BOXD_API_KEY (or BOXD_TOKEN) comes from the relay's environment.
+        options["base_url"] = provider.engine
     elif provider.name == "docker_ssh":
         # The relay may run with another environment: keep the SSH settings this create used.
         options["ssh_options"] = {**provider.ssh_options, "config_file": ssh_config_file(provider.ssh_options.get("config_file"))}
     try:
-        directory = register_box(name, box_id, provider.name, provider.engine, options)
+        directory = register_box(name, box_id, provider.name, provider.engine, options, provider.relay_channel)
     except RelayError:
         return {}  # a HOME too long for a unix socket path: the box is made without a relay channel
     if not notify(box_id) and code_root() is not None:
