@@ -6,7 +6,8 @@ How a connection gets in: the alias's ProxyCommand runs the box's own sshd in in
 (`sshd -i`) through `docker exec` (the local engine; DOCKER_HOST as it was when the entry was
 written), or through `ssh <engine> docker exec ...` with the destination, key and known_hosts
 the collection itself uses for that engine (remote engines), or through Daytona's SSH gateway with
-an SSH access token (Daytona boxes, see _daytona_ssh). No port is published, no daemon has to run
+an SSH access token (Daytona boxes, see _daytona_ssh), or through boxd's streaming exec (boxd
+boxes, see _boxd_ssh). No port is published, no daemon has to run
 in the box, and stop/start changes nothing in the entry (a Daytona box's token is renewed).
 
 What the box gets (box_ready, on create, start and restore, as root through the provider): its
@@ -367,9 +368,6 @@ def write_known_host(box: str, host_key: str | None) -> bool:
 def box_ready(provider: Provider, facts: BoxFacts) -> Access:
     """Make `ssh agentbox-<box>` work for a running box: keys in, host key and entry written."""
     access = Access(alias=alias(facts.name), ssh_config=ssh_config_path())
-    if provider.name == "boxd":
-        access.warnings.append("ssh agentbox-<box> is not available for boxd boxes yet")
-        return access
     keys = identity_files()
     if not keys:
         access.warnings.append(NO_KEY_HELP.format(box=facts.name))
@@ -386,6 +384,10 @@ def box_ready(provider: Provider, facts: BoxFacts) -> Access:
 
         # Through Daytona's SSH gateway, with a fresh token; the wake launcher renews an expired one.
         direct, access.expires_at = _daytona_ssh.proxy_argv(provider, facts.name)
+    elif provider.name == "boxd":
+        from . import _boxd_ssh
+
+        direct = _boxd_ssh.proxy_argv(provider, facts.name)  # sshd -i through boxd's streaming exec
     else:
         direct = engine_proxy_argv(facts.name, facts.engine, ssh_options)
         _host_files.ensure_private_dir(control_dir())

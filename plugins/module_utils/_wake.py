@@ -45,6 +45,8 @@ def wake(provider_name: str, engine: str, box: str, ssh_options: dict[str, Any])
         provider = get_provider(provider_name)
     elif provider_name == "daytona":
         provider = get_provider(provider_name, api_url=engine)  # the key from DAYTONA_API_KEY, as every module
+    elif provider_name == "boxd":
+        provider = get_provider(provider_name, base_url=engine)  # the key from BOXD_API_KEY, as every module
     else:
         raise ValueError(f"ssh agentbox-<box> does not reach {provider_name} boxes")
     try:

@@ -85,6 +85,7 @@ RANKS: dict[str, int] = {
     "_export": WORKFLOW,
     "_rollback": WORKFLOW,
     "_access": WORKFLOW,
+    "_boxd_ssh": WORKFLOW,
     "_agent": WORKFLOW,
     "_idle": WORKFLOW,
     "_relay_ops": WORKFLOW,

@@ -1,0 +1,131 @@
+"""`ssh agentbox-<box>` for a boxd box, with the real OpenSSH client, on the boxd emulator (real SDK): the
+alias's ProxyCommand runs the box's own `sshd -i` through boxd's streaming exec. Issues 16 and 20.
+
+HOME is a private temp dir (its own key, ~/.agentbox); OpenSSH reads the alias with `-F`. The API token
+reaches the ProxyCommand through the environment ssh runs in, never through a file.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.boxd_emulator import running_emulator
+from tests.conftest import make_repo, run_module
+
+pytestmark = pytest.mark.integration
+
+
+class World:
+    def __init__(self, emu, root: Path) -> None:
+        self.emu, self.root = emu, root
+        self.home = root / "h"
+        (self.home / ".ssh").mkdir(parents=True, mode=0o700)
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "bssh-test", "-f",
+                        str(self.home / ".ssh" / "id_ed25519")], check=True)  # fmt: skip
+        self.workspace = make_repo(root / "ws", {"README.md": "boxd over ssh\n"})
+        self.box = f"bssh-{uuid.uuid4().hex[:6]}"
+
+    def env(self) -> dict[str, str]:
+        return {"HOME": str(self.home), "BOXD_BASE_URL": self.emu.base_url, "BOXD_TOKEN": self.emu.token,
+                "SSH_AUTH_SOCK": "", "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory",
+                "GIT_CONFIG_VALUE_0": "*"}  # fmt: skip
+
+    def module(self, module: str, **args) -> dict:
+        return run_module(module, {"provider": "boxd", **args}, env=self.env())
+
+    @property
+    def config(self) -> Path:
+        return self.home / ".agentbox" / "ssh_config"
+
+    def _run(self, argv: list[str]) -> subprocess.CompletedProcess:
+        base = {k: v for k, v in os.environ.items() if not k.startswith("BOXD_")}
+        return subprocess.run(argv, capture_output=True, text=True, timeout=180, check=False,
+                              env={**base, "HOME": str(self.home), "BOXD_TOKEN": self.emu.token})  # fmt: skip
+
+    def ssh(self, command: str) -> subprocess.CompletedProcess:
+        return self._run(["ssh", "-F", str(self.config), "-o", "BatchMode=yes", f"agentbox-{self.box}", command])
+
+    def scp(self, source: str, target: str) -> subprocess.CompletedProcess:
+        return self._run(["scp", "-F", str(self.config), "-o", "BatchMode=yes", source, target])
+
+    def provider(self):
+        from ansible_collections.agentbox.box.plugins.module_utils._boxd import BoxdProvider
+
+        return BoxdProvider(token=self.emu.token, base_url=self.emu.base_url)
+
+
+@pytest.fixture(scope="module")
+def world(box_image: str) -> Iterator[World]:
+    # Short: OpenSSH's paths stay well inside its limits.
+    root = Path(tempfile.mkdtemp(prefix="bssh-", dir="/tmp"))
+    root.chmod(0o755)
+    try:
+        with running_emulator(image=box_image) as emu:
+            made = World(emu, root)
+            created = made.module("agentbox_box", name=made.box, workspace=str(made.workspace), boot=False)
+            assert not created["failed"], created
+            made.created = created
+            try:
+                yield made
+            finally:
+                made.module("agentbox_box", name=made.box, state="absent")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_ssh_alias_lands_as_vscode_on_the_boxs_branch(world: World) -> None:
+    access = world.created["access"]
+    assert access["alias"] == f"agentbox-{world.box}" and access["warnings"] == [], access
+    assert stat.S_IMODE(world.config.stat().st_mode) == 0o600
+    branch = world.ssh("git -C /workspace rev-parse --abbrev-ref HEAD")
+    assert branch.returncode == 0, branch.stderr
+    assert branch.stdout.strip() == f"agentbox/{world.box}"
+    assert world.ssh("id -un").stdout == "vscode\n"
+    # The token is a credential: it is in no file the collection wrote.
+    for path in (world.home / ".agentbox").rglob("*"):
+        if path.is_file() and not path.is_socket():
+            assert world.emu.token not in path.read_text(errors="replace"), path
+
+
+def test_scp_in_and_out(world: World) -> None:
+    payload = os.urandom(300_000)
+    source = world.root / "in.bin"
+    source.write_bytes(payload)
+    done = world.scp(str(source), f"agentbox-{world.box}:/tmp/in.bin")
+    assert done.returncode == 0, done.stderr
+    assert world.ssh("stat -c %U /tmp/in.bin").stdout == "vscode\n"
+    back = world.root / "out.bin"
+    done = world.scp(f"agentbox-{world.box}:/tmp/in.bin", str(back))
+    assert done.returncode == 0, done.stderr
+    assert back.read_bytes() == payload
+
+
+def test_the_alias_wakes_a_paused_box(world: World) -> None:
+    provider = world.provider()
+    provider.pause(world.box)
+    assert provider.find(world.box).state == "paused"
+    branch = world.ssh("git -C /workspace rev-parse --abbrev-ref HEAD")
+    assert (branch.returncode, branch.stdout.strip()) == (0, f"agentbox/{world.box}"), branch.stderr
+    assert "was paused; it runs again" in branch.stderr
+    assert provider.find(world.box).state == "running"
+
+
+def test_destroy_removes_the_alias(world: World) -> None:
+    """A box of its own: destroying it removes its entry; the other box's entry stays."""
+    name = f"bsx-{uuid.uuid4().hex[:6]}"
+    made = world.module("agentbox_box", name=name, workspace=str(world.workspace), boot=False)
+    assert not made["failed"], made
+    assert f"Host agentbox-{name}\n" in world.config.read_text()
+    gone = world.module("agentbox_box", name=name, state="absent")
+    assert not gone["failed"] and gone["changed"], gone
+    assert f"agentbox-{name}" not in world.config.read_text()
+    assert f"Host agentbox-{world.box}\n" in world.config.read_text()
