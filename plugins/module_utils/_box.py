@@ -313,8 +313,6 @@ def early_boot(provider: Provider, name: str) -> None:
     provider.exec(name, ["sh", "-c", script], user="root")
 
 
-
-
 def destroy_box(
     provider: Provider, facts: BoxFacts, delete_branch: bool = False, moved_to: str | None = None
 ) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
 from . import _editor_volumes
-from ._engine_api import EngineAPI, EngineAPIError, EngineUnanswered, feed_stdin, local_engine
+from ._engine_api import EngineAPI, EngineAPIError, EngineUnanswered, exec_exit_code, feed_stdin, local_engine
 from ._gitlayer_volumes import create_layers, remove_layers, rescue_commits
 from ._naming import container_name, docker_volume_name, label, strip_labels
 from ._provider import (
@@ -590,8 +590,7 @@ class DockerProvider(Provider):
             stdout, stderr = out or b"", err or b""
         else:
             stdout, stderr = self._exec_with_stdin(exec_id, stdin)
-        rc = self.api.exec_inspect(exec_id).get("ExitCode")
-        return ExecResult(rc=rc if rc is not None else -1, stdout=stdout, stderr=stderr)
+        return ExecResult(rc=exec_exit_code(lambda: self.api.exec_inspect(exec_id)), stdout=stdout, stderr=stderr)
 
     def _exec_with_stdin(self, exec_id: str, stdin: bytes | IO[bytes]) -> tuple[bytes, bytes]:
         """Feed stdin from a thread while reading the multiplexed output (no deadlock on big I/O)."""

@@ -22,6 +22,7 @@ import json
 import os
 import socket
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any
@@ -205,8 +206,8 @@ class EngineAPI:
                 feeder.join(timeout=5)
             reader.close()
             sock.close()
-        code = self._checked("GET", f"/exec/{exec_id}/json").get("ExitCode")
-        return (code if code is not None else -1), b"".join(streams[1]), b"".join(streams[2])
+        code = exec_exit_code(lambda: self._checked("GET", f"/exec/{exec_id}/json"))
+        return code, b"".join(streams[1]), b"".join(streams[2])
 
     def _hijack(self, path: str, body: dict[str, Any]) -> tuple[socket.socket, IO[bytes]]:
         """POST that upgrades the connection to the raw multiplexed stream (docker exec's attach)."""
@@ -327,6 +328,21 @@ def _read_body(reader: IO[bytes], headers: dict[str, str]) -> bytes:
 def _chunks(source: IO[bytes]) -> Iterator[bytes]:
     while chunk := source.read(CHUNK):
         yield chunk
+
+
+def exec_exit_code(inspect: Callable[[], dict[str, Any]], deadline_seconds: float = 10.0) -> int:
+    """The exit code of a finished exec. The engine closes the output stream before it records the
+    exit, so an inspect right after can still say Running with no ExitCode (seen under load): wait for
+    it, briefly. -1 when the engine never records one."""
+    give_up = time.monotonic() + deadline_seconds
+    while True:
+        info = inspect()
+        code = info.get("ExitCode")
+        if not info.get("Running") and code is not None:
+            return int(code)
+        if time.monotonic() >= give_up:
+            return -1 if code is None or info.get("Running") else int(code)
+        time.sleep(0.02)
 
 
 def feed_stdin(sock: Any, stdin: bytes | IO[bytes]) -> None:

@@ -574,7 +574,8 @@ class Emulator:
                                      user="0")
         numbers = ids.output.decode(errors="replace").split()
         if ids.exit_code != 0 or len(numbers) != 2 or not all(n.isdigit() for n in numbers):
-            raise BackendError(f"user {user!r} does not exist in image {sb.image}")
+            said = ids.output.decode(errors="replace").strip()[-300:]
+            raise BackendError(f"user {user!r} does not exist in image {sb.image} (id: rc {ids.exit_code}: {said})")
         sb.uid, sb.gid = int(numbers[0]), int(numbers[1])
 
     # ---- lifecycle ----------------------------------------------------------------------------------------

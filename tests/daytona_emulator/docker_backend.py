@@ -278,7 +278,11 @@ class DockerBackend:
             exec_id = api.exec_create(container_id, argv, user=user, workdir=workdir or None,
                                       environment=env or None)["Id"]
             output = api.exec_start(exec_id, demux=False) or b""
-            exit_code = api.exec_inspect(exec_id).get("ExitCode")
+            # The engine may record the exit a moment after the output ends (seen under load).
+            give_up = time.monotonic() + 10
+            while (info := api.exec_inspect(exec_id)).get("Running") and time.monotonic() < give_up:
+                time.sleep(0.02)
+            exit_code = None if info.get("Running") else info.get("ExitCode")
         except docker.errors.APIError as exc:
             return ExecResult(-1, str(exc.explanation or exc).encode())
         return ExecResult(-1 if exit_code is None else int(exit_code), output)
