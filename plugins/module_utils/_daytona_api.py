@@ -83,6 +83,7 @@ MAX_RETRY_AFTER = 65.0
 # ...but all the retries of one call stay within this many seconds.
 RETRY_DEADLINE_SECONDS = 150.0
 API_TIMEOUT = 30.0
+POLL_SECONDS = 1.0  # between reads of a state that is changing
 
 
 class DaytonaCallError(ProviderError):

@@ -9,6 +9,7 @@ honour it, fails naming the option and what to do.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ._daytona_state import network_settings
@@ -99,3 +100,17 @@ def refuse_other_region(snapshot: Any, image: str, target: str | None, box: str)
             box=box,
             operation="create",
         )
+
+
+def env_minutes(name: str, default: int | None, unit: str = "minutes") -> int | None:
+    """A whole, non-negative number from the environment variable `name` (`default` when unset)."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise ProviderError(f"{name}={raw!r} is not a whole number of {unit}") from exc
+    if value < 0:
+        raise ProviderError(f"{name}={raw!r} is negative: give {unit}, 0 to turn it off")
+    return value

@@ -62,6 +62,9 @@ RANKS: dict[str, int] = {
     # 4 providers and what only they use (engine images, snapshot stores).
     "_docker": PROVIDER,
     "_daytona": PROVIDER,
+    "_daytona_exec": PROVIDER,
+    "_daytona_snapshots": PROVIDER,
+    "_daytona_sandboxes": PROVIDER,
     "_boxd": PROVIDER,
     "_boxd_store": PROVIDER,
     "_snapshot_store": PROVIDER,
@@ -101,7 +104,6 @@ RANKS: dict[str, int] = {
 # (importer, imported): an import of a higher rank that exists today, and why.
 KNOWN_UPWARD: dict[tuple[str, str], str] = {
     ("_box_data", "_provider"): "BoxFacts, the interface's dataclass, in the checks on what a box wrote",
-    ("_daytona", "_box"): "a box restored from a snapshot runs _box.boot_box from inside the provider",
     ("_image_store", "_gitlayer"): "a local box's worktree heads are read from its git layer (_gitlayer.box_heads)",
 }
 
