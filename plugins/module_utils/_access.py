@@ -35,7 +35,7 @@ from typing import Any
 from . import _host_files
 from ._naming import container_name
 from ._provider import BoxFacts, Provider, ProviderError
-from ._relay_state import code_root, module_argv
+from ._relay_state import write_module_launcher
 
 ALIAS_PREFIX = "agentbox-"
 BOX_USER = "vscode"
@@ -240,23 +240,10 @@ def wake_launcher_path() -> str:
 
 
 def write_wake_launcher() -> bool:
-    """~/.agentbox/bin/agentbox-wake: runs _wake with this Python and the collection's files on disk.
-    From a module's zip (no files on disk) it is left as a controller-side run last wrote it."""
-    root = code_root()
-    if root is None:
-        return False
-    # -P (module_argv): ssh runs the ProxyCommand in the user's current directory, which must not be on sys.path.
-    command = " ".join(shlex.quote(word) for word in module_argv(WAKE_MODULE))
-    text = (
-        "#!/bin/sh\n# Written by agentbox.box: wakes a paused or stopped box for `ssh agentbox-<box>` (docs/access.md).\n"
-        f'PYTHONPATH={shlex.quote(root)} exec {command} "$@"\n'
+    """~/.agentbox/bin/agentbox-wake: runs _wake (see write_module_launcher)."""
+    return write_module_launcher(
+        wake_launcher_path(), WAKE_MODULE, "wakes a paused or stopped box for `ssh agentbox-<box>` (docs/access.md)."
     )
-    path = wake_launcher_path()
-    if _host_files.read_text(path) == text:
-        return False
-    _host_files.ensure_private_dir(os.path.dirname(path))
-    _host_files.write_atomic(path, text, mode=0o700)
-    return True
 
 
 def waking_proxy_command(direct: list[str], facts: BoxFacts, options: dict[str, Any]) -> str:

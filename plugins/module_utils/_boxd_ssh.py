@@ -22,7 +22,6 @@ go to standard error, which ssh shows.
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 import threading
 from typing import Any
@@ -30,7 +29,7 @@ from typing import Any
 from . import _host_files
 from ._provider import Provider, ProviderError
 from ._registry import get_provider
-from ._relay_state import code_root, module_argv
+from ._relay_state import write_module_launcher
 from ._shell_line import command_line
 
 PIPE_MODULE = "ansible_collections.agentbox.box.plugins.module_utils._boxd_ssh"
@@ -44,23 +43,8 @@ def launcher_path() -> str:
 
 
 def write_launcher() -> bool:
-    """~/.agentbox/bin/agentbox-boxd-pipe: this module with this Python and the collection's files on disk.
-    From a module's zip (no files on disk) it is left as a controller-side run last wrote it."""
-    root = code_root()
-    if root is None:
-        return False
-    # -P (module_argv): ssh runs the ProxyCommand in the user's current directory, which must not be on sys.path.
-    command = " ".join(shlex.quote(word) for word in module_argv(PIPE_MODULE))
-    text = (
-        "#!/bin/sh\n# Written by agentbox.box: `ssh agentbox-<box>` into a boxd box (docs/access.md).\n"
-        f'PYTHONPATH={shlex.quote(root)} exec {command} "$@"\n'
-    )
-    path = launcher_path()
-    if _host_files.read_text(path) == text:
-        return False
-    _host_files.ensure_private_dir(os.path.dirname(path))
-    _host_files.write_atomic(path, text, mode=0o700)
-    return True
+    """~/.agentbox/bin/agentbox-boxd-pipe: runs this module (see write_module_launcher)."""
+    return write_module_launcher(launcher_path(), PIPE_MODULE, "`ssh agentbox-<box>` into a boxd box (docs/access.md).")
 
 
 def proxy_argv(provider: Provider, box: str) -> list[str]:

@@ -20,13 +20,14 @@ import contextlib
 import fcntl
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
 import time
 from typing import Any
 
-from ._host_files import ssh_config_file
+from ._host_files import ensure_private_dir, read_text, ssh_config_file, write_atomic
 from ._naming import now_iso
 
 BOX_SOCKET_DIR = "/run/agentbox/relay"  # where the box sees its sock/<id>/ directory
@@ -239,6 +240,23 @@ def module_argv(module: str, python: str | None = None) -> list[str]:
         )
         return [python, "-c", code]
     return [python, "-P", "-m", module]
+
+
+def write_module_launcher(path: str, module: str, purpose: str) -> bool:
+    """A 0700 shell script at path that runs `module` with this Python and the collection's files on disk
+    (for a ProxyCommand: agentbox-wake, agentbox-boxd-pipe); whether it changed. From a module's zip (no
+    files on disk) it is left as a controller-side run last wrote it."""
+    root = code_root()
+    if root is None:
+        return False
+    # -P (module_argv): ssh runs the ProxyCommand in the user's current directory, which must not be on sys.path.
+    command = " ".join(shlex.quote(word) for word in module_argv(module))
+    text = f'#!/bin/sh\n# Written by agentbox.box: {purpose}\nPYTHONPATH={shlex.quote(root)} exec {command} "$@"\n'
+    if read_text(path) == text:
+        return False
+    ensure_private_dir(os.path.dirname(path))
+    write_atomic(path, text, mode=0o700)
+    return True
 
 
 def start(python: str | None = None, root: str | None = None, wait: float = START_TIMEOUT) -> dict[str, Any]:

@@ -211,3 +211,24 @@ def test_host_launchers_never_import_from_their_current_directory(home: Path, mo
     woke = subprocess.run(older, cwd=home / "hostile", env=env, capture_output=True, text=True, check=False)
     assert woke.returncode == 2 and "usage: agentbox-wake" in woke.stderr, woke.stderr
     assert not marker.exists(), marker.read_text()
+
+
+def test_both_host_launchers_are_written_once_0700_and_never_import_from_their_current_directory(home: Path) -> None:
+    from ansible_collections.agentbox.box.plugins.module_utils import _boxd_ssh
+
+    marker = plant(home / "hostile")
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PYTHON")}
+    for write_launcher, path, usage in (
+        (_access.write_wake_launcher, _access.wake_launcher_path(), "usage: agentbox-wake"),
+        (_boxd_ssh.write_launcher, _boxd_ssh.launcher_path(), "usage: agentbox-boxd-pipe"),
+    ):
+        assert write_launcher()
+        assert not write_launcher()  # the same text: left alone
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o700
+        text = Path(path).read_text()
+        assert text.startswith("#!/bin/sh\n") and f"{sys.executable} -P -m " in text, text
+        ran = subprocess.run([path], cwd=home / "hostile", env=env, capture_output=True, text=True, check=False)
+        assert ran.returncode == 2 and usage in ran.stderr, ran.stderr
+        Path(path).write_text("#!/bin/sh\nexit 0\n")  # changed by someone else: written again
+        assert write_launcher()
+    assert not marker.exists(), marker.read_text()
