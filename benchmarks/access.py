@@ -10,7 +10,9 @@ own key, ~/.agentbox/ssh_config), then times, interleaved run by run so load dri
   remote  ssh agentbox-<box on the engine> true   (through the engine, its connection shared)
   cold    the same after `ssh -O exit` closed the shared engine connection
 
-Prints medians and the remote/engine ratio. Everything it makes is removed at the end.
+Prints medians, the remote/engine ratios, the load average before and after, and each of issue 16's
+figures as met or not (local <= 0.3 s median; remote <= 1.5x engine). Everything it makes is removed
+at the end.
 
     .venv/bin/python benchmarks/access.py [--runs 15] [--json out.json]
 """
@@ -37,6 +39,8 @@ for entry in (str(REPO / "tests" / "integration"), str(REPO / ".collections")):
 from engines import EngineFleet  # noqa: E402
 
 IMAGE = "agentbox/box:latest"
+LOCAL_TARGET_S = 0.3  # issue 16: `ssh agentbox-<local box> true`, median
+REMOTE_TARGET = 1.5  # issue 16: a box on an engine over `ssh <engine> true`
 
 
 def timed(argv: list[str]) -> float:
@@ -92,7 +96,7 @@ def main() -> int:
     config = str(home / ".agentbox" / "ssh_config")
     local = DockerProvider()
     made: list[tuple[DockerProvider, str]] = []
-    figures: dict[str, object] = {"runs": args.runs}
+    figures: dict[str, object] = {"runs": args.runs, "load_average_start": round(os.getloadavg()[0], 2)}
     try:
         with EngineFleet(count=1, tmpfs_size="3g") as fleet:
             try:
@@ -135,7 +139,10 @@ def main() -> int:
                 figures["cold_over_engine"] = round(
                     statistics.median(samples["cold"]) / statistics.median(samples["engine"]), 2
                 )
-                figures["load_average"] = os.getloadavg()[0]
+                figures["load_average"] = round(os.getloadavg()[0], 2)
+                local_s = statistics.median(samples["local"])
+                figures["local_target_met"] = local_s <= LOCAL_TARGET_S
+                figures["remote_target_met"] = figures["remote_over_engine"] <= REMOTE_TARGET  # type: ignore[operator]
             finally:
                 remove_boxes(made)
     finally:
