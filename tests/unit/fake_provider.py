@@ -10,6 +10,11 @@ tar run in the box. Labels, state and images are held in memory. Needs root (mou
 
 Not a mock: nothing is recorded or replayed. `fail_on` makes one method raise ProviderError (once,
 or on its n-th call) so a test can fail a workflow at a chosen step.
+
+Checkpoints (`checkpoint_store()`) are snapshots, as on a cloud: the shared snapshot workflow
+(_snapshot_store) over `commit`, which copies the box's root as a new image directory. Like a
+snapshot or `docker commit`, it keeps the box's files and not its tmpfs /run/agentbox (secrets,
+carried files) nor the box's runtime `env`, which is the box's and not its image's.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from ansible_collections.agentbox.box.plugins.module_utils._provider import (
     ProviderError,
 )
 from ansible_collections.agentbox.box.plugins.module_utils._seed import BOX_UID, SEED_RECORD, WORKSPACE
+from ansible_collections.agentbox.box.plugins.module_utils._snapshot_store import SnapshotCheckpoints
 
 BOX_USERS = {"root": (0, 0, "/root"), "vscode": (BOX_UID, BOX_UID, "/home/vscode")}
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -87,9 +93,18 @@ class FakeProvider(Provider):
 
     name = "fake"
 
-    def __init__(self, base: Path, *, shares_host_filesystem: bool = True, images: Iterable[str] = ("agentbox/box:latest",)):
+    def __init__(
+        self,
+        base: Path,
+        *,
+        shares_host_filesystem: bool = True,
+        images: Iterable[str] = ("agentbox/box:latest",),
+        name: str = "fake",
+    ):
         if os.geteuid() != 0:
             raise RuntimeError("needs root: the fake provider mounts and chroots")
+        # Another name is another provider to the workflows: its own checkpoints, defaults and journals.
+        self.name = name
         self.base = Path(base)
         (self.base / "boxes").mkdir(parents=True, exist_ok=True)
         (self.base / "images").mkdir(parents=True, exist_ok=True)
@@ -250,8 +265,14 @@ class FakeProvider(Provider):
         target = self.base / "images" / uuid.uuid4().hex
         # The root filesystem, owners and links kept; the git layers are volumes, not part of it.
         subprocess.run(["cp", "-a", str(box.root), str(target)], check=True)
+        # /run/agentbox is a tmpfs on every real engine: neither a commit nor a snapshot sees it.
+        for entry in (target / "run/agentbox").iterdir():
+            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
         self.images[image] = (dict(labels), target)
         return {"id": target.name, "size": 0}
+
+    def checkpoint_store(self) -> FakeSnapshots:
+        return FakeSnapshots(self)
 
     # -- helpers ------------------------------------------------------------------------------
     def _box(self, name: str) -> Box:
@@ -329,3 +350,47 @@ class FakeProvider(Provider):
             "/bin/sh", "-c", 'cd "$1" || exit 126; shift; exec "$@"', "cd", workdir or home, *argv,
         ]  # fmt: skip
         return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+@dataclasses.dataclass
+class Snapshot:
+    name: str
+    id: str
+    root: Path
+
+
+class FakeSnapshots(SnapshotCheckpoints):
+    """Checkpoints of the fake provider: its committed image directories, as a cloud's snapshots."""
+
+    cloud = "the fake engine"
+    provider: FakeProvider
+
+    def __init__(self, provider: FakeProvider):
+        super().__init__(provider)
+        self.kind = provider.name
+
+    def snapshot(self, image: str) -> Snapshot | None:
+        _labels, root = self.provider.images.get(image, ({}, None))
+        return Snapshot(image, root.name, root) if root is not None else None
+
+    def snapshots(self, prefix: str) -> list[Snapshot]:
+        found = (self.snapshot(image) for image in sorted(self.provider.images) if image.startswith(prefix))
+        return [snapshot for snapshot in found if snapshot is not None]
+
+    def delete_snapshot(self, image: str) -> bool:
+        self.provider._step("delete_snapshot")
+        snapshot = self.snapshot(image)
+        if snapshot is None:
+            return False
+        users = sorted(name for name, box in self.provider.boxes.items() if box.spec.image == image)
+        if users:
+            # As an engine refuses to remove an image a container uses.
+            raise ProviderError(f"snapshot {image} is in use by {', '.join(users)}", operation="delete_snapshot")
+        del self.provider.images[image]
+        shutil.rmtree(snapshot.root)
+        return True
+
+    def prepare_capture(self, facts: BoxFacts) -> tuple[list[str], list[str], dict[str, Any]]:
+        """The box's runtime env, for the secrets guard (as Daytona reads its sandbox's)."""
+        box = self.provider._box(facts.name)
+        return [], [f"{key}={value}" for key, value in box.spec.env.items()], {}
