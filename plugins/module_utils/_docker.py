@@ -17,7 +17,9 @@ from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
 from . import _editor_volumes
+from ._box_container import BadValue, container_config, proxy_environment
 from ._engine_api import EngineAPI, EngineAPIError, EngineUnanswered, exec_exit_code, feed_stdin, local_engine
+from ._engine_sdk import SDKEngine
 from ._gitlayer_volumes import create_layers, remove_layers, rescue_commits
 from ._naming import container_name, docker_volume_name, label, strip_labels
 from ._provider import (
@@ -31,8 +33,8 @@ from ._provider import (
 )
 
 
-# The docker SDK is imported on first use: the per-task calls (list, find, exec, archives) go
-# through _engine_api and must not pay for it. Until _sdk() rebinds them, the SDK's exception
+# The docker SDK is imported on first use: the per-task calls (list, find, exec, archives) and a
+# box's create and removal go through _engine_api on engines it reaches, and must not pay for it. Until _sdk() rebinds them, the SDK's exception
 # names below are stand-ins (same hierarchy) that nothing raises: no SDK exception can exist
 # before the SDK is loaded, so an `except` clause naming a stand-in never catches anything.
 class _DockerExceptionStandIn(Exception):
@@ -47,20 +49,15 @@ class _NotFoundStandIn(_APIErrorStandIn):
     pass
 
 
-class _ImageNotFoundStandIn(_NotFoundStandIn):
-    pass
-
-
 docker: Any = None
 DockerException: Any = _DockerExceptionStandIn
 APIError: Any = _APIErrorStandIn
 NotFound: Any = _NotFoundStandIn
-ImageNotFound: Any = _ImageNotFoundStandIn
 frames_iter: Any = None
 
 
 def _sdk() -> Any:
-    global docker, APIError, DockerException, ImageNotFound, NotFound, frames_iter
+    global docker, APIError, DockerException, NotFound, frames_iter
     if docker is None:
         try:
             import docker as sdk
@@ -69,7 +66,7 @@ def _sdk() -> Any:
         except ImportError as exc:
             raise ProviderError(f"the Python 'docker' package is required on the controller: {exc}") from exc
         APIError, DockerException = errors.APIError, errors.DockerException
-        ImageNotFound, NotFound = errors.ImageNotFound, errors.NotFound
+        NotFound = errors.NotFound
         frames_iter = sdk_frames_iter
         docker = sdk
     return docker
@@ -178,6 +175,20 @@ class _Summary:
     def __init__(self, name: str, attrs: dict[str, Any]):
         self.name = name
         self.attrs = attrs
+
+
+class _Gone(Exception):
+    """What was to be removed is not there (any more)."""
+
+
+def _or_gone(remove: Any, *args: Any, **kwargs: Any) -> None:
+    """A removal, with the engine's 404 as _Gone."""
+    try:
+        remove(*args, **kwargs)
+    except EngineAPIError as exc:
+        if exc.status == 404:
+            raise _Gone() from exc
+        raise
 
 
 class DockerProvider(Provider):
@@ -318,27 +329,26 @@ class DockerProvider(Provider):
         volume_labels = {**spec.labels, label("kind"): "volume"}
         resources = spec.resources or {}
         created_volume = False
-        container = None
+        container: str | None = None
         layers: dict[str, str] = {}
+        engine = None
         try:
+            engine = self._calls()
             # Only a volume made here is removed on failure: one with this name may belong to a box
             # that another run is creating at this moment.
             # `volume create` of an existing name answers with that volume: it is ours only when it
             # carries this box's id (a run racing for the name may have made it a moment ago).
-            made = self.client.volumes.create(name=volume, labels=volume_labels)
-            created_volume = (made.attrs.get("Labels") or {}).get(label("id")) == spec.box_id
-            volumes = {volume: {"bind": "/var/lib/docker", "mode": "rw"}}
+            made = engine.create_volume(volume, volume_labels)
+            created_volume = (made.get("Labels") or {}).get(label("id")) == spec.box_id
+            binds = [(volume, "/var/lib/docker", "rw")]
             # Never the host's .git itself: an overlay whose writes stay in the box's volumes (_gitlayer).
-            layers = create_layers(self.client, spec.name, spec.box_id, spec.labels, spec.bind_paths)
-            for layer, path in layers.items():
-                volumes[layer] = {"bind": path, "mode": "rw"}
-            for host_path, box_path in spec.mounts.items():
-                volumes[host_path] = {"bind": box_path, "mode": "ro"}
+            layers = create_layers(engine, spec.name, spec.box_id, spec.labels, spec.bind_paths)
+            binds += [(layer, path, "rw") for layer, path in layers.items()]
+            binds += [(host_path, box_path, "ro") for host_path, box_path in spec.mounts.items()]
             # Editor servers (per box) and their extensions (shared by the user's boxes): _editor_volumes.
             for editor_volume, box_path, editor_labels in _editor_volumes.box_volumes(spec.name, volume_labels):
-                self.client.volumes.create(name=editor_volume, labels=editor_labels)
-                volumes[editor_volume] = {"bind": box_path, "mode": "rw"}
-            ports = {f"{port}/tcp": ("127.0.0.1", None) for port in sorted(set(spec.ports))}
+                engine.create_volume(editor_volume, editor_labels)
+                binds.append((editor_volume, box_path, "rw"))
             env = {
                 "AGENTBOX": "1",
                 "AGENTBOX_BOX_NAME": spec.name,
@@ -347,78 +357,96 @@ class DockerProvider(Provider):
                 "AGENTBOX_HOST_WORKSPACE": spec.workspace,
                 **spec.env,
             }
-            container = self.client.containers.create(
-                spec.image,
-                command=["sleep", "infinity"],
+            config = container_config(
+                image=spec.image,
                 name=cname,
-                hostname=cname,
+                command=["sleep", "infinity"],
                 labels={**spec.labels, **_editor_volumes.container_labels()},
-                environment=env,
-                volumes=volumes,
-                ports=ports,
+                env=env,
+                binds=binds,
+                ports=list(spec.ports),
                 cap_add=BOX_CAPABILITIES,
-                devices=["/dev/fuse:/dev/fuse:rwm"],
+                devices=[("/dev/fuse", "/dev/fuse", "rwm")],
                 security_opt=BOX_SECURITY_OPT,
-                cgroupns="private",
                 tmpfs={RUN_DIR: "mode=0755,uid=1000,gid=1000"},
                 extra_hosts={"host.docker.internal": "host-gateway"},
-                mem_limit=resources.get("memory"),
+                memory=resources.get("memory"),
                 nano_cpus=int(float(resources["cpus"]) * 1e9) if resources.get("cpus") else None,
                 pids_limit=resources.get("pids_limit"),
-                detach=True,
+                proxies=proxy_environment(),
             )
-            container.start()
+            try:
+                container = engine.create_container(config, cname)
+            except EngineAPIError as exc:
+                if exc.status == 404 and "no such image" in exc.message.lower():
+                    raise ProviderError(
+                        f"image {spec.image!r} is not on engine {self._engine}: build it with the box_image role "
+                        "(playbooks/create_box.yml does) or pass another 'image'",
+                        box=spec.name,
+                        operation="create",
+                    ) from exc
+                if exc.status == 409:
+                    raise ProviderError(
+                        f"a container called {cname!r} already exists on engine {self._engine}: pick another box name",
+                        box=spec.name,
+                        operation="create",
+                    ) from exc
+                raise
+            engine.start_container(container)
             if spec.secrets:
                 self._write_secrets(spec.name, spec.secrets)
-            container.reload()
-            return self._facts(container)
-        except ImageNotFound as exc:
-            self._remove_half_made(container, volume if created_volume else None, spec.name, layers)
-            raise ProviderError(
-                f"image {spec.image!r} is not on engine {self._engine}: build it with the box_image role "
-                "(playbooks/create_box.yml does) or pass another 'image'",
-                box=spec.name,
-                operation="create",
-            ) from exc
-        except APIError as exc:
-            self._remove_half_made(container, volume if created_volume else None, spec.name, layers)
-            if exc.status_code == 409 and container is None:
-                raise ProviderError(
-                    f"a container called {cname!r} already exists on engine {self._engine}: pick another box name",
-                    box=spec.name,
-                    operation="create",
-                ) from exc
-            raise ProviderError(str(exc.explanation or exc), box=spec.name, operation="create") from exc
-        except DockerException as exc:
-            self._remove_half_made(container, volume if created_volume else None, spec.name, layers)
-            message = getattr(exc, "explanation", None) or str(exc)
-            raise ProviderError(str(message), box=spec.name, operation="create") from exc
-        except BaseException:
-            self._remove_half_made(container, volume if created_volume else None, spec.name, layers)
+            attrs = engine.inspect_container(container)
+            if attrs is None:
+                raise ProviderError("the box's container went away as it started", box=spec.name, operation="create")
+            return self._facts(_Summary(str(attrs.get("Name", "")).lstrip("/"), attrs))
+        except BaseException as exc:
+            if engine is not None:
+                self._remove_half_made(engine, container, volume if created_volume else None, spec.name, layers)
+            if isinstance(exc, EngineUnanswered):
+                raise engine_unreachable(self._engine, exc) from exc
+            if isinstance(exc, EngineAPIError):
+                raise ProviderError(exc.message, box=spec.name, operation="create") from exc
+            if isinstance(exc, BadValue):
+                raise ProviderError(str(exc), box=spec.name, operation="create") from exc
             raise
 
+    def _calls(self) -> EngineAPI | SDKEngine:
+        """The client of a box's create and removal: the standard-library one where it reaches the
+        engine, else the SDK's (TLS, ssh) behind the same methods."""
+        if self._direct is not None:
+            return self._direct
+        return SDKEngine(self.api, self._engine)
+
+    @contextlib.contextmanager
+    def _calling(self, name: str, operation: str) -> Iterator[EngineAPI | SDKEngine]:
+        """_calls(), with an engine that does not answer and its error answers turned into the
+        provider's errors."""
+        try:
+            yield self._calls()
+        except EngineUnanswered as exc:
+            raise engine_unreachable(self._engine, exc) from exc
+        except EngineAPIError as exc:
+            raise ProviderError(exc.message, box=name or None, operation=operation) from exc
+
+    @staticmethod
     def _remove_half_made(
-        self, container: Any, volume: str | None, box: str | None = None, layers: dict[str, str] | None = None
+        engine: EngineAPI | SDKEngine,
+        container: str | None,
+        volume: str | None,
+        box: str | None = None,
+        layers: dict[str, str] | None = None,
     ) -> None:
+        """Undo a create by what it made: the container by its id, the volumes it made by name."""
         if container is not None:
-            try:
-                container.remove(force=True, v=True)
-            except DockerException:
-                pass
+            with contextlib.suppress(EngineAPIError, EngineUnanswered):
+                engine.remove_container(container, force=True, volumes=True)
         # The box's git layers: each overlay, then its upper and work volumes (named by this box's id).
-        for name in [layer + suffix for layer in layers or {} for suffix in ("", "-upper", "-work")]:
-            try:
-                self.client.volumes.get(name).remove(force=True)
-            except DockerException:
-                pass
         # The box's editor server volumes were made in the same run as its volume: both are ours.
-        for name in [volume, *(_editor_volumes.per_box_volumes(box) if volume and box else [])]:
-            if not name:
-                continue
-            try:
-                self.client.volumes.get(name).remove(force=True)
-            except DockerException:
-                pass
+        names = [layer + suffix for layer in layers or {} for suffix in ("", "-upper", "-work")]
+        names += [volume, *(_editor_volumes.per_box_volumes(box) if volume and box else [])] if volume else []
+        for name in names:
+            with contextlib.suppress(EngineAPIError, EngineUnanswered):
+                engine.remove_volume(name, force=True)
 
     def _write_secrets(self, name: str, secrets: dict[str, str]) -> None:
         """Secrets go to a tmpfs file each: never in env, labels or the writable layer.
@@ -494,63 +522,50 @@ class DockerProvider(Provider):
         return self._transition(name, "resume", "unpause", "running")
 
     def destroy(self, name: str) -> None:
-        try:
-            container = self.client.containers.get(container_name(name))
-            container.remove(force=True, v=True)
-        except NotFound:
-            pass
-        except APIError as exc:
-            raise ProviderError(str(exc.explanation or exc), box=name, operation="destroy") from exc
-        for volume_name in (docker_volume_name(name), *_editor_volumes.per_box_volumes(name)):
-            try:
-                self.client.volumes.get(volume_name).remove(force=True)
-            except NotFound:
-                pass
-            except APIError as exc:
-                raise ProviderError(str(exc.explanation or exc), box=name, operation="destroy") from exc
-        remove_layers(self.client, name)
+        with self._calling(name, "destroy") as engine:
+            with contextlib.suppress(_Gone):
+                _or_gone(engine.remove_container, container_name(name), force=True, volumes=True)
+            for volume_name in (docker_volume_name(name), *_editor_volumes.per_box_volumes(name)):
+                with contextlib.suppress(_Gone):
+                    _or_gone(engine.remove_volume, volume_name, force=True)
+            remove_layers(engine, name)
 
     def destroy_if_id(self, name: str, box_id: str) -> bool:
         """Remove the container and volume of box `box_id` only: by the engine's id once the label
         matched, so a container someone else made under this name in between is never hit."""
         removed = False
-        try:
-            container = self.client.containers.get(container_name(name))
-        except NotFound:
-            container = None
-        except APIError as exc:
-            raise ProviderError(str(exc.explanation or exc), box=name, operation="undo create") from exc
-        if container is not None and (container.attrs.get("Config", {}).get("Labels") or {}).get(label("id")) == box_id:
-            try:
-                self.api.remove_container(container.id, force=True, v=True)
-                removed = True
-            except NotFound:
-                pass
-        for volume_name in (docker_volume_name(name), *_editor_volumes.per_box_volumes(name)):
-            try:
-                volume = self.client.volumes.get(volume_name)
-                if (volume.attrs.get("Labels") or {}).get(label("id")) == box_id:
-                    volume.remove(force=True)
-            except (NotFound, APIError):
-                pass  # gone, or in use by the container of the run that won the name
-        remove_layers(self.client, name, box_id)
+        with self._calling(name, "undo create") as engine:
+            attrs = engine.inspect_container(container_name(name))
+            if attrs is not None and ((attrs.get("Config") or {}).get("Labels") or {}).get(label("id")) == box_id:
+                with contextlib.suppress(_Gone):
+                    _or_gone(engine.remove_container, str(attrs["Id"]), force=True, volumes=True)
+                    removed = True
+            for volume_name in (docker_volume_name(name), *_editor_volumes.per_box_volumes(name)):
+                try:
+                    volume = engine.inspect_volume(volume_name)
+                    if volume is not None and (volume.get("Labels") or {}).get(label("id")) == box_id:
+                        engine.remove_volume(volume_name, force=True)
+                except EngineAPIError:
+                    pass  # gone, or in use by the container of the run that won the name
+            remove_layers(engine, name, box_id)
         return removed
 
     def remove_leftover_volumes(self, name: str) -> list[dict[str, Any]]:
-        filters = {"label": [f"{label('box')}={name}", f"{label('kind')}=volume"]}
-        # Commits still in the box's git layers are brought into the host before the layers go.
-        rescue_commits(self.client, name)
+        wanted = [f"{label('box')}={name}", f"{label('kind')}=volume"]
         removed = []
-        for volume in self.client.volumes.list(filters=filters):
-            try:
-                volume.remove(force=True)
-            except NotFound:
-                continue
-            except APIError as exc:
-                raise ProviderError(str(exc.explanation or exc), box=name, operation="destroy") from exc
-            removed.append({"name": volume.name, "labels": volume.attrs.get("Labels") or {}})
-        # The box's git layers too (a box's commits not yet fetched go with them).
-        removed += [{"name": layer, "labels": {}} for layer in remove_layers(self.client, name)]
+        with self._calling(name, "destroy") as engine:
+            # Commits still in the box's git layers are brought into the host before the layers go.
+            rescue_commits(engine, name)
+            for volume in engine.volumes(wanted):
+                try:
+                    engine.remove_volume(str(volume["Name"]), force=True)
+                except EngineAPIError as exc:
+                    if exc.status == 404:
+                        continue
+                    raise
+                removed.append({"name": volume["Name"], "labels": volume.get("Labels") or {}})
+            # The box's git layers too (a box's commits not yet fetched go with them).
+            removed += [{"name": layer, "labels": {}} for layer in remove_layers(engine, name)]
         return removed
 
     # -- inside the box -------------------------------------------------------------------------
@@ -643,17 +658,13 @@ class DockerProvider(Provider):
         return ImageStore(self)
 
     def image_exists(self, image: str) -> bool:
-        try:
-            self.client.images.get(image)
-            return True
-        except ImageNotFound:
-            return False
+        with self._calling("", "image lookup") as engine:
+            return engine.inspect_image(image) is not None
 
     def image_labels(self, image: str) -> dict[str, str]:
-        try:
-            return self.client.images.get(image).labels or {}
-        except ImageNotFound:
-            return {}
+        with self._calling("", "image lookup") as engine:
+            attrs = engine.inspect_image(image) or {}
+        return (attrs.get("Config") or {}).get("Labels") or {}
 
     def commit(self, name: str, image: str, labels: dict[str, str], env: list[str] | None = None) -> dict[str, Any]:
         container = self._container(name, "checkpoint")

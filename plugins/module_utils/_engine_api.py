@@ -6,8 +6,9 @@ Ansible forks a worker per task and the inventory plugin runs in the controller 
 fork: importing the docker SDK there (requests, urllib3, its transports) costs 40-200 ms of CPU
 per process, more than the calls themselves. The connection plugin and the inventory need five
 calls: list, inspect, exec, copy in and copy out; this client makes them with http.client on
-the engine's socket. The SDK stays for everything else (create, commit, images, volumes) and is
-imported only when one of those runs.
+the engine's socket. A box's create and removal (volumes, container create and start, removal by
+id) go the same way: importing the SDK cost a create more than its engine calls. The SDK stays for
+the rest (commit, images, pause and the other state changes) and is imported only when one runs.
 
 Handles DOCKER_HOST unix:// (the default /var/run/docker.sock) and plain tcp://. TLS settings
 and ssh:// leave the engine to the SDK (`local_engine` returns None).
@@ -144,6 +145,26 @@ class EngineAPI:
             raise EngineAPIError(status, _message(data, status))
         return data
 
+    def _write(self, method: str, path: str, body: Any = None, ok: tuple[int, ...] = (200, 201, 204)) -> Any:
+        """A call that changes the engine, on a connection of its own: never re-sent, since a
+        connection that broke after the engine acted would make a second container or volume."""
+        payload = None if body is None else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"} if payload is not None else {}
+        conn = _Connection(self._open, self._timeout)
+        try:
+            conn.request(method, path, body=payload, headers=headers)
+            response = conn.getresponse()
+            data = _decode(response.read())
+        except EngineUnanswered:
+            raise
+        except (http.client.HTTPException, OSError) as exc:
+            raise EngineUnanswered(str(exc) or type(exc).__name__) from exc
+        finally:
+            conn.close()
+        if response.status not in ok:
+            raise EngineAPIError(response.status, _message(data, response.status))
+        return data
+
     # -- containers -----------------------------------------------------------------------------
     def containers(self, label_filters: list[str]) -> list[dict[str, Any]]:
         query = urllib.parse.urlencode({"all": "1", "filters": json.dumps({"label": label_filters})})
@@ -164,6 +185,50 @@ class EngineAPI:
         if status != 200:
             raise EngineAPIError(status, _message(data, status))
         return data
+
+    def create_container(self, config: dict[str, Any], name: str) -> str:
+        """POST /containers/create with a full config (see _box_container); the new container's id."""
+        query = urllib.parse.urlencode({"name": name})
+        return str(self._write("POST", f"/containers/create?{query}", config, ok=(201,))["Id"])
+
+    def start_container(self, container: str) -> None:
+        self._write("POST", f"/containers/{_quote(container)}/start", ok=(204, 304))
+
+    def wait_container(self, container: str) -> int:
+        """Wait for the container to exit; its exit code."""
+        return int((self._write("POST", f"/containers/{_quote(container)}/wait", ok=(200,)) or {}).get("StatusCode", -1))
+
+    def remove_container(self, container: str, *, force: bool = True, volumes: bool = True) -> None:
+        query = urllib.parse.urlencode({"force": int(force), "v": int(volumes)})
+        self._write("DELETE", f"/containers/{_quote(container)}?{query}", ok=(204,))
+
+    # -- volumes --------------------------------------------------------------------------------
+    def create_volume(
+        self, name: str, labels: dict[str, str], driver: str | None = None, driver_opts: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        """The volume's attributes (Name, Labels, Mountpoint...); an existing volume of that name
+        is answered as it is, labels included, as `docker volume create` does."""
+        body: dict[str, Any] = {"Name": name, "Labels": labels}
+        if driver:
+            body["Driver"] = driver
+        if driver_opts:
+            body["DriverOpts"] = driver_opts
+        return self._write("POST", "/volumes/create", body, ok=(200, 201)) or {}
+
+    def volumes(self, label_filters: list[str]) -> list[dict[str, Any]]:
+        query = urllib.parse.urlencode({"filters": json.dumps({"label": label_filters})})
+        return (self._checked("GET", f"/volumes?{query}") or {}).get("Volumes") or []
+
+    def inspect_volume(self, name: str) -> dict[str, Any] | None:
+        status, data = self._json_call("GET", f"/volumes/{_quote(name)}")
+        if status == 404:
+            return None
+        if status != 200:
+            raise EngineAPIError(status, _message(data, status))
+        return data
+
+    def remove_volume(self, name: str, *, force: bool = True) -> None:
+        self._write("DELETE", f"/volumes/{_quote(name)}?force={int(force)}", ok=(204,))
 
     # -- exec -----------------------------------------------------------------------------------
     def exec(

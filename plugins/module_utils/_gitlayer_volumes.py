@@ -1,13 +1,15 @@
 # Copyright (c) agentbox.box contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The git layers' Docker volumes (local engine): made, removed and rescued through a docker SDK client.
+"""The git layers' Docker volumes (local engine): made, removed and rescued through an engine client.
 
 What a layer is and why it exists is in _gitlayer (the trust boundary); this is the engine side of it,
-used by the Docker provider when it creates and removes a box.
+used by the Docker provider when it creates and removes a box. `engine` is the provider's client:
+_engine_api.EngineAPI, or _engine_sdk.SDKEngine for the engines only the SDK reaches (same methods).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -24,7 +26,7 @@ def layer_names(box: str, box_id: str, index: int) -> tuple[str, str, str]:
     return stem, f"{stem}-upper", f"{stem}-work"
 
 
-def create_layers(client: Any, box: str, box_id: str, labels: dict[str, str], paths: list[str]) -> dict[str, str]:
+def create_layers(engine: Any, box: str, box_id: str, labels: dict[str, str], paths: list[str]) -> dict[str, str]:
     """Make the volumes; {overlay volume: host .git path} to mount at that same path.
 
     On failure the volumes made so far are removed before the error goes on.
@@ -36,57 +38,52 @@ def create_layers(client: Any, box: str, box_id: str, labels: dict[str, str], pa
                 box=box,
                 operation="create",
             )
-    made: list[Any] = []
+    made: list[str] = []
     mounts: dict[str, str] = {}
     tagged = {**labels, label("kind"): KIND}
     try:
         for index, path in enumerate(paths):
             overlay, upper_name, work_name = layer_names(box, box_id, index)
-            upper = client.volumes.create(name=upper_name, labels=tagged)
-            made.append(upper)
-            work = client.volumes.create(name=work_name, labels=tagged)
-            made.append(work)
-            options = f"lowerdir={path},upperdir={upper.attrs['Mountpoint']},workdir={work.attrs['Mountpoint']}"
-            layer = client.volumes.create(
-                name=overlay,
-                driver="local",
-                driver_opts={"type": "overlay", "device": "overlay", "o": options},
-                labels=tagged,
-            )
-            made.insert(0, layer)
+            upper = engine.create_volume(upper_name, tagged)
+            made.append(upper_name)
+            work = engine.create_volume(work_name, tagged)
+            made.append(work_name)
+            options = f"lowerdir={path},upperdir={upper['Mountpoint']},workdir={work['Mountpoint']}"
+            engine.create_volume(overlay, tagged, "local", {"type": "overlay", "device": "overlay", "o": options})
+            made.insert(0, overlay)
             mounts[overlay] = path
     except BaseException:
-        _remove(made)
+        _remove(engine, made)
         raise
     return mounts
 
 
-def remove_layers(client: Any, box: str, box_id: str | None = None) -> list[str]:
+def remove_layers(engine: Any, box: str, box_id: str | None = None) -> list[str]:
     """Remove every git layer volume of the box called `box` (of that id only, when given; found
     by labels); their names."""
     wanted = [f"{label('box')}={box}", f"{label('kind')}={KIND}", *([f"{label('id')}={box_id}"] if box_id else [])]
-    volumes = client.volumes.list(filters={"label": wanted})
-    overlays = [volume for volume in volumes if not volume.name.endswith(("-upper", "-work"))]
-    removed = _remove(overlays)
+    names = [str(volume.get("Name", "")) for volume in engine.volumes(wanted)]
+    overlays = [name for name in names if not name.endswith(("-upper", "-work"))]
+    removed = _remove(engine, overlays)
     # An overlay still there is mounted by a container (another create of this name, racing):
     # its upper and work volumes stay with it.
-    kept = {volume.name for volume in overlays if volume.name not in removed}
-    layers = [volume for volume in volumes if volume not in overlays and volume.name.rsplit("-", 1)[0] not in kept]
-    return removed + _remove(layers)
+    kept = {name for name in overlays if name not in removed}
+    layers = [name for name in names if name not in overlays and name.rsplit("-", 1)[0] not in kept]
+    return removed + _remove(engine, layers)
 
 
-def _remove(volumes: list[Any]) -> list[str]:
+def _remove(engine: Any, names: list[str]) -> list[str]:
     removed = []
-    for volume in volumes:
+    for name in names:
         try:
-            volume.remove(force=True)
-            removed.append(volume.name)
+            engine.remove_volume(name, force=True)
+            removed.append(name)
         except Exception:  # noqa: BLE001 - one volume that will not go must not keep the others
             pass
     return removed
 
 
-def rescue_commits(client: Any, box: str) -> list[str]:
+def rescue_commits(engine: Any, box: str) -> list[str]:
     """A box whose container was removed by hand (`docker rm -f`) left its git layers, holding
     commits never fetched. Bring each repository's box branch into the host from them, the usual
     way: a throwaway container of the box's image mounts the layer, bundles the branch as the box
@@ -99,12 +96,13 @@ def rescue_commits(client: Any, box: str) -> list[str]:
     from . import _git
 
     moved: list[str] = []
-    volumes = client.volumes.list(filters={"label": [f"{label('box')}={box}", f"{label('kind')}={KIND}"]})
+    volumes = engine.volumes([f"{label('box')}={box}", f"{label('kind')}={KIND}"])
     for volume in volumes:
-        if volume.name.endswith(("-upper", "-work")):
+        volume_name = str(volume.get("Name", ""))
+        if volume_name.endswith(("-upper", "-work")):
             continue
-        labels = {key.removeprefix(label("")): value for key, value in (volume.attrs.get("Labels") or {}).items()}
-        options = dict(part.partition("=")[::2] for part in (volume.attrs.get("Options") or {}).get("o", "").split(","))
+        labels = {key.removeprefix(label("")): value for key, value in (volume.get("Labels") or {}).items()}
+        options = dict(part.partition("=")[::2] for part in (volume.get("Options") or {}).get("o", "").split(","))
         lower, branch, workspace = options.get("lowerdir", ""), labels.get("branch", ""), labels.get("workspace", "")
         try:
             records = json.loads(labels.get("worktrees") or "[]")
@@ -123,17 +121,10 @@ def rescue_commits(client: Any, box: str) -> list[str]:
             try:
                 os.chmod(scratch, 0o777)  # the box user writes the bundle; the host only reads it through git
                 script = 'git -c safe.directory="*" --git-dir="$1" bundle create -q /out/rescue.bundle "refs/heads/$2" "^$3"'
-                try:
-                    client.containers.run(
-                        labels.get("image") or "agentbox/box:latest",
-                        ["sh", "-c", script, "rescue", git_dir, branch, base],
-                        user="1000:1000",
-                        network_disabled=True,
-                        remove=True,
-                        volumes={volume.name: {"bind": lower, "mode": "rw"}, scratch: {"bind": "/out", "mode": "rw"}},
-                    )
-                except Exception:  # noqa: BLE001 - no new commits (empty bundle) or an unreadable layer
-                    continue
+                binds = [f"{volume_name}:{lower}:rw", f"{scratch}:/out:rw"]
+                if _run_once(engine, labels.get("image") or "agentbox/box:latest",
+                             ["sh", "-c", script, "rescue", git_dir, branch, base], binds) != 0:
+                    continue  # no new commits (empty bundle) or an unreadable layer
                 bundle = os.path.join(scratch, "rescue.bundle")
                 if not os.path.isfile(bundle) or os.path.islink(bundle):
                     continue
@@ -147,3 +138,27 @@ def rescue_commits(client: Any, box: str) -> list[str]:
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
     return moved
+
+
+def _run_once(engine: Any, image: str, argv: list[str], binds: list[str]) -> int:
+    """`docker run --rm --network none -u 1000:1000`: its exit code, -1 when it could not run."""
+    config = {
+        "Image": image,
+        "Cmd": argv,
+        "User": "1000:1000",
+        "NetworkDisabled": True,
+        "Volumes": {bind.split(":")[1]: {} for bind in binds},
+        "HostConfig": {"Binds": binds, "NetworkMode": "none"},
+    }
+    try:
+        container = engine.create_container(config, "")
+    except Exception:  # noqa: BLE001 - no image, no engine: nothing rescued
+        return -1
+    try:
+        engine.start_container(container)
+        return engine.wait_container(container)
+    except Exception:  # noqa: BLE001
+        return -1
+    finally:
+        with contextlib.suppress(Exception):
+            engine.remove_container(container, force=True, volumes=True)

@@ -47,12 +47,14 @@ RANKS: dict[str, int] = {
     "_relay_state": HOST,
     "_relay_channel": HOST,
     "_filetar": HOST,
+    "_box_container": HOST,
     # 2 the provider interface.
     "_provider": INTERFACE,
     "_checkpoint_records": INTERFACE,
     "_boot": INTERFACE,
     # 3 transports: the Engine API, SSH, the cloud SDK wrappers, the relay's channels into a box.
     "_engine_api": TRANSPORT,
+    "_engine_sdk": TRANSPORT,
     "_ssh": TRANSPORT,
     "_boxd_api": TRANSPORT,
     "_daytona_ssh": TRANSPORT,

@@ -1,0 +1,98 @@
+# Copyright (c) agentbox.box contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The Engine API calls of a box's create and removal over a Docker SDK client, for the engines the
+standard-library client (_engine_api) cannot reach: TLS and ssh:// (docker_ssh).
+
+Same method names, arguments, answers and errors as _engine_api.EngineAPI, so the provider has one
+code path for every engine; the body of a container is the same JSON either way (_box_container).
+
+Note that this module_utils is PRIVATE to the collection: it can change at any time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from ._engine_api import EngineAPIError, EngineUnanswered
+
+
+@contextlib.contextmanager
+def _errors() -> Iterator[None]:
+    """The SDK's errors as _engine_api's: an answer with a status, or no answer."""
+    from docker import errors  # the client exists, so the SDK is already loaded
+
+    try:
+        yield
+    except errors.APIError as exc:
+        raise EngineAPIError(exc.status_code or 0, str(exc.explanation or exc)) from exc
+    except errors.DockerException as exc:
+        raise EngineAPIError(0, str(getattr(exc, "explanation", None) or exc)) from exc
+    except OSError as exc:
+        raise EngineUnanswered(str(exc)) from exc
+
+
+class SDKEngine:
+    """_engine_api.EngineAPI's create/remove calls, made by a docker.APIClient."""
+
+    def __init__(self, api: Any, where: str):
+        self._api = api
+        self.where = where
+
+    def create_container(self, config: dict[str, Any], name: str) -> str:
+        with _errors():
+            return str(self._api.create_container_from_config(config, name)["Id"])
+
+    def start_container(self, container: str) -> None:
+        with _errors():
+            self._api.start(container)
+
+    def wait_container(self, container: str) -> int:
+        with _errors():
+            return int(self._api.wait(container).get("StatusCode", -1))
+
+    def remove_container(self, container: str, *, force: bool = True, volumes: bool = True) -> None:
+        with _errors():
+            self._api.remove_container(container, force=force, v=volumes)
+
+    def inspect_container(self, container: str) -> dict[str, Any] | None:
+        try:
+            with _errors():
+                return self._api.inspect_container(container)
+        except EngineAPIError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def inspect_image(self, image: str) -> dict[str, Any] | None:
+        try:
+            with _errors():
+                return self._api.inspect_image(image)
+        except EngineAPIError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def create_volume(
+        self, name: str, labels: dict[str, str], driver: str | None = None, driver_opts: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        with _errors():
+            return self._api.create_volume(name=name, driver=driver, driver_opts=driver_opts, labels=labels) or {}
+
+    def volumes(self, label_filters: list[str]) -> list[dict[str, Any]]:
+        with _errors():
+            return (self._api.volumes(filters={"label": label_filters}) or {}).get("Volumes") or []
+
+    def inspect_volume(self, name: str) -> dict[str, Any] | None:
+        try:
+            with _errors():
+                return self._api.inspect_volume(name)
+        except EngineAPIError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def remove_volume(self, name: str, *, force: bool = True) -> None:
+        with _errors():
+            self._api.remove_volume(name, force=force)
