@@ -14,6 +14,9 @@ AGENTBOX_SSH_CONFIG names another config file to read instead of ~/.ssh/config.
 
 Every failure to reach an engine raises EngineUnreachable (or a subclass) with a message that
 names the engine and says what to do; connecting never takes longer than CONNECT_TIMEOUT.
+
+This file is the connection and what it offers; the dial-stdio HTTP adapter the Docker SDK rides
+is _ssh_dial, a local port forward's listener and byte pump is _ssh_forward.
 """
 
 from __future__ import annotations
@@ -29,13 +32,15 @@ import shlex
 import socket
 import threading
 from collections.abc import Iterable
-from typing import Any, Self
+from typing import Any
 
 from ._errors import EngineUnreachable, ProviderError
 
 # Re-exported: _access and tests use them by these names.
 from ._host_files import SSH_CONFIG_ENV  # noqa: F401  # pylint: disable=unused-import
 from ._host_files import ssh_config_file as config_path
+from ._ssh_dial import HAS_DOCKER_SDK, DialStdioAdapter
+from ._ssh_forward import LocalForward
 
 try:
     import paramiko
@@ -49,8 +54,6 @@ except ImportError as exc:  # pragma: no cover - reported when a remote engine i
 CONNECT_TIMEOUT = 10.0
 KEEPALIVE_SECONDS = 30
 DEFAULT_KEY_NAMES = ("id_ed25519", "id_ecdsa", "id_rsa")
-# A dial-stdio channel carries one HTTP connection; the SDK pools up to this many per engine.
-MAX_POOL_SIZE = 16
 
 
 class HostKeyUnknown(EngineUnreachable):
@@ -504,94 +507,7 @@ atexit.register(close_all)
 
 
 # --------------------------------------------------------------------------------------------
-# The docker SDK over the connection
-
-if HAS_PARAMIKO:
-    try:
-        import urllib3
-        import urllib3.connection
-        import urllib3.connectionpool
-        from docker.transport.basehttpadapter import BaseHTTPAdapter
-
-        HAS_DOCKER_SDK = True
-    except ImportError:  # pragma: no cover - _docker reports the missing SDK
-        HAS_DOCKER_SDK = False
-else:  # pragma: no cover
-    HAS_DOCKER_SDK = False
-
-if HAS_DOCKER_SDK:
-
-    class _DialStdioConnection(urllib3.connection.HTTPConnection):
-        """One HTTP connection = one SSH channel running `docker system dial-stdio`."""
-
-        def __init__(self, engine: EngineConnection, timeout: float):
-            super().__init__("localhost", timeout=timeout)
-            self._engine = engine
-            self._channel_timeout = timeout
-
-        def connect(self) -> None:
-            try:
-                channel = self._engine.open_exec_channel(f"{shlex.quote(self._engine.docker_path())} system dial-stdio")
-            except paramiko.SSHException as exc:
-                raise EngineUnreachable(f"engine {self._engine.engine}: opening a channel failed ({exc})") from exc
-            channel.settimeout(self._channel_timeout)
-            self.sock = channel
-
-    class _DialStdioPool(urllib3.connectionpool.HTTPConnectionPool):
-        scheme = "ssh"
-
-        def __init__(self, engine: EngineConnection, timeout: float, maxsize: int):
-            super().__init__("localhost", timeout=timeout, maxsize=maxsize)
-            self._engine = engine
-            self._timeout = timeout
-
-        def _new_conn(self) -> Any:
-            return _DialStdioConnection(self._engine, self._timeout)
-
-        def _get_conn(self, timeout: float | None = None) -> Any:
-            # Like the SDK's own SSH pool: never block waiting for a free channel, open another.
-            conn = None
-            try:
-                conn = self.pool.get(block=False) if self.pool is not None else None
-            except Exception:  # noqa: BLE001 - queue.Empty
-                conn = None
-            if self.pool is None:
-                raise urllib3.exceptions.ClosedPoolError(self, "Pool is closed.")
-            if conn is not None and not _channel_usable(conn.sock):
-                conn.close()  # the engine closed it, or the SSH link dropped since: open a fresh one
-                conn = None
-            return conn or self._new_conn()
-
-    def _channel_usable(channel: Any) -> bool:
-        if channel is None or channel.closed or channel.eof_received:
-            return False
-        transport = channel.get_transport()
-        return transport is not None and transport.is_active()
-
-    class _DialStdioAdapter(BaseHTTPAdapter):
-        def __init__(self, engine: EngineConnection, timeout: float, max_pool_size: int = MAX_POOL_SIZE):
-            super().__init__()
-            self._engine = engine
-            self._timeout = timeout
-            self._max_pool_size = max_pool_size
-            self._pool: _DialStdioPool | None = None
-            self._pool_pid = 0
-            self._pool_lock = threading.Lock()
-
-        def get_connection(self, url: Any, proxies: Any = None) -> Any:
-            with self._pool_lock:
-                # After a fork the pooled channels belong to the parent's session: start afresh.
-                if self._pool is None or self._pool_pid != os.getpid():
-                    self._pool = _DialStdioPool(self._engine, self._timeout, self._max_pool_size)
-                    self._pool_pid = os.getpid()
-                return self._pool
-
-        def close(self) -> None:
-            # The SSH connection is shared by every client of this engine: only drop our channels.
-            with self._pool_lock:
-                if self._pool is not None and self._pool_pid == os.getpid():
-                    self._pool.close()
-                self._pool = None
+# The docker SDK over the connection (the channel adapter is _ssh_dial)
 
 
 def docker_client_over_ssh(
@@ -625,7 +541,7 @@ def docker_client_over_ssh(
     # and mount the SSH adapter over it.
     client = docker.DockerClient(base_url="unix:///var/run/agentbox-unused.sock", version="1.41", timeout=timeout)
     api = client.api
-    adapter = _DialStdioAdapter(connection, timeout)
+    adapter = DialStdioAdapter(connection, timeout)
     api.mount("http+docker://ssh", adapter)
     api._custom_adapter = adapter
     api.base_url = "http+docker://ssh"
@@ -643,91 +559,7 @@ def _version_tuple(version: str) -> tuple[int, ...]:
 
 
 # --------------------------------------------------------------------------------------------
-# Local port forwards
-
-
-class LocalForward:
-    """127.0.0.1:<local_port> on the controller → 127.0.0.1:<remote_port> on the engine."""
-
-    def __init__(self, connection: EngineConnection, remote_port: int, local_port: int = 0):
-        self.connection = connection
-        self.remote_port = remote_port
-        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            self._listener.bind(("127.0.0.1", local_port))
-        except OSError as exc:
-            self._listener.close()
-            raise ProviderError(
-                f"cannot listen on 127.0.0.1:{local_port} for a forward to engine {connection.engine}: {exc.strerror}; "
-                "pick another local port or 0 for any free one"
-            ) from exc
-        self._listener.listen(16)
-        self.local_port = self._listener.getsockname()[1]
-        self._closed = threading.Event()
-        self._thread = threading.Thread(target=self._accept_loop, daemon=True, name=f"forward-{self.local_port}")
-        self._thread.start()
-
-    def _accept_loop(self) -> None:
-        while not self._closed.is_set():
-            try:
-                client, peer = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client, peer), daemon=True).start()
-
-    def _serve(self, client: socket.socket, peer: tuple) -> None:
-        try:
-            channel = self.connection.transport().open_channel(
-                "direct-tcpip", ("127.0.0.1", self.remote_port), peer, timeout=CONNECT_TIMEOUT
-            )
-        except (paramiko.SSHException, OSError, EngineUnreachable):
-            client.close()
-            return
-        try:
-            _pump(client, channel, self._closed)
-        finally:
-            channel.close()
-            client.close()
-
-    def close(self) -> None:
-        self._closed.set()
-        try:
-            self._listener.close()
-        except OSError:
-            pass
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _pump(client: socket.socket, channel: Any, closed: threading.Event) -> None:
-    while not closed.is_set():
-        readable, _writable, _failed = select.select([client, channel], [], [], 1.0)
-        if client in readable:
-            data = client.recv(1 << 16)
-            if not data:
-                channel.shutdown_write()
-                break
-            channel.sendall(data)
-        if channel in readable:
-            data = channel.recv(1 << 16)
-            if not data:
-                break
-            client.sendall(data)
-    # Drain what the engine still sends after the controller side finished writing.
-    while not closed.is_set():
-        readable, _writable, _failed = select.select([channel], [], [], 1.0)
-        if channel in readable:
-            data = channel.recv(1 << 16)
-            if not data:
-                return
-            client.sendall(data)
-        elif channel.closed or channel.eof_received:
-            return
+# Local port forwards (the forward itself is _ssh_forward)
 
 
 def open_local_forward(
@@ -740,7 +572,7 @@ def open_local_forward(
     over the engine's SSH connection to 127.0.0.1:remote_port on the engine (where box ports are
     published). The forward lives until close() or the end of the process."""
     connection = connection_for(engine, **ssh_options)
-    return LocalForward(connection, int(remote_port), int(local_port))
+    return LocalForward(connection, int(remote_port), int(local_port), channel_timeout=CONNECT_TIMEOUT)
 
 
 def start_forward_daemon(
@@ -776,7 +608,7 @@ def start_forward_daemon(
             os.write(write_end, f"ok {os.getpid()} {forward.local_port}".encode())
             os.close(write_end)
             while forward.connection.transport().is_active():
-                forward._closed.wait(5)
+                forward.wait(5)
         except Exception:  # noqa: BLE001 - a daemon has nobody to tell; it just ends
             code = 1
         os._exit(code)

@@ -56,6 +56,8 @@ RANKS: dict[str, int] = {
     "_engine_api": TRANSPORT,
     "_engine_sdk": TRANSPORT,
     "_ssh": TRANSPORT,
+    "_ssh_dial": TRANSPORT,
+    "_ssh_forward": TRANSPORT,
     "_boxd_api": TRANSPORT,
     "_daytona_ssh": TRANSPORT,
     "_daytona_api": TRANSPORT,
