@@ -39,7 +39,7 @@ from ._errors import EngineUnreachable, ProviderError
 # Re-exported: _access and tests use them by these names.
 from ._host_files import SSH_CONFIG_ENV  # noqa: F401  # pylint: disable=unused-import
 from ._host_files import ssh_config_file as config_path
-from ._ssh_dial import HAS_DOCKER_SDK, DialStdioAdapter
+from ._ssh_dial import HAS_DOCKER_SDK, dial_stdio_adapter
 from ._ssh_forward import LocalForward
 
 try:
@@ -541,7 +541,7 @@ def docker_client_over_ssh(
     # and mount the SSH adapter over it.
     client = docker.DockerClient(base_url="unix:///var/run/agentbox-unused.sock", version="1.41", timeout=timeout)
     api = client.api
-    adapter = DialStdioAdapter(connection, timeout)
+    adapter = dial_stdio_adapter(connection, timeout)
     api.mount("http+docker://ssh", adapter)
     api._custom_adapter = adapter
     api.base_url = "http+docker://ssh"

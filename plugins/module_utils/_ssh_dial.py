@@ -104,3 +104,8 @@ if HAS_DOCKER_SDK:
                 if self._pool is not None and self._pool_pid == os.getpid():
                     self._pool.close()
                 self._pool = None
+
+
+def dial_stdio_adapter(engine: Any, timeout: float) -> Any:
+    """The adapter to mount on a docker.APIClient (defined only when the SDK imports, hence this call)."""
+    return DialStdioAdapter(engine, timeout)
