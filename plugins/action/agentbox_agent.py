@@ -12,7 +12,7 @@ from typing import Any
 
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.agentbox.box.plugins.module_utils._agent import AGENT_ARGUMENT_SPEC, run_agent_task
+from ansible_collections.agentbox.box.plugins.module_utils._agent_task import AGENT_ARGUMENT_SPEC, run_agent_task
 from ansible_collections.agentbox.box.plugins.module_utils._module import (
     PROVIDER_ARGUMENT_SPEC,
     failure,

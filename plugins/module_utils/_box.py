@@ -17,8 +17,7 @@ from typing import Any
 
 from . import _agent, _git, _gitlayer, _journal, _naming, _preflight, _relay_state, _rollback, _seed
 from ._boot import BOOT_COMMAND, boot_box  # below the providers, which run it after a restart
-from ._box_data import worktree_records
-from ._provider import BoxFacts, BoxSpec, Provider, ProviderError
+from ._provider import BoxFacts, BoxSpec, Provider, ProviderError, worktree_records
 
 DEFAULT_IMAGE = "agentbox/box:latest"
 WEB_PORT = 80

@@ -18,7 +18,6 @@ import re
 from typing import Any
 
 from ._errors import ProviderError
-from ._provider import BoxFacts
 from ._relay_protocol import RequestError, check_branch_name
 
 # Where the workspace is inside every box.
@@ -184,14 +183,3 @@ def _conflict(raw: Any, where: str, box: str) -> dict[str, str]:
 def _shown(value: Any) -> str:
     shown = repr(value)
     return shown if len(shown) <= 80 else shown[:77] + "..."
-
-
-def worktree_records(facts: BoxFacts) -> list[dict[str, str]]:
-    """The box's worktrees as its `worktrees` label records them ([] when it has none)."""
-    raw = facts.labels.get("worktrees")
-    if not raw:
-        return []
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return []

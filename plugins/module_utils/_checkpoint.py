@@ -18,9 +18,10 @@ environment holds the value of one of its secrets.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-from . import _checkpoint_records
+from . import _checkpoint_records, _gitlayer
 from ._checkpoint_records import (
     COLLECTION_VERSION,
     DEFAULT_MAX_LAYERS,
@@ -38,7 +39,7 @@ from ._checkpoint_records import (
 )
 from ._image_flatten import EXCLUDED_FROM_FLATTEN, config_changes, filter_tar, flatten
 from ._image_store import LABEL_KEYS, labels_to_record, record_to_labels
-from ._provider import BoxFacts, Provider
+from ._provider import BoxFacts, Provider, worktree_records
 from ._restore import RESTORE_SCRIPT, RestorePlan, RestoreResult, plan_restore, restore_workspace
 
 # The checkpoint API the modules, _box, _relay_ops and the tests use, whichever file defines it.
@@ -102,6 +103,9 @@ def plan_capture(
 
 def capture(provider: Provider, plan: CapturePlan, cleanup: bool = True) -> dict[str, Any]:
     """Take the checkpoint planned by plan_capture. Nothing half-made is left on failure."""
+    if plan.heads is None and provider.shares_host_filesystem and _gitlayer.has_layers(plan.facts):
+        # A workflow step (it imports the box's work into the host first), so done here, not in the store.
+        plan = dataclasses.replace(plan, heads=_gitlayer.box_heads(provider, plan.facts, worktree_records(plan.facts)))
     return provider.checkpoint_store().capture(plan, cleanup)
 
 

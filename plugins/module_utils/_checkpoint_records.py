@@ -228,6 +228,9 @@ class CapturePlan:
     layers: int
     replaces: Checkpoint | None
     numbered: bool
+    # The box's worktree heads when the workflow read them (a box with git layers, whose heads are in
+    # its layer and are brought into the host first: _gitlayer.box_heads); None: the store reads them.
+    heads: list[dict[str, str]] | None = None
 
 
 def guard_secrets(provider: Provider, facts: BoxFacts, container_env: list[str]) -> None:

@@ -22,8 +22,7 @@ import shutil
 import time
 from typing import Any
 
-from . import _ckpt_env, _git, _gitlayer, _naming
-from ._box_data import worktree_records
+from . import _ckpt_env, _git, _naming
 from ._checkpoint_records import (
     COLLECTION_VERSION,
     DEFAULT_MAX_LAYERS,
@@ -49,7 +48,7 @@ from ._checkpoint_records import (
     write_json,
 )
 from ._image_flatten import flatten, image_or_none, own_env
-from ._provider import BoxFacts, Provider
+from ._provider import BoxFacts, Provider, worktree_records
 
 CHECKPOINT_REF_PREFIX = "refs/agentbox/checkpoints/"
 TEMP_TAG_MARK = ".partial-"
@@ -179,11 +178,9 @@ def _all_manifest_images() -> set[str]:
 
 
 def worktree_heads(provider: Provider, facts: BoxFacts) -> list[dict[str, str]]:
-    """[{sub, git_dir, path, branch, commit}] of the box's worktrees, read on the host."""
+    """[{sub, git_dir, path, branch, commit}] of the box's worktrees, read on the host (a box without
+    git layers: its worktrees are registered in the host's .git)."""
     records = worktree_records(facts)
-    if _gitlayer.has_layers(facts):
-        # The box's worktrees are registered in its git layer, not in the host's .git.
-        return _gitlayer.box_heads(provider, facts, records)
     heads = []
     for record in records:
         listing = _git.git(record["git_dir"], f"--git-dir={record['git_dir']}", "worktree", "list", "--porcelain")
@@ -369,7 +366,10 @@ class ImageStore:
             guard_secrets(provider, facts, config.get("Env") or [])
         else:
             warnings.append(f"the box is {facts.state}: captured without the in-box cleanup (start it to have it run)")
-        heads = worktree_heads(provider, facts) if provider.shares_host_filesystem else []
+        if plan.heads is not None:
+            heads = plan.heads  # a box with git layers: its worktrees are in its layer, read by _checkpoint
+        else:
+            heads = worktree_heads(provider, facts) if provider.shares_host_filesystem else []
         if not heads and running and facts.branch:
             heads = in_box_head(provider, facts)
         box_labels, box_image_id = self.box_image_labels(facts)

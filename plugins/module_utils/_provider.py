@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import json
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
@@ -83,6 +84,17 @@ class BoxFacts:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def worktree_records(facts: BoxFacts) -> list[dict[str, str]]:
+    """The box's worktrees as its `worktrees` label records them ([] when it has none)."""
+    raw = facts.labels.get("worktrees")
+    if not raw:
+        return []
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return []
 
 
 class Provider(abc.ABC):

@@ -110,7 +110,7 @@ def restore_workspace(
             "the workspace is not a git repository: /workspace is the checkpoint's, as captured "
             "(host files were not copied over it)"
         )
-        _seed._finish(provider, box, None, result)
+        _seed.finish(provider, box, None, result)
         return result
     if not plans:
         return _restore_clones(plan, provider, box, repos, carry, result)
@@ -163,7 +163,7 @@ def restore_workspace(
     if not owned_by_box:
         for wt_plan in plans:
             provider.exec(box, ["chown", "-R", f"{_seed.BOX_UID}:{_seed.BOX_UID}", wt_plan.path + "/"], user="root")
-    _seed._finish(provider, box, plans[0].path, result)
+    _seed.finish(provider, box, plans[0].path, result)
     return result
 
 
@@ -191,7 +191,7 @@ def _restore_clones(
             staged = _ship.stage_repo(repo, RESTORE_HOST_BRANCH, state.stash, depth, workdir)
             source = f"/tmp/.agentbox-restore-{number}"
             provider.exec(box, ["mkdir", "-p", source], user="vscode").check(f"making {source}", box)
-            _ship._upload(provider, box, source, tar_of_tree(staged.path), f"the host state of {repo.root}")
+            _ship.upload(provider, box, source, tar_of_tree(staged.path), f"the host state of {repo.root}")
             jobs.append(
                 {
                     "mode": "clone",
@@ -206,7 +206,7 @@ def _restore_clones(
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     _run_restore(provider, plan, box, repos, jobs, carry, result, {r.sub: r.root for r in repos}, True)
-    _seed._finish(provider, box, None, result)
+    _seed.finish(provider, box, None, result)
     return result
 
 

@@ -191,7 +191,3 @@ def read_seed_record(provider: Provider, box: str) -> dict[str, Any] | None:
 def capture_all(repos: list[Repo]) -> dict[str, CarryOver]:
     nested = [repo.sub for repo in repos if repo.sub]
     return {repo.sub: capture_carry_over(repo, skip_dirs=nested if not repo.sub else None) for repo in repos}
-
-
-# The old name, still called by _checkpoint (being split elsewhere); new code calls finish.
-_finish = finish

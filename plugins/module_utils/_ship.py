@@ -195,7 +195,7 @@ def _ship_one(
 ) -> None:
     target = box_path(repo.sub)
     provider.exec(box, ["mkdir", "-p", target], user="vscode").check(f"making {target}", box)
-    _upload(provider, box, target, tar_of_tree(staged.path), f"the repository {repo.root} ({_mb(staged.pack_bytes)})")
+    upload(provider, box, target, tar_of_tree(staged.path), f"the repository {repo.root} ({_mb(staged.pack_bytes)})")
     run = provider.exec(
         box,
         ["bash", "-c", _CHECKOUT_SCRIPT, "ship", target, branch, staged.head, CARRY_REF if state.stash else "",
@@ -206,7 +206,7 @@ def _ship_one(
     if run.stderr.strip():
         result.warnings.append(f"{repo.root}: {run.stderr.decode('utf-8', 'replace').strip()}")
     if state.untracked:
-        _upload(provider, box, target, tar_of_paths(repo.root, state.untracked), f"untracked files of {repo.root}")
+        upload(provider, box, target, tar_of_paths(repo.root, state.untracked), f"untracked files of {repo.root}")
     result.modified += state.modified
     result.deleted += state.deleted
     result.renamed += state.renamed
@@ -229,7 +229,8 @@ def _mb(size: int) -> str:
     return f"{size / 1e6:.1f} MB"
 
 
-def _upload(provider: Provider, box: str, target: str, stream: Iterable[bytes], what: str) -> None:
+def upload(provider: Provider, box: str, target: str, stream: Iterable[bytes], what: str) -> None:
+    """put_archive with a failure that names what was sent and says when the engine's disk is full."""
     try:
         provider.put_archive(box, target, stream)
     except ProviderError as exc:

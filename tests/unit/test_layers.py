@@ -100,27 +100,20 @@ RANKS: dict[str, int] = {
     "_relay_server": WORKFLOW,
     # 7 Ansible glue and command-line entry points.
     "_box_task": GLUE,
+    "_agent_task": GLUE,
     "_wake": GLUE,
     "_relay_main": GLUE,
     "_providers": GLUE,
 }
 
 # (importer, imported): an import of a higher rank that exists today, and why.
-KNOWN_UPWARD: dict[tuple[str, str], str] = {
-    ("_box_data", "_provider"): "BoxFacts, the interface's dataclass, in the checks on what a box wrote",
-    ("_image_store", "_gitlayer"): "a local box's worktree heads are read from its git layer (_gitlayer.box_heads)",
-}
+KNOWN_UPWARD: dict[tuple[str, str], str] = {}
 
 # Strongly connected components among files of one rank that exist today (sorted tuples).
-KNOWN_CYCLES: dict[tuple[str, ...], str] = {
-    ("_agent", "_box"): "_box starts agents; _agent calls back into _box",
-}
+KNOWN_CYCLES: dict[tuple[str, ...], str] = {}
 
 # (user, owner, name): a private name of another file used today.
-KNOWN_PRIVATE: dict[tuple[str, str, str], str] = {
-    ("_restore", "_seed", "_finish"): "a restore finishes a seed the way _seed does",
-    ("_restore", "_ship", "_upload"): "a restore re-ships the host's carry-over with _ship's upload",
-}
+KNOWN_PRIVATE: dict[tuple[str, str, str], str] = {}
 
 
 @dataclass(frozen=True)
