@@ -95,7 +95,7 @@ def create_box(provider: Provider, request: CreateRequest) -> Created:
         restore = _checkpoint.plan_restore(provider, project, checkpoint)
         image = restore.image
     image_transfer = None
-    if restore is None and provider.name == "docker_ssh":
+    if restore is None and provider.transfers_images:
         # A remote engine gets the image from the local one (or a registry) when it lacks it.
         from . import _image_transfer
 
@@ -370,7 +370,7 @@ def set_state(provider: Provider, facts: BoxFacts, state: str, boot: bool = True
     if state == "started":
         if facts.state == "paused":
             resumed = provider.resume(facts.name)
-            if provider.name == "daytona":
+            if provider.resume_restarts_processes:
                 # A Daytona pause is a stop: the keys' tmpfs is gone, and the alias gets a fresh token.
                 refresh_access(provider, resumed)
             return resumed

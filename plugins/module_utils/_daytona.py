@@ -87,6 +87,8 @@ class DaytonaProvider(DaytonaSandboxes, Provider):
     name = "daytona"
     shares_host_filesystem = False
     relay_channel = "poll"
+    resume_restarts_processes = True  # a pause is a stop
+    snapshot_stops_box = True
 
     def __init__(
         self,

@@ -202,6 +202,8 @@ class DockerProvider(Provider):
         # Only the local engine sees the controller's files (the workspace .git bind mounts).
         self.shares_host_filesystem = self._engine == "local"
         self.relay_channel = "socket" if self._engine == "local" else "tunnel"
+        self.transfers_images = self._engine != "local"  # a remote engine gets the local engine's images
+        self.thread_safe_client = self._engine == "local"
         self._ssh_options = ssh_options or {}
         # The per-task calls go straight to the engine's socket when the standard library can
         # reach it (the local engine without TLS); otherwise the SDK makes them too.

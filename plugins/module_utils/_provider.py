@@ -109,6 +109,17 @@ class Provider(abc.ABC):
     #: the engine's SSH connection) or 'poll' (the box cannot reach the host: the relay collects a
     #: queue in the box through exec, checking first that the box runs so a poll never wakes it).
     relay_channel: str = "socket"
+    # Capabilities: what differs between providers, asked by the workflows instead of a provider's name.
+    #: Boxes run on an engine that may lack the controller's images (a remote Docker engine): create
+    #: brings the image there first (_image_transfer.ensure_image).
+    transfers_images: bool = False
+    #: A resume restarts the box's processes and empties its tmpfs (a Daytona pause is a stop): the
+    #: box's keys and access are set up again after one.
+    resume_restarts_processes: bool = False
+    #: Taking a checkpoint stops the box (a Daytona snapshot): a request from inside the box is answered first.
+    snapshot_stops_box: bool = False
+    #: The provider's client may serve several threads at once (the local engine): per-box probes run side by side.
+    thread_safe_client: bool = False
 
     @property
     @abc.abstractmethod

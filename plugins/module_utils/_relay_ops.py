@@ -234,7 +234,7 @@ def checkpoint(provider: Provider, facts: BoxFacts, request: Request) -> Outcome
     from . import _checkpoint
 
     plan = _checkpoint.plan_capture(provider, facts, request.args["name"])  # every check, before the answer
-    if provider.name == "daytona":
+    if provider.snapshot_stops_box:
         # The snapshot stops the box, which would end the command waiting for this answer: answer first.
         text = (f"checkpoint {plan.name} (snapshot) is being taken: this box stops for it and starts again (its "
                 "processes restart); on the host, agentbox_checkpoint_info lists it once saved and the relay's "
