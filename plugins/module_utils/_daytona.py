@@ -28,11 +28,9 @@ from typing import Any
 from ._boot import boot_box
 
 # `name as name`: re-exported, the tests (and callers from before the split) read these names here.
-from ._daytona_api import DEFAULT_RETRIES as DEFAULT_RETRIES  # pylint: disable=useless-import-alias,unused-import
 from ._daytona_api import MAX_RETRY_AFTER as MAX_RETRY_AFTER  # pylint: disable=useless-import-alias,unused-import
 from ._daytona_api import RETRY_DEADLINE_SECONDS as RETRY_DEADLINE_SECONDS  # pylint: disable=useless-import-alias,unused-import
 from ._daytona_api import DaytonaAPI, make_client
-from ._daytona_api import DaytonaCallError as DaytonaCallError  # pylint: disable=useless-import-alias,unused-import
 from ._daytona_api import backoff_delay as backoff_delay  # pylint: disable=useless-import-alias,unused-import
 from ._daytona_api import is_retryable as is_retryable  # pylint: disable=useless-import-alias,unused-import
 from ._daytona_api import retry_after as retry_after  # pylint: disable=useless-import-alias,unused-import

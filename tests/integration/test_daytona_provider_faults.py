@@ -164,7 +164,7 @@ def test_rate_limited_upload_is_retried(emu: Emu, box: str) -> None:
 
 
 def test_persistent_500_fails_clearly_without_retrying(emu: Emu, box: str) -> None:
-    from ansible_collections.agentbox.box.plugins.module_utils._daytona import DaytonaCallError
+    from ansible_collections.agentbox.box.plugins.module_utils._daytona_api import DaytonaCallError
 
     provider = _provider(emu)
     since = len(emu.admin.requests())
@@ -178,7 +178,7 @@ def test_persistent_500_fails_clearly_without_retrying(emu: Emu, box: str) -> No
 
 
 def test_persistent_503_gives_up_after_the_bounded_retries(emu: Emu, box: str) -> None:
-    from ansible_collections.agentbox.box.plugins.module_utils._daytona import DEFAULT_RETRIES, DaytonaCallError
+    from ansible_collections.agentbox.box.plugins.module_utils._daytona_api import DEFAULT_RETRIES, DaytonaCallError
 
     provider = _provider(emu)
     since = len(emu.admin.requests())
