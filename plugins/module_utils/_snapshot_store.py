@@ -5,6 +5,9 @@ provider's `checkpoint_store()`, written once. A subclass says how its cloud nam
 deletes snapshots and what to check before a capture; the manifests, numbering, listing, restore plan,
 capture record, removal and prune are the same for both.
 
+Manifests are per provider, not per engine: one of another engine (another Daytona API, another
+boxd org) is not a checkpoint here, and its name is taken (as on the Docker engines, _image_store).
+
 Snapshot names carry the project and a nonce (a cloud may never let a name be used twice):
 `agentbox-ckpt-<project>-<checkpoint>-<8 hex>`; the host manifest maps the checkpoint name to it.
 """
@@ -27,6 +30,8 @@ from ._checkpoint_records import (
     CheckpointError,
     agentbox_home,
     captured,
+    engine_scope,
+    foreign,
     guard_secrets,
     in_box_head,
     next_number,
@@ -117,6 +122,8 @@ class SnapshotCheckpoints:
 
     def find(self, project: str, name: str) -> Any:
         record = read_json(self.manifest_path(project, name))
+        if foreign(self.provider, record):
+            return None  # that name is a checkpoint on another engine of this provider
         if record is not None:
             snapshot = self.snapshot(record.get("image", "")) if record.get("image") else None
             return self._checkpoint(project, name, record, snapshot)
@@ -131,7 +138,7 @@ class SnapshotCheckpoints:
         root = self.manifests_dir(project)
         for entry in sorted(os.listdir(root)) if os.path.isdir(root) else []:
             record = read_json(self.manifest_path(project, entry)) if not entry.startswith(".") else None
-            if record is not None:
+            if record is not None and not foreign(self.provider, record):
                 found[entry] = self._checkpoint(project, entry, record, snapshots.get(record.get("image", "")))
         referenced = {c.image for c in found.values()}
         for snapshot in snapshots.values():
@@ -174,9 +181,17 @@ class SnapshotCheckpoints:
         if name:
             name = parse_reference(name, project)
         else:
-            taken = [c.name for c in self.list(project)]
+            root = self.manifests_dir(project)
+            # Names on this provider's other engines are taken too: their manifests live here.
+            taken = [c.name for c in self.list(project)] + (os.listdir(root) if os.path.isdir(root) else [])
             name = _naming.validate_checkpoint_name(
                 f"{facts.name}-{next_number(project, facts.name, taken)}"
+            )
+        elsewhere = read_json(self.manifest_path(project, name))
+        if foreign(self.provider, elsewhere):
+            raise CheckpointError(
+                f"checkpoint {name!r} of this project already exists on {(elsewhere or {}).get('engine')} (manifests "
+                f"are shared by every engine of {self.cloud}): pick another name"
             )
         existing = self.find(project, name)
         if existing and not replace:
@@ -242,7 +257,7 @@ class SnapshotCheckpoints:
             "base_image_id": "",
             "base_fingerprint": self.fingerprint(base_image) or "",
             "collection_version": COLLECTION_VERSION,
-            "engine": f"{provider.name}:{provider.engine}",
+            "engine": engine_scope(provider),
             "created": _naming.now_iso(),
         }
         started = time.monotonic()

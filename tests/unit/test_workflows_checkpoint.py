@@ -158,6 +158,31 @@ def test_a_checkpoint_name_and_the_default_belong_to_one_provider_and_engine(wor
     assert _checkpoint.project_default(b, project) is None
 
 
+def test_another_engine_of_the_provider_neither_sees_nor_takes_its_checkpoints(world: World, tmp_path: Path):
+    a, project = world.a, world.project
+    # Provider "fake" again, on another engine (another Daytona API, another boxd org): one manifest directory.
+    c = FakeProvider(tmp_path / "engine-c", shares_host_filesystem=False)
+    try:
+        _box.create_box(c, _box.CreateRequest(name="b1", workspace=str(world.repo), boot=False))
+        assert world.source not in names(c, project)
+        assert _checkpoint.find_checkpoint(c, project, world.source) is None
+        # Not "broken, remove it": a removal there would delete this engine's good manifest.
+        with pytest.raises(CheckpointError, match=f"no checkpoint {world.source!r} in this project"):
+            _checkpoint.plan_restore(c, project, world.source)
+        with pytest.raises(CheckpointError, match="already exists on fake:fake:"):
+            take(c, "b1", world.source)
+        numbered = take(c, "b1")
+        assert numbered["engine"] == f"fake:{c.engine}" and numbered["name"] not in names(a, project)
+        _checkpoint.set_project_default(project, numbered["name"], provider=c)
+        assert _checkpoint.project_default(a, project) is None
+        remove(c, project, numbered["name"])
+        assert _checkpoint.project_default(c, project) is None
+        assert _checkpoint.plan_restore(a, project, world.source).image in a.images
+    finally:
+        for name in list(c.boxes):
+            c.destroy(name)
+
+
 def test_the_box_env_and_secrets_never_reach_a_checkpoint(world: World):
     a = world.a
     # The source box had both: the env in its processes, the secret in its tmpfs.
