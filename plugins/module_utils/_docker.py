@@ -28,6 +28,7 @@ from ._provider import (
     BoxSpec,
     EngineUnreachable,
     ExecResult,
+    OutputTooLarge,
     Provider,
     ProviderError,
 )
@@ -608,6 +609,17 @@ class DockerProvider(Provider):
         else:
             stdout, stderr = self._exec_with_stdin(exec_id, stdin)
         return ExecResult(rc=exec_exit_code(lambda: self.api.exec_inspect(exec_id)), stdout=stdout, stderr=stderr)
+
+    def exec_bounded(self, name: str, argv: list[str], limit: int, *, user: str = BOX_USER) -> ExecResult:
+        """exec reading at most `limit` bytes of output on the direct client (the local engine)."""
+        if self._direct is None:
+            return super().exec_bounded(name, argv, limit, user=user)
+        try:
+            with self._direct_call(name, "exec") as engine:
+                rc, stdout, stderr = engine.exec(container_name(name), argv, user=user, max_output=limit)
+        except OutputTooLarge as exc:
+            raise OutputTooLarge(str(exc), box=name) from exc
+        return ExecResult(rc=rc, stdout=stdout, stderr=stderr)
 
     def _exec_with_stdin(self, exec_id: str, stdin: bytes | IO[bytes]) -> tuple[bytes, bytes]:
         """Feed stdin from a thread while reading the multiplexed output (no deadlock on big I/O)."""

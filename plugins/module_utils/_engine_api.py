@@ -28,6 +28,8 @@ import urllib.parse
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any
 
+from ._errors import OutputTooLarge
+
 CHUNK = 1 << 16
 DEFAULT_SOCKET = "/var/run/docker.sock"
 
@@ -240,9 +242,12 @@ class EngineAPI:
         workdir: str | None = None,
         env: dict[str, str] | None = None,
         stdin: bytes | IO[bytes] | None = None,
+        max_output: int | None = None,
     ) -> tuple[int, bytes, bytes]:
         """Run argv in the container; (exit code, stdout, stderr). stdin is streamed while the
-        output is read, so neither side can fill a pipe and stall the other."""
+        output is read, so neither side can fill a pipe and stall the other. With `max_output`,
+        stdout and stderr together are read up to that many bytes: one frame more and the stream
+        is closed and OutputTooLarge raised (the container's output is the container's to forge)."""
         config: dict[str, Any] = {
             "AttachStdin": stdin is not None,
             "AttachStdout": True,
@@ -262,9 +267,13 @@ class EngineAPI:
             feeder = threading.Thread(target=feed_stdin, args=(sock, stdin), daemon=True)
             feeder.start()
         streams: dict[int, list[bytes]] = {1: [], 2: []}
+        total = 0
         try:
             while len(header := reader.read(8)) == 8:
                 size = int.from_bytes(header[4:8], "big")
+                total += size
+                if max_output is not None and total > max_output:  # the frame is not read
+                    raise OutputTooLarge(f"{argv[0]} printed more than the {max_output} bytes the host reads: refused")
                 streams.setdefault(header[0], []).append(reader.read(size))
         finally:
             if feeder is not None:

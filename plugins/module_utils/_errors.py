@@ -26,3 +26,7 @@ class EngineUnreachable(ProviderError):
 
 class BoxNotFound(ProviderError):
     pass
+
+
+class OutputTooLarge(ProviderError):
+    """A command in the box printed more than the host agreed to read (a box may be hostile)."""

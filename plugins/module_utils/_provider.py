@@ -17,7 +17,12 @@ from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
 # The errors live at the bottom rank (_errors), re-exported here: modules, plugins and tests import them from _provider.
-from ._errors import BoxNotFound, EngineUnreachable, ProviderError  # noqa: F401  # pylint: disable=unused-import
+from ._errors import (  # noqa: F401  # pylint: disable=unused-import
+    BoxNotFound,
+    EngineUnreachable,
+    OutputTooLarge,
+    ProviderError,
+)
 
 BOX_STATES = ("running", "paused", "stopped", "missing")
 
@@ -187,6 +192,16 @@ class Provider(abc.ABC):
         timeout: float | None = None,
     ) -> ExecResult:
         """Run argv in the box and wait; stdout and stderr kept apart, exit code exact."""
+
+    def exec_bounded(self, name: str, argv: list[str], limit: int, *, user: str = "vscode") -> ExecResult:
+        """exec, refusing (OutputTooLarge) a command whose stdout and stderr together pass `limit`
+        bytes: what a box prints is the box's to forge. This default checks after the provider has
+        read it all; a provider that can stop reading at the limit overrides it (the local engine)."""
+        result = self.exec(name, argv, user=user)
+        size = len(result.stdout) + len(result.stderr)
+        if size > limit:
+            raise OutputTooLarge(f"{argv[0]} printed {size} bytes, over the {limit} the host reads: refused", box=name)
+        return result
 
     @abc.abstractmethod
     def put_archive(self, name: str, path: str, tar_stream: Iterable[bytes] | IO[bytes]) -> None:

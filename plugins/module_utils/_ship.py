@@ -32,7 +32,7 @@ from typing import Any
 
 from . import _git, _seed
 from ._box_data import object_id, own_branch
-from ._provider import BoxFacts, Provider, ProviderError
+from ._provider import BoxFacts, OutputTooLarge, Provider, ProviderError
 from ._tarstream import tar_of_paths, tar_of_tree
 
 WORKSPACE = _seed.WORKSPACE
@@ -383,6 +383,8 @@ git bundle create -q "$out" "$@" || exit 4
 if [ "$(wc -c < "$out")" -le "$limit" ]; then echo inline; cat "$out"; rm -f "$out"; else echo file; fi
 """
 INLINE_BUNDLE_LIMIT = 4 * 1024 * 1024
+# The tip and the "inline" line before the bundle, and git's stderr: what the host reads past the limit.
+INLINE_OVERHEAD = 64 * 1024
 
 
 def _bring_tip(provider: Provider, box: str, repo_root: str, path: str, ref: str, base: str, have: str) -> str:
@@ -390,11 +392,22 @@ def _bring_tip(provider: Provider, box: str, repo_root: str, path: str, ref: str
     # Inline only where exec's output is the engine's own byte stream (the local engine); remote
     # channels keep the streamed copy-out.
     limit = INLINE_BUNDLE_LIMIT if provider.shares_host_filesystem else 0
-    run = provider.exec(
-        box,
-        ["sh", "-c", _TIP_AND_BUNDLE, "tip", path, ref, base, have, BUNDLE_PATH, str(limit)],
-        user="vscode",
-    )
+    # The script keeps to the limit, but the box can replace what it runs (root is one sudo away):
+    # the host reads no more than the limit itself.
+    try:
+        run = provider.exec_bounded(
+            box,
+            ["sh", "-c", _TIP_AND_BUNDLE, "tip", path, ref, base, have, BUNDLE_PATH, str(limit)],
+            limit + INLINE_OVERHEAD,
+            user="vscode",
+        )
+    except OutputTooLarge as exc:
+        raise ProviderError(
+            f"the box answered the fetch of {ref.removeprefix('refs/heads/')} with more than {limit + INLINE_OVERHEAD} "
+            f"bytes (an inline bundle is at most {limit}): refused, nothing fetched ({exc})",
+            box=box,
+            operation="fetch",
+        ) from exc
     if run.rc == 3:
         raise ProviderError(
             f"the box's repo at {path} has no branch {ref.removeprefix('refs/heads/')} any more",
@@ -407,6 +420,12 @@ def _bring_tip(provider: Provider, box: str, repo_root: str, path: str, ref: str
     tip = object_id(
         first.decode("utf-8", "replace").strip(), f"the tip of {ref.removeprefix('refs/heads/')} in the box", box
     )
+    if how == b"inline" and len(inline) > limit:
+        raise ProviderError(
+            f"the box sent an inline bundle of {len(inline)} bytes (at most {limit} here): refused, nothing fetched",
+            box=box,
+            operation="fetch",
+        )
     if how == b"file":
         _fetch_box_bundle(provider, box, repo_root, ref, base)
     elif how == b"inline":

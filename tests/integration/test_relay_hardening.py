@@ -121,3 +121,34 @@ def test_a_flood_is_rate_limited_then_served_again(
             break
         assert time.monotonic() < deadline, answer
         time.sleep(0.2)
+
+
+# Root in the box makes the fetch-back's size check lie: `wc` says every bundle is empty, so the
+# in-box script sends any bundle inline, whatever its size.
+LYING_WC = 'mv /usr/bin/wc /usr/bin/wc.real && printf "#!/bin/sh\\necho 0\\n" > /usr/bin/wc && chmod 755 /usr/bin/wc'
+BIG_COMMIT = (
+    "head -c $((INLINE + 512 * 1024)) /dev/urandom > big.bin && git add big.bin && "
+    "git -c user.email=agent@box.invalid -c user.name=agent commit -q -m big"
+)
+
+
+def test_an_inline_bundle_over_the_limit_is_refused_on_the_host(
+    host: shared.Host, make_box: Callable[[], str], project: dict, engine: docker.DockerClient
+) -> None:
+    """The in-box script keeps an inline bundle to INLINE_BUNDLE_LIMIT, but the box can replace
+    what it runs: the host reads no more than the limit and refuses, and no host branch moves."""
+    from ansible_collections.agentbox.box.plugins.module_utils._ship import INLINE_BUNDLE_LIMIT
+
+    hostile = make_box()
+    container = engine.containers.get(f"agentbox-{hostile}")
+    lied = container.exec_run(["sh", "-c", LYING_WC], user="root")
+    assert lied.exit_code == 0, lied.output
+    made = container.exec_run(["sh", "-c", BIG_COMMIT], user="vscode", workdir="/workspace",
+                              environment={"INLINE": str(INLINE_BUNDLE_LIMIT)})
+    assert made.exit_code == 0, made.output
+    branch = f"refs/heads/agentbox/{hostile}"
+    before = shared.git(project["workspace"], "rev-parse", "--verify", "-q", branch, check=False).strip()
+    fetched = host.module("agentbox_worktree", {"box": hostile, "state": "fetched"})
+    assert fetched["failed"] and "bytes" in fetched["msg"] and "refused, nothing fetched" in fetched["msg"], fetched
+    assert shared.git(project["workspace"], "rev-parse", "--verify", "-q", branch, check=False).strip() == before
+    assert not shared.origin_ref(project, branch)
