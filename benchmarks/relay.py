@@ -100,13 +100,18 @@ def summary(samples: list[float]) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--image", default=_box.DEFAULT_IMAGE,
+                        help="the box image (its in-box client): to compare trees, each with the image built from it")
     args = parser.parse_args()
     home = tempfile.mkdtemp(prefix="abr-b", dir="/tmp")
     os.environ["HOME"] = home
     root = Path(tempfile.mkdtemp(prefix="agentbox-relay-bench-"))
     provider = DockerProvider()
     box = f"bench-relay-{secrets.token_hex(3)}"
-    results: dict[str, Any] = {"runs": args.runs, "cpus": os.cpu_count(), "load_before": list(os.getloadavg())}
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            check=False)
+    results: dict[str, Any] = {"runs": args.runs, "cpus": os.cpu_count(), "load_before": list(os.getloadavg()),
+                               "image": args.image, "tree": commit.stdout.strip()}
     try:
         origin = root / "hidden" / "origin.git"
         subprocess.run([*GIT, "init", "-q", "--bare", "-b", "main", str(origin)], check=True)
@@ -121,7 +126,7 @@ def main() -> int:
         subprocess.run([*GIT, "clone", "-q", str(origin), str(clone)], check=True, capture_output=True)
         subprocess.run(["chown", "-R", "1000:1000", str(root)], check=True)
         os.chmod(root, 0o755)
-        _box.create_box(provider, _box.CreateRequest(name=box, workspace=str(workspace)))
+        _box.create_box(provider, _box.CreateRequest(name=box, workspace=str(workspace), image=args.image))
         box_push(provider, box, 1)  # warm-up: the branch exists on origin from here on
         host_push(clone, 1, "host-bench")
         for commits in (1, 50):

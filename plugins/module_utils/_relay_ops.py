@@ -18,12 +18,15 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _box, _git, _gitlayer
 from ._provider import BoxFacts, Provider, ProviderError
 from ._registry import get_provider
 from ._relay_protocol import Request
+
+if TYPE_CHECKING:  # imported when a push needs it
+    from ._ship import BundleSource
 
 GH_TIMEOUT = 120
 BOX_BUNDLE = "agentbox-relay-fetch.bundle"
@@ -128,8 +131,9 @@ def _check_remote(repo: str, remote: str) -> Outcome | None:
     return Outcome(2, stderr=f"the host repository {repo} has no remote {remote!r} (its remotes: {listed})")
 
 
-def push(provider: Provider, facts: BoxFacts, request: Request) -> Outcome:
-    """Push the box's own branch from the host repository, as itself or (approved) as another name."""
+def push(provider: Provider, facts: BoxFacts, request: Request, bundles: BundleSource | None = None) -> Outcome:
+    """Push the box's own branch from the host repository, as itself or (approved) as another name.
+    `bundles`: the box's client sends its new commits on its own connection (local boxes' socket)."""
     branch = _own_branch(facts)
     args = request.args
     repo = facts.workspace
@@ -141,7 +145,8 @@ def push(provider: Provider, facts: BoxFacts, request: Request) -> Outcome:
         # The box's commits live in its own clone, or its own git layer: bring them into the host repository first.
         from ._ship import fetch_box_branch
 
-        fetched = fetch_box_branch(provider, facts, force=bool(args["force"]), record=_seed_record(provider, facts))
+        fetched = fetch_box_branch(provider, facts, force=bool(args["force"]), record=_seed_record(provider, facts),
+                                   bundles=bundles)
         new = sum(item["new_commits"] for item in fetched["repos"])
         notes = f"fetched {new} new commit(s) of {branch} from the box into {repo}\n"
     target = args["as"] or branch
@@ -322,9 +327,12 @@ HANDLERS = {
 }
 
 
-def carry_out(provider: Provider, facts: BoxFacts, request: Request) -> Outcome:
-    """Run one checked request for the box; provider and git failures become an Outcome."""
+def carry_out(provider: Provider, facts: BoxFacts, request: Request, bundles: BundleSource | None = None) -> Outcome:
+    """Run one checked request for the box; provider and git failures become an Outcome. `bundles`:
+    the box's connection can carry a push's bundle (None: the host fetches it with an exec)."""
     try:
+        if request.operation == "git.push":
+            return push(provider, facts, request, bundles)
         return HANDLERS[request.operation](provider, facts, request)
     except (ProviderError, _git.GitError, ValueError) as exc:
         return Outcome(1, stderr=f"{exc}\n")

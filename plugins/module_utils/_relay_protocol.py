@@ -30,6 +30,9 @@ RATE_PER_MINUTE = 60
 REMOTE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 MAX_URL_LENGTH = 2048
 MAX_TEXT_LENGTH = 16 * 1024  # a pull request's title or body
+# A push's new commits, sent by the box over its socket as one git bundle: the host streams at most
+# this many bytes to a temporary file (docs/relay.md, "Bundles over the socket").
+MAX_BUNDLE_BYTES = 1024 * 1024 * 1024
 
 OPERATIONS = ("git.push", "git.fetch", "git.pull", "checkpoint", "open", "gh.pr")
 GH_PR_ACTIONS = ("create", "view", "list", "merge")
@@ -44,6 +47,8 @@ class Request:
     operation: str
     args: dict[str, Any]
     timeout: float = DEFAULT_APPROVAL_TIMEOUT
+    # The box's client can send a push's commits as a bundle on the same connection when asked.
+    bundles: bool = False
 
     def describe(self) -> str:
         """The arguments on one line, as relay_approvals.yml lists them."""
@@ -70,7 +75,7 @@ def parse_request(line: bytes) -> Request:
         raise RequestError(f"request is not one JSON object on one line: {exc}") from exc
     if not isinstance(raw, dict):
         raise RequestError("request must be a JSON object")
-    unknown = set(raw) - {"v", "op", "args", "timeout"}
+    unknown = set(raw) - {"v", "op", "args", "timeout", "bundles"}
     if unknown:
         raise RequestError(f"unknown request fields: {', '.join(sorted(unknown))}")
     if raw.get("v") != PROTOCOL_VERSION:
@@ -84,7 +89,31 @@ def parse_request(line: bytes) -> Request:
     timeout = raw.get("timeout", DEFAULT_APPROVAL_TIMEOUT)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_APPROVAL_TIMEOUT:
         raise RequestError(f"'timeout' must be a number of seconds in (0, {MAX_APPROVAL_TIMEOUT:g}]")
-    return Request(operation=operation, args=_CHECKERS[operation](args), timeout=float(timeout))
+    bundles = raw.get("bundles", False)
+    if not isinstance(bundles, bool):
+        raise RequestError("'bundles' must be true or false")
+    return Request(operation=operation, args=_CHECKERS[operation](args), timeout=float(timeout), bundles=bundles)
+
+
+def bundle_header(raw: bytes) -> dict[str, Any]:
+    """The box's answer to a "bundle" message, checked: {"tip": str, "size": int} (size 0: no bundle
+    follows) or {"missing": true} (the box has no such branch). RequestError otherwise."""
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise RequestError(f"the box's bundle header is not one JSON object: {exc}") from exc
+    if not isinstance(header, dict):
+        raise RequestError("the box's bundle header must be a JSON object")
+    if header.get("missing") is True and set(header) == {"missing"}:
+        return header
+    tip, size = header.get("tip"), header.get("size")
+    if set(header) != {"tip", "size"} or not isinstance(tip, str) or len(tip) > 64:
+        raise RequestError("the box's bundle header must be {\"tip\": <commit id>, \"size\": <bytes>}")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise RequestError("the bundle's size must be a whole number of bytes")
+    if size > MAX_BUNDLE_BYTES:
+        raise RequestError(f"the box's bundle is {size} bytes, over the {MAX_BUNDLE_BYTES} the host takes: refused")
+    return header
 
 
 def _fields(args: dict[str, Any], allowed: dict[str, type]) -> dict[str, Any]:

@@ -26,15 +26,18 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from . import _relay_idle, _relay_ops, _relay_state
+from ._provider import ProviderError
 from ._relay_poll import Poller
 from ._relay_protocol import (
     MAX_APPROVAL_TIMEOUT,
+    MAX_BUNDLE_BYTES,
     MAX_REQUEST_BYTES,
     PROTOCOL_VERSION,
     RateLimiter,
     Request,
     RequestError,
     approval_reason,
+    bundle_header,
     encode,
     parse_request,
 )
@@ -42,6 +45,7 @@ from ._relay_tunnel import Tunnel
 
 LOG = logging.getLogger("agentbox-relay")
 READ_TIMEOUT = 30.0  # a box that connects must send its request within this
+BUNDLE_WAIT = 300.0  # a box asked for a push's bundle makes it within this (git bundle create of a big push)
 RESCAN_INTERVAL = 2.0  # registrations made while the relay could not be told
 MAX_CONNECTIONS_PER_BOX = 8
 FACTS_TTL = 60.0
@@ -108,6 +112,56 @@ class Pending:
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Hangup = Callable[[], Awaitable[Any]]
+
+
+class SocketBundles:
+    """A push's new commits sent by the box on its own connection (no docker exec): the host says
+    which commits it wants in a "bundle" message, the box answers with a header line
+    {"tip", "size"} and `size` bytes of git bundle. The bytes are the box's to forge: at most
+    MAX_BUNDLE_BYTES, streamed to the file the caller names (never held in memory), each read under
+    a timeout; what they hold is checked by _ship like any bundle from a box. Called from the
+    operation's worker thread; the reads run on the loop."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, loop: asyncio.AbstractEventLoop):
+        self.reader = reader
+        self.writer = writer
+        self.loop = loop
+
+    def __call__(self, path: str, ref: str, base: str, have: str, destination: str) -> tuple[str, bool]:
+        return asyncio.run_coroutine_threadsafe(self._receive(path, ref, base, have, destination), self.loop).result()
+
+    async def _receive(self, path: str, ref: str, base: str, have: str, destination: str) -> tuple[str, bool]:
+        await self._send(encode({"type": "bundle", "path": path, "ref": ref, "base": base, "have": have,
+                                 "limit": MAX_BUNDLE_BYTES}))
+        try:
+            line = await asyncio.wait_for(self.reader.readline(), BUNDLE_WAIT)
+        except ValueError as exc:  # longer than the stream's limit
+            raise RequestError(f"the box's bundle header is over {MAX_REQUEST_BYTES} bytes: refused") from exc
+        except TimeoutError as exc:
+            raise RequestError(f"the box sent no bundle within {BUNDLE_WAIT:.0f} s") from exc
+        if not line:
+            raise RequestError("the box closed its connection instead of sending the bundle")
+        header = bundle_header(line)
+        if header.get("missing"):
+            raise ProviderError(f"the box's repo at {path} has no branch {ref.removeprefix('refs/heads/')} any more",
+                                operation="fetch")
+        left = header["size"]
+        if left:
+            with open(destination, "xb") as handle:  # a new file in the caller's private directory
+                while left:
+                    try:
+                        chunk = await asyncio.wait_for(self.reader.read(min(left, 1 << 20)), READ_TIMEOUT)
+                    except TimeoutError as exc:
+                        raise RequestError(f"the box stopped sending its bundle for {READ_TIMEOUT:.0f} s") from exc
+                    if not chunk:
+                        raise RequestError(f"the box's bundle ended {left} bytes short of the size it gave")
+                    handle.write(chunk)
+                    left -= len(chunk)
+        return header["tip"], bool(header["size"])
+
+    async def _send(self, data: bytes) -> None:
+        self.writer.write(data)
+        await self.writer.drain()
 
 
 class Relay:
@@ -211,14 +265,18 @@ class Relay:
         except TimeoutError:
             await send(_error(f"no request within {READ_TIMEOUT:.0f} s"))
             return
-        await self.handle(registration, line, send, lambda: reader.read(1))
+        bundles = SocketBundles(reader, writer, asyncio.get_running_loop())
+        await self.handle(registration, line, send, lambda: reader.read(1), bundles)
 
-    async def handle(self, registration: dict[str, Any], line: bytes, send: Send, hangup: Hangup) -> None:
-        """One request line from a box, whatever carried it; `hangup` completes when the box leaves."""
+    async def handle(
+        self, registration: dict[str, Any], line: bytes, send: Send, hangup: Hangup, bundles: SocketBundles | None = None
+    ) -> None:
+        """One request line from a box, whatever carried it; `hangup` completes when the box leaves.
+        `bundles`: the box's own socket, which can carry a push's bundle (tunnels and polls cannot)."""
         box_id = registration["id"]
         self.in_flight[box_id] = self.in_flight.get(box_id, 0) + 1
         try:
-            await self._handle(registration, line, send, hangup)
+            await self._handle(registration, line, send, hangup, bundles)
         finally:
             self.in_flight[box_id] -= 1
             if not self.in_flight[box_id]:
@@ -228,7 +286,9 @@ class Relay:
         """Box ids with a request in flight: the idle policy never pauses them (docs/idle.md)."""
         return {box_id for box_id, count in self.in_flight.items() if count}
 
-    async def _handle(self, registration: dict[str, Any], line: bytes, send: Send, hangup: Hangup) -> None:
+    async def _handle(
+        self, registration: dict[str, Any], line: bytes, send: Send, hangup: Hangup, bundles: SocketBundles | None
+    ) -> None:
         box, box_id = registration["name"], registration["id"]
         entry: dict[str, Any] = {"box": box, "box_id": box_id, "provider": registration["provider"]}
         if not line.strip():
@@ -274,7 +334,8 @@ class Relay:
             lock = self.box_locks.setdefault(box_id, asyncio.Lock())
             started = time.monotonic()
             async with lock:
-                outcome = await asyncio.to_thread(_relay_ops.carry_out, provider, facts, request)
+                outcome = await asyncio.to_thread(_relay_ops.carry_out, provider, facts, request,
+                                                  bundles if request.bundles else None)
             entry["seconds"] = round(time.monotonic() - started, 3)
             self._audit(entry, decision, outcome.summary())
             if request.operation == "open":

@@ -27,7 +27,7 @@ import os
 import shutil
 import tarfile
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from . import _git, _seed
@@ -42,6 +42,9 @@ ADAPTIVE_DEPTH = 100
 ADAPTIVE_LIMIT_BYTES = 20 * 1024 * 1024
 DEPTH_ENV = "AGENTBOX_SHIP_DEPTH"
 BUNDLE_PATH = "/tmp/agentbox-fetch.bundle"
+# What a box that sends its own bundle is asked: (path, ref, base, have, destination) -> (the tip it
+# names, whether it wrote a bundle to destination), or raises. The relay's socket channel is one.
+BundleSource = Callable[[str, str, str, str, str], tuple[str, bool]]
 
 _CHECKOUT_SCRIPT = r"""
 set -eu
@@ -296,11 +299,13 @@ def fetch_box_branch(
     *,
     force: bool = False,
     record: dict[str, Any] | None = None,
+    bundles: BundleSource | None = None,
 ) -> dict[str, Any]:
     """Fetch the box's branch into each host repo as the same branch (agentbox/<box>).
 
     Fast-forward only unless force; a branch checked out on the host is never moved. `record`:
     the box's seed record when the caller has it already (read from the box otherwise).
+    `bundles`: the box sends its new commits itself (the relay's socket) instead of an exec.
     Returns {'repos': [{'sub', 'host_root', 'branch', 'commit', 'previous', 'new_commits', 'changed'}]}.
     """
     box = facts.name
@@ -326,15 +331,20 @@ def fetch_box_branch(
                 operation="fetch",
             )
         own_branch(entry, facts.branch, box)  # the record is the box's to forge: only its own branch moves
-        results.append(_fetch_one(provider, box, repo, entry, force))
+        results.append(_fetch_one(provider, box, repo, entry, force, bundles))
     return {"repos": results, "changed": any(item["changed"] for item in results)}
 
 
-def _fetch_one(provider: Provider, box: str, repo: _git.Repo, entry: dict[str, Any], force: bool) -> dict[str, Any]:
+def _fetch_one(
+    provider: Provider, box: str, repo: _git.Repo, entry: dict[str, Any], force: bool, bundles: BundleSource | None
+) -> dict[str, Any]:
     branch, path, base = entry["branch"], entry["path"], entry["base"]
     ref = f"refs/heads/{branch}"
     previous = _git.git(repo.root, "rev-parse", "--verify", "-q", ref, check=False).stdout.decode().strip()
-    tip = _bring_tip(provider, box, repo.root, path, ref, base, previous)
+    if bundles is not None:
+        tip = _bring_tip_sent(bundles, box, repo.root, path, ref, base, previous)
+    else:
+        tip = _bring_tip(provider, box, repo.root, path, ref, base, previous)
     if previous == tip:
         return _report(repo, entry, tip, previous, 0, changed=False)
     current = _git.git(repo.root, "symbolic-ref", "-q", "HEAD", check=False).stdout.decode().strip()
@@ -439,6 +449,27 @@ def _bring_tip(provider: Provider, box: str, repo_root: str, path: str, ref: str
     return tip
 
 
+def _bring_tip_sent(bundles: BundleSource, box: str, repo_root: str, path: str, ref: str, base: str, have: str) -> str:
+    """As _bring_tip, the bundle sent by the box: the same checks on what arrives (tip form, fetched
+    by host git, hardened; no host ref moves here). The temporary file is removed whatever happens."""
+    scratch = tempfile.mkdtemp(prefix="agentbox-fetch-")
+    bundle = os.path.join(scratch, "box.bundle")
+    try:
+        told, sent = bundles(path, ref, base, have, bundle)
+        tip = object_id(told, f"the tip of {ref.removeprefix('refs/heads/')} in the box", box)
+        if sent:
+            _fetch_bundle_file(repo_root, scratch, bundle, ref, base, box)
+        elif tip != have and not _host_has_commit(repo_root, tip):
+            raise ProviderError(
+                f"the box's tip {tip[:12]} is in neither the base nor {ref} on the host, and the box sent no bundle of it",
+                box=box,
+                operation="fetch",
+            )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return tip
+
+
 def _report(repo: _git.Repo, entry: dict[str, Any], tip: str, previous: str, new: int, changed: bool) -> dict[str, Any]:
     return {
         "sub": repo.sub,
@@ -472,24 +503,30 @@ def _fetch_box_bundle(
         else:
             with open(bundle, "wb") as handle:
                 handle.write(inline)
-        # git may run as the repo's owner (see _git): let it read the bundle.
-        os.chmod(scratch, 0o755)
-        os.chmod(bundle, 0o644)
-        # fetch checks the bundle's prerequisites itself; verify runs only to say why it failed.
-        fetched = _git.git(repo_root, "fetch", "-q", "--no-tags", "--no-write-fetch-head", bundle, ref, check=False)
-        if fetched.returncode != 0:
-            verify = _git.git(repo_root, "bundle", "verify", "-q", bundle, check=False)
-            if verify.returncode != 0:
-                raise ProviderError(
-                    f"the box's commits do not apply to {repo_root}: "
-                    f"{verify.stderr.decode('utf-8', 'replace').strip()[-500:]} (the base commit {base[:12]} the box "
-                    "started from is missing there)",
-                    box=box,
-                    operation="fetch",
-                )
-            detail = fetched.stderr.decode("utf-8", "replace").strip()
-            raise _git.GitError(f"git fetch -q --no-tags in {repo_root} failed: {detail}")
+        _fetch_bundle_file(repo_root, scratch, bundle, ref, base, box)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         if inline is None:
             provider.exec(box, ["rm", "-f", BUNDLE_PATH], user="vscode")
+
+
+def _fetch_bundle_file(repo_root: str, scratch: str, bundle: str, ref: str, base: str, box: str) -> None:
+    """Fetch `ref`'s objects from a bundle file the box made (no host ref moves; the caller checks
+    and moves it)."""
+    # git may run as the repo's owner (see _git): let it read the bundle.
+    os.chmod(scratch, 0o755)
+    os.chmod(bundle, 0o644)
+    # fetch checks the bundle's prerequisites itself; verify runs only to say why it failed.
+    fetched = _git.git(repo_root, "fetch", "-q", "--no-tags", "--no-write-fetch-head", bundle, ref, check=False)
+    if fetched.returncode != 0:
+        verify = _git.git(repo_root, "bundle", "verify", "-q", bundle, check=False)
+        if verify.returncode != 0:
+            raise ProviderError(
+                f"the box's commits do not apply to {repo_root}: "
+                f"{verify.stderr.decode('utf-8', 'replace').strip()[-500:]} (the base commit {base[:12]} the box "
+                "started from is missing there)",
+                box=box,
+                operation="fetch",
+            )
+        detail = fetched.stderr.decode("utf-8", "replace").strip()
+        raise _git.GitError(f"git fetch -q --no-tags in {repo_root} failed: {detail}")

@@ -152,3 +152,72 @@ def test_an_inline_bundle_over_the_limit_is_refused_on_the_host(
     assert fetched["failed"] and "bytes" in fetched["msg"] and "refused, nothing fetched" in fetched["msg"], fetched
     assert shared.git(project["workspace"], "rev-parse", "--verify", "-q", branch, check=False).strip() == before
     assert not shared.origin_ref(project, branch)
+
+
+# Runs in the box: a push that offers its bundle on the socket, then answers the host's "bundle"
+# message as argv[1] says (over: a size over the host's limit; short: fewer bytes than it gave;
+# garbage: bytes that are no bundle); prints the final answer.
+HOSTILE_BUNDLE = r"""
+import json, os, socket, subprocess, sys
+mode = sys.argv[1]
+tip = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+s = socket.socket(socket.AF_UNIX)
+s.connect("/run/agentbox/relay/relay.sock")
+s.sendall(b'{"v": 1, "op": "git.push", "args": {}, "bundles": true}\n')
+reader = s.makefile("rb")
+asked = json.loads(reader.readline())
+assert asked["type"] == "bundle", asked
+if mode == "over":
+    s.sendall(json.dumps({"tip": tip, "size": asked["limit"] + 1}).encode() + b"\n")
+elif mode == "short":
+    s.sendall(json.dumps({"tip": tip, "size": 1000}).encode() + b"\n" + b"x" * 10)
+    s.shutdown(socket.SHUT_WR)
+else:
+    s.sendall(json.dumps({"tip": tip, "size": 4096}).encode() + b"\n" + os.urandom(4096))
+print(reader.readline().decode().strip())
+"""
+
+
+def test_a_bundle_sent_on_the_socket_is_bounded_and_checked(
+    host: shared.Host, make_box: Callable[[], str], project: dict, engine: docker.DockerClient
+) -> None:
+    """A box's client answers the host's request for its push's bundle with a size over the limit,
+    fewer bytes than it said, or bytes that are no bundle: each push is refused with a message, no
+    host or origin branch moves, and the relay keeps serving the box."""
+    hostile = make_box()
+    shared.commit_in_box(engine, hostile, "work to push")
+    branch = f"refs/heads/agentbox/{hostile}"
+    before = shared.git(project["workspace"], "rev-parse", "--verify", "-q", branch, check=False).strip()
+    answers = {}
+    for mode in ("over", "short", "garbage"):
+        rc, out, err = in_box(engine, hostile, ["python3", "-c", HOSTILE_BUNDLE, mode])
+        assert rc == 0, err
+        answers[mode] = json.loads(out.strip().splitlines()[-1])
+    assert "over the" in answers["over"]["stderr"] and answers["over"]["rc"] != 0, answers
+    assert "short" in answers["short"]["stderr"] and answers["short"]["rc"] != 0, answers
+    assert answers["garbage"]["rc"] != 0 and "bundle" in answers["garbage"]["stderr"], answers
+    assert shared.git(project["workspace"], "rev-parse", "--verify", "-q", branch, check=False).strip() == before
+    assert not shared.origin_ref(project, branch)
+    assert ctl(engine, hostile, "open", "https://example.invalid/after")[0] == 0
+
+
+def test_a_push_from_a_local_box_sends_its_bundle_on_the_socket_without_an_exec(
+    make_box: Callable[[], str], project: dict, engine: docker.DockerClient
+) -> None:
+    """agentbox-ctl git push of a local box: the commits travel on the box's relay socket; the
+    engine records no exec that makes a bundle in the box during the push (the seed record is still
+    read with an exec, once a minute per box), only the test's own agentbox-ctl."""
+    pusher = make_box()
+    head = shared.commit_in_box(engine, pusher, "sent on the socket")
+    container = engine.containers.get(f"agentbox-{pusher}")
+    since = time.time() - 1
+    rc, out, err = ctl(engine, pusher, "git", "push")
+    until = time.time() + 1
+    assert rc == 0, err
+    assert "fetched 1 new commit(s)" in out + err
+    assert shared.origin_ref(project, f"refs/heads/agentbox/{pusher}") == head
+    events = engine.events(since=since, until=until, decode=True,
+                           filters={"container": container.id, "type": "container"})
+    started = [event["Action"] for event in events if event["Action"].startswith("exec_start")]
+    assert any("agentbox-ctl git push" in action for action in started), started
+    assert not [action for action in started if "bundle" in action and "agentbox-ctl" not in action], started
