@@ -44,6 +44,29 @@ IMAGE_ENTRY = {"claude": "claude", "codex": "codex", "opencode": "opencode"}
 SESSION_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}")
 STATE_FILES = "/run/agentbox/agents"
 T = TypeVar("T")
+# As root, before the in-box half writes credentials and prompts to STATE_FILES: that directory on a
+# tmpfs, which no checkpoint or snapshot keeps. On the local engine /run/agentbox is a container tmpfs
+# already; where it is on the machine's disk (a boxd machine, a Daytona sandbox) one is mounted, or
+# /dev/shm's used behind a link where mounts are refused (as _carry_env does). What the disk held there
+# is removed first: run-time files only (states, pids, keys of an older version); what a resume needs is
+# kept under /var/lib/agentbox. Exit 3: no tmpfs, and nothing is written.
+_RUN_TMPFS = r"""
+set -eu
+dir=$1
+mkdir -p /run/agentbox
+if [ "$(stat -f -c %T /run/agentbox)" != tmpfs ] && [ "$(stat -f -c %T "$dir/" 2>/dev/null)" != tmpfs ]; then
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  if ! mount -t tmpfs -o mode=0755,uid=1000,gid=1000,size=64m agentbox-agents "$dir" 2>/dev/null; then
+    rmdir "$dir"
+    mkdir -p -m 0755 /dev/shm/agentbox-agents
+    chown 1000:1000 /dev/shm/agentbox-agents
+    ln -sfn /dev/shm/agentbox-agents "$dir"
+  fi
+fi
+[ -e "$dir" ] || { mkdir -p -m 0755 "$dir"; chown 1000:1000 "$dir"; }
+[ "$(stat -f -c %T "$dir/")" = tmpfs ] || { echo "no tmpfs for $dir: refusing to write credentials to disk" >&2; exit 3; }
+"""
 
 
 class AgentError(ProviderError):
@@ -145,6 +168,15 @@ def validate(agent: str | None, command: str | None, session: str | None) -> tup
     return name, chosen
 
 
+def _run_dir_on_tmpfs(provider: Provider, box: str, what: str) -> None:
+    run = provider.exec(box, ["sh", "-c", _RUN_TMPFS, "run-tmpfs", STATE_FILES], user="root")
+    if run.rc != 0:
+        detail = (run.stderr or run.stdout).decode("utf-8", "replace").strip()[-2000:]
+        raise AgentError(
+            f"no tmpfs for the agent's credentials in the box (exit {run.rc}): {detail}", box=box, operation=what
+        )
+
+
 def _call(provider: Provider, box: str, argv: list[str], request: dict[str, Any] | None, what: str) -> dict[str, Any]:
     script = f'command -v {AGENT_PROGRAM} >/dev/null 2>&1 || exit 3; exec {AGENT_PROGRAM} "$@"'
     stdin = json.dumps(request).encode("utf-8") if request is not None else None
@@ -198,6 +230,7 @@ def start(
         "git": git_identity(facts.workspace) if os.path.isdir(facts.workspace or "") else {},
         **credentials.request(),
     }
+    _run_dir_on_tmpfs(provider, facts.name, "starting the agent")
     return _call(provider, facts.name, ["start"], request, "starting the agent")
 
 
@@ -213,6 +246,7 @@ def resume(provider: Provider, facts: BoxFacts) -> dict[str, Any] | None:
         for entry in request["credentials"].values():
             entry["git"] = identity
     try:
+        _run_dir_on_tmpfs(provider, facts.name, "resuming the agent")
         return _call(provider, facts.name, ["resume"], request, "resuming the agent")
     except AgentError as exc:
         if "has no agentbox-agent" in str(exc):

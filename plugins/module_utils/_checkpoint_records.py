@@ -291,6 +291,9 @@ def in_box_head(provider: Provider, facts: BoxFacts) -> list[dict[str, str]]:
 # (the box has CAP_SYS_ADMIN) where every host mount is covered by an empty placeholder (a tiny
 # tmpfs, or /dev/null for a file): `rm` sees nothing to delete, and cannot remove the mount points
 # themselves (busy), so the box's own namespace keeps its mounts reachable too.
+# Live sockets under /tmp and /var/tmp are covered the same way (best effort): they belong to servers
+# running in the box (the agent's tmux session, an X server), which a checkpoint of a running box must
+# not cut off. The top entry holding each is covered, so its socket stays in the box's namespace.
 _CLEANUP_SCRIPT = r"""
 [ -x "$1" ] || exit 127
 command -v unshare >/dev/null 2>&1 || exit 90
@@ -303,6 +306,17 @@ exec unshare --mount --propagation private sh -c '
       mount -t tmpfs -o size=64k,mode=0755 agentbox-shield "$mount_point" || exit 90
     else
       mount --bind /dev/null "$mount_point" || exit 90
+    fi
+  done
+  find /tmp /var/tmp -xdev -type s 2>/dev/null | while IFS= read -r socket; do
+    case $socket in /var/tmp/*) base=/var/tmp ;; *) base=/tmp ;; esac
+    rest=${socket#"$base"/}
+    top=$base/${rest%%/*}
+    if mountpoint -q "$top"; then continue; fi
+    if [ -d "$top" ]; then
+      mount -t tmpfs -o size=64k,mode=0755 agentbox-shield "$top" || true
+    else
+      mount --bind /dev/null "$top" || true
     fi
   done
   exec "$cleanup"' cleanup "$@"
