@@ -33,6 +33,26 @@ except ImportError:  # pragma: no cover - _ssh and _docker report the missing pa
 
 if HAS_DOCKER_SDK:
 
+    class _ExactLineFile(paramiko.ChannelFile):
+        """The channel's file for http.client: unbuffered, and readline takes the line and not a
+        byte more. The SDK reads a hijacked exec's output from the channel itself (`fp.channel`),
+        past this file: output read ahead into the file's buffer with the response's headers
+        (a short command's whole output, when the controller is slow to read them) was lost."""
+
+        def __init__(self, channel: Any, mode: str = "r", bufsize: int = -1):
+            super().__init__(channel, mode, 0)
+
+        def readline(self, size: int | None = None) -> bytes:  # type: ignore[override]
+            line = bytearray()
+            while size is None or size < 0 or len(line) < size:
+                byte = self.read(1)
+                if not byte:
+                    break
+                line += byte
+                if byte == b"\n":
+                    break
+            return bytes(line)
+
     class _DialStdioConnection(urllib3.connection.HTTPConnection):
         """One HTTP connection = one SSH channel running `docker system dial-stdio`."""
 
@@ -47,6 +67,8 @@ if HAS_DOCKER_SDK:
             except paramiko.SSHException as exc:
                 raise EngineUnreachable(f"engine {self._engine.engine}: opening a channel failed ({exc})") from exc
             channel.settimeout(self._channel_timeout)
+            # http.client reads the response through sock.makefile(): see _ExactLineFile.
+            channel.makefile = lambda *params: _ExactLineFile(channel, *params)
             self.sock = channel
 
     class _DialStdioPool(urllib3.connectionpool.HTTPConnectionPool):
