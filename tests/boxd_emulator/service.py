@@ -18,7 +18,7 @@ import docker.errors
 import grpc
 from boxd._generated import api_pb2, api_pb2_grpc
 
-from tests.daytona_emulator.docker_backend import BackendError, PathIsDirectory, PathNotFound
+from tests.daytona_emulator.docker_backend import BackendError, PathIsDirectory, PathNotFound, exec_exit_code
 
 from .machines import Fleet, Machine, Refused
 
@@ -165,7 +165,7 @@ class BoxdService(api_pb2_grpc.BoxdApiServicer):
                     threading.Thread(target=_drain, args=(sock,), daemon=True).start()
                     self.fleet.backend.kill_marked(machine.container, f"{EXEC_MARKER}={token}")
                 sock.close()
-            code = _exit_code(api, exec_id)
+            code = exec_exit_code(lambda: api.exec_inspect(exec_id))
             yield api_pb2.ExecChunk(exit_code=code)
         except docker.errors.APIError as exc:
             raise Refused("INTERNAL", f"exec failed: {exc.explanation or exc}") from exc
@@ -301,16 +301,6 @@ def _demux(sock: socket.socket) -> Iterator[tuple[bool, bytes]]:
         frame, buffer = buffer[:size], buffer[size:]
         if frame:
             yield stream == 2, frame
-
-
-def _exit_code(api: Any, exec_id: str) -> int:
-    for _attempt in range(100):
-        info = api.exec_inspect(exec_id)
-        if not info.get("Running"):
-            code = info.get("ExitCode")
-            return -1 if code is None else int(code)
-        time.sleep(0.05)
-    return -1
 
 
 def refused_to_status(exc: Refused) -> tuple[grpc.StatusCode, str]:

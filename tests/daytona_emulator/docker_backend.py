@@ -10,16 +10,27 @@ import io
 import json
 import logging
 import re
+import sys
 import tarfile
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import docker
 import docker.errors
 
 from .config import EMULATOR_LABEL, SANDBOX_LABEL, SNAPSHOT_LABEL
+
+# Run as a process of its own (scripts/daytona-emulator, scripts/boxd-emulator) nothing has put the collection
+# on sys.path; under pytest conftest has, and Ansible's collection finder serves the import below.
+_COLLECTIONS = str(Path(__file__).resolve().parents[2] / ".collections")
+if _COLLECTIONS not in sys.path:
+    sys.path.append(_COLLECTIONS)
+
+# The engine's late exit codes, waited for as the providers wait for them (the boxd emulator uses it too).
+from ansible_collections.agentbox.box.plugins.module_utils._engine_api import exec_exit_code  # noqa: E402
 
 LOG = logging.getLogger("daytona_emulator.docker")
 
@@ -279,13 +290,10 @@ class DockerBackend:
                                       environment=env or None)["Id"]
             output = api.exec_start(exec_id, demux=False) or b""
             # The engine may record the exit a moment after the output ends (seen under load).
-            give_up = time.monotonic() + 10
-            while (info := api.exec_inspect(exec_id)).get("Running") and time.monotonic() < give_up:
-                time.sleep(0.02)
-            exit_code = None if info.get("Running") else info.get("ExitCode")
+            exit_code = exec_exit_code(lambda: api.exec_inspect(exec_id))
         except docker.errors.APIError as exc:
             return ExecResult(-1, str(exc.explanation or exc).encode())
-        return ExecResult(-1 if exit_code is None else int(exit_code), output)
+        return ExecResult(exit_code, output)
 
     def run_command(self, container_id: str, command: str, user: str, workdir: str | None,
                     env: dict[str, str] | None, timeout: float | None, exec_token: str) -> ExecResult:
