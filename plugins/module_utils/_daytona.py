@@ -93,30 +93,12 @@ class DaytonaProvider(DaytonaSandboxes, Provider):
         api_key: str | None = None,
         api_url: str | None = None,
         target: str | None = None,
-        *,
-        retries: int | None = None,
-        exec_slice: int | None = None,
-        idle_timeout: int | None = None,
-        auto_stop: int | None = None,
-        auto_archive: int | None = None,
-        disk: int | None = None,
-        network: str | None = None,
-        auto_delete: int | None = None,
-        **_ignored: Any,
+        **options: Any,
     ):
+        """`options`: the sandbox settings DaytonaSandboxes takes (retries, exec_slice, idle_timeout,
+        auto_stop, auto_archive, disk, network, auto_delete), passed on as given: one list, there."""
         self._api_key = api_key or os.environ.get("DAYTONA_API_KEY") or None
-        super().__init__(
-            api_url,
-            target,
-            retries=retries,
-            exec_slice=exec_slice,
-            idle_timeout=idle_timeout,
-            auto_stop=auto_stop,
-            auto_archive=auto_archive,
-            disk=disk,
-            network=network,
-            auto_delete=auto_delete,
-        )
+        super().__init__(api_url, target, **options)
 
     @property
     def engine(self) -> str:
