@@ -8,7 +8,8 @@ import difflib
 import os
 import re
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from .common import ON_TIMEOUT_ACTIONS, PASSTHROUGH_TOP_KEYS, RESERVED_UNIT_NAMES, RESTART_POLICIES, UNIT_NAME_RE
 from .spec import Backoff, Command, Config, ConfigIssue, ReadyCheck, ServiceSpec, TaskSpec
@@ -18,6 +19,9 @@ try:
 except ImportError:  # pragma: no cover - the box image installs python3-yaml
     sys.stderr.write("agentbox-ctl: PyYAML is missing; install python3-yaml (apt-get install python3-yaml)\n")
     sys.exit(2)
+
+
+UnitSpec = TypeVar("UnitSpec", TaskSpec, ServiceSpec)
 
 
 class _Invalid(Exception):
@@ -185,6 +189,15 @@ class _Walker:
                     "stop_timeout_ms")
 
     def task(self, name: str, key_node: yaml.Node, node: yaml.Node, key: str) -> TaskSpec | None:
+        return self.unit(TaskSpec, self.TASK_KEYS, self.task_field, name, key_node, node, key)
+
+    def service(self, name: str, key_node: yaml.Node, node: yaml.Node, key: str) -> ServiceSpec | None:
+        return self.unit(ServiceSpec, self.SERVICE_KEYS, self.service_field, name, key_node, node, key)
+
+    def unit(self, kind: Callable[..., UnitSpec], known: tuple[str, ...],
+             own_field: Callable[[Any, str, yaml.Node, str], None],
+             name: str, key_node: yaml.Node, node: yaml.Node, key: str) -> UnitSpec | None:
+        """A task or a service: the keys both kinds have here, the kind's own ones in `own_field`."""
         if isinstance(node, yaml.ScalarNode) and isinstance(_scalar(node), str):
             node = yaml.MappingNode("tag:yaml.org,2002:map", [
                 (yaml.ScalarNode("tag:yaml.org,2002:str", "command", node.start_mark, node.end_mark), node)],
@@ -192,10 +205,10 @@ class _Walker:
         if not isinstance(node, yaml.MappingNode):
             self.error(key, node, f"expected a mapping with a command, or a command string, got {_describe(node)}")
             return None
-        spec = TaskSpec(name=name, command="", line=_line(key_node) or 0)
+        spec = kind(name=name, command="", line=_line(key_node) or 0)
         got_command = False
         errors_before = self._error_count()
-        for fname, child, value in self.fields(node, key, self.TASK_KEYS):
+        for fname, child, value in self.fields(node, key, known):
             try:
                 if fname == "command":
                     got_command = True  # present: a bad value gets its own error, not "missing" too
@@ -206,20 +219,8 @@ class _Walker:
                     spec.env = self.env(value, child)
                 elif fname == "needs":
                     spec.needs, spec.needs_lines = self.needs(value, child)
-                elif fname == "timeout_ms":
-                    spec.timeout_ms = self.integer(value, child, 1)
-                elif fname == "run_once":
-                    if isinstance(value, yaml.MappingNode):
-                        for _rname, rchild, rvalue in self.fields(value, child, ("check",)):
-                            spec.run_once_check = self.string(rvalue, rchild)
-                        if spec.run_once_check is None:
-                            self.error(child, value, "expected true, false or {check: <command>}")
-                        spec.run_once = True
-                    else:
-                        try:
-                            spec.run_once = self.boolean(value, child)
-                        except _Invalid:
-                            self.issues[-1].message = f"expected true, false or {{check: <command>}}, got {_describe(value)}"
+                else:
+                    own_field(spec, fname, value, child)
             except _Invalid:
                 pass
         if not got_command and isinstance(node, yaml.MappingNode):
@@ -229,48 +230,35 @@ class _Walker:
             return None
         return spec
 
-    def service(self, name: str, key_node: yaml.Node, node: yaml.Node, key: str) -> ServiceSpec | None:
-        if isinstance(node, yaml.ScalarNode) and isinstance(_scalar(node), str):
-            node = yaml.MappingNode("tag:yaml.org,2002:map", [
-                (yaml.ScalarNode("tag:yaml.org,2002:str", "command", node.start_mark, node.end_mark), node)],
-                node.start_mark, node.end_mark)
-        if not isinstance(node, yaml.MappingNode):
-            self.error(key, node, f"expected a mapping with a command, or a command string, got {_describe(node)}")
-            return None
-        spec = ServiceSpec(name=name, command="", line=_line(key_node) or 0)
-        got_command = False
-        errors_before = self._error_count()
-        for fname, child, value in self.fields(node, key, self.SERVICE_KEYS):
-            try:
-                if fname == "command":
-                    got_command = True  # present: a bad value gets its own error, not "missing" too
-                    spec.command = self.command(value, child)
-                elif fname == "cwd":
-                    spec.cwd = self.string(value, child)
-                elif fname == "env":
-                    spec.env = self.env(value, child)
-                elif fname == "needs":
-                    spec.needs, spec.needs_lines = self.needs(value, child)
-                elif fname == "autostart":
-                    spec.autostart = self.boolean(value, child)
-                elif fname == "restart":
-                    spec.restart = self.choice(value, child, RESTART_POLICIES)
-                elif fname == "stop_timeout_ms":
-                    spec.stop_timeout_ms = self.integer(value, child, 0)
-                elif fname == "backoff":
-                    spec.backoff = self.backoff(value, child)
-                elif fname == "ready_when":
-                    spec.ready_when = self.ready_when(value, child)
-                elif fname == "expose":
-                    spec.expose_port = self.expose(value, child)
-            except _Invalid:
-                pass
-        if not got_command and isinstance(node, yaml.MappingNode):
-            self.error(key, node, "missing required key 'command'")
-        if self._error_count() != errors_before:
-            self.invalid_units[name] = spec
-            return None
-        return spec
+    def task_field(self, spec: TaskSpec, fname: str, value: yaml.Node, child: str) -> None:
+        if fname == "timeout_ms":
+            spec.timeout_ms = self.integer(value, child, 1)
+        elif fname == "run_once":
+            if isinstance(value, yaml.MappingNode):
+                for _rname, rchild, rvalue in self.fields(value, child, ("check",)):
+                    spec.run_once_check = self.string(rvalue, rchild)
+                if spec.run_once_check is None:
+                    self.error(child, value, "expected true, false or {check: <command>}")
+                spec.run_once = True
+            else:
+                try:
+                    spec.run_once = self.boolean(value, child)
+                except _Invalid:
+                    self.issues[-1].message = f"expected true, false or {{check: <command>}}, got {_describe(value)}"
+
+    def service_field(self, spec: ServiceSpec, fname: str, value: yaml.Node, child: str) -> None:
+        if fname == "autostart":
+            spec.autostart = self.boolean(value, child)
+        elif fname == "restart":
+            spec.restart = self.choice(value, child, RESTART_POLICIES)
+        elif fname == "stop_timeout_ms":
+            spec.stop_timeout_ms = self.integer(value, child, 0)
+        elif fname == "backoff":
+            spec.backoff = self.backoff(value, child)
+        elif fname == "ready_when":
+            spec.ready_when = self.ready_when(value, child)
+        elif fname == "expose":
+            spec.expose_port = self.expose(value, child)
 
     def backoff(self, node: yaml.Node, key: str) -> Backoff:
         result = Backoff()
