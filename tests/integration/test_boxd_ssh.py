@@ -8,54 +8,30 @@ reaches the ProxyCommand through the environment ssh runs in, never through a fi
 from __future__ import annotations
 
 import os
-import shutil
 import stat
-import subprocess
-import tempfile
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tests.boxd_emulator import running_emulator
-from tests.conftest import make_repo, run_module
+from tests.integration.ssh_world import SshWorld, box_world
 
 pytestmark = pytest.mark.integration
 
 
-class World:
-    def __init__(self, emu, root: Path) -> None:
-        self.emu, self.root = emu, root
-        self.home = root / "h"
-        (self.home / ".ssh").mkdir(parents=True, mode=0o700)
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "bssh-test", "-f",
-                        str(self.home / ".ssh" / "id_ed25519")], check=True)  # fmt: skip
-        self.workspace = make_repo(root / "ws", {"README.md": "boxd over ssh\n"})
-        self.box = f"bssh-{uuid.uuid4().hex[:6]}"
+class World(SshWorld):
+    provider_name, credentials_prefix = "boxd", "BOXD_"
 
-    def env(self) -> dict[str, str]:
-        return {"HOME": str(self.home), "BOXD_BASE_URL": self.emu.base_url, "BOXD_TOKEN": self.emu.token,
-                "SSH_AUTH_SOCK": "", "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory",
-                "GIT_CONFIG_VALUE_0": "*"}  # fmt: skip
+    def __init__(self, emu, root) -> None:
+        super().__init__(root, "bssh", "boxd over ssh\n")
+        self.emu = emu
 
-    def module(self, module: str, **args) -> dict:
-        return run_module(module, {"provider": "boxd", **args}, env=self.env())
+    def provider_env(self) -> dict[str, str]:
+        return {"BOXD_BASE_URL": self.emu.base_url, "BOXD_TOKEN": self.emu.token}
 
-    @property
-    def config(self) -> Path:
-        return self.home / ".agentbox" / "ssh_config"
-
-    def _run(self, argv: list[str]) -> subprocess.CompletedProcess:
-        base = {k: v for k, v in os.environ.items() if not k.startswith("BOXD_")}
-        return subprocess.run(argv, capture_output=True, text=True, timeout=180, check=False,
-                              env={**base, "HOME": str(self.home), "BOXD_TOKEN": self.emu.token})  # fmt: skip
-
-    def ssh(self, command: str) -> subprocess.CompletedProcess:
-        return self._run(["ssh", "-F", str(self.config), "-o", "BatchMode=yes", f"agentbox-{self.box}", command])
-
-    def scp(self, source: str, target: str) -> subprocess.CompletedProcess:
-        return self._run(["scp", "-F", str(self.config), "-o", "BatchMode=yes", source, target])
+    def ssh_env(self) -> dict[str, str]:
+        return {"BOXD_TOKEN": self.emu.token}  # the pipe reads the token from ssh's environment, never a file
 
     def provider(self):
         from ansible_collections.agentbox.box.plugins.module_utils._boxd import BoxdProvider
@@ -65,21 +41,8 @@ class World:
 
 @pytest.fixture(scope="module")
 def world(box_image: str) -> Iterator[World]:
-    # Short: OpenSSH's paths stay well inside its limits.
-    root = Path(tempfile.mkdtemp(prefix="bssh-", dir="/tmp"))
-    root.chmod(0o755)
-    try:
-        with running_emulator(image=box_image) as emu:
-            made = World(emu, root)
-            created = made.module("agentbox_box", name=made.box, workspace=str(made.workspace), boot=False)
-            assert not created["failed"], created
-            made.created = created
-            try:
-                yield made
-            finally:
-                made.module("agentbox_box", name=made.box, state="absent")
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    with running_emulator(image=box_image) as emu, box_world(lambda root: World(emu, root)) as made:
+        yield made
 
 
 def test_ssh_alias_lands_as_vscode_on_the_boxs_branch(world: World) -> None:

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import stat
 import subprocess
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -22,75 +20,42 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import make_repo, run_module
 from tests.daytona_emulator import running_emulator
+from tests.integration.ssh_world import SshWorld, box_world
 
 pytestmark = pytest.mark.integration
 
 
-class World:
-    def __init__(self, api_url: str, api_key: str, admin, root: Path) -> None:
-        self.api_url, self.api_key, self.admin, self.root = api_url, api_key, admin, root
-        self.home = root / "h"
-        (self.home / ".ssh").mkdir(parents=True, mode=0o700)
-        _keygen(self.home / ".ssh" / "id_ed25519")
-        self.workspace = make_repo(root / "ws", {"README.md": "daytona over ssh\n"})
-        self.box = f"dssh-{uuid.uuid4().hex[:6]}"
+class World(SshWorld):
+    provider_name, credentials_prefix = "daytona", "DAYTONA_"
 
-    def env(self) -> dict[str, str]:
-        return {"HOME": str(self.home), "DAYTONA_API_URL": self.api_url, "DAYTONA_API_KEY": self.api_key,
-                "SSH_AUTH_SOCK": "", "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory",
-                "GIT_CONFIG_VALUE_0": "*"}  # fmt: skip
+    def __init__(self, api_url: str, api_key: str, admin, root: Path) -> None:
+        super().__init__(root, "dssh", "daytona over ssh\n")
+        self.api_url, self.api_key, self.admin = api_url, api_key, admin
+
+    def provider_env(self) -> dict[str, str]:
+        return {"DAYTONA_API_URL": self.api_url, "DAYTONA_API_KEY": self.api_key}
 
     def module(self, module: str, **args) -> dict:
         saved = os.environ.pop("DAYTONA_TARGET", None)
         try:
-            return run_module(module, {"provider": "daytona", **args}, env=self.env())
+            return super().module(module, **args)
         finally:
             if saved is not None:
                 os.environ["DAYTONA_TARGET"] = saved
-
-    @property
-    def config(self) -> Path:
-        return self.home / ".agentbox" / "ssh_config"
-
-    def ssh(self, command: str, **env: str) -> subprocess.CompletedProcess:
-        argv = ["ssh", "-F", str(self.config), "-o", "BatchMode=yes", f"agentbox-{self.box}", command]
-        base = {k: v for k, v in os.environ.items() if not k.startswith("DAYTONA_")}
-        return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False,
-                              env={**base, "HOME": str(self.home), **env})  # fmt: skip
-
-    def scp(self, source: str, target: str) -> subprocess.CompletedProcess:
-        argv = ["scp", "-F", str(self.config), "-o", "BatchMode=yes", source, target]
-        return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False,
-                              env={**os.environ, "HOME": str(self.home)})  # fmt: skip
 
     def gateway_token(self) -> str:
         text = (self.home / ".agentbox" / "daytona-ssh" / f"{self.box}.conf").read_text()
         return re.search(r"^  User (\S+)$", text, re.M).group(1)
 
 
-def _keygen(path: Path) -> None:
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "dssh-test", "-f", str(path)], check=True)
-
-
 @pytest.fixture(scope="module")
 def world(box_image: str) -> Iterator[World]:
-    # Short: OpenSSH's paths stay well inside its limits.
-    root = Path(tempfile.mkdtemp(prefix="dssh-", dir="/tmp"))
-    root.chmod(0o755)
-    try:
-        with running_emulator(image=box_image) as (api_url, api_key, admin):
-            made = World(api_url, api_key, admin, root)
-            created = made.module("agentbox_box", name=made.box, workspace=str(made.workspace), boot=False)
-            assert not created["failed"], created
-            made.created = created
-            try:
-                yield made
-            finally:
-                made.module("agentbox_box", name=made.box, state="absent")
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    with (
+        running_emulator(image=box_image) as (api_url, api_key, admin),
+        box_world(lambda root: World(api_url, api_key, admin, root)) as made,
+    ):
+        yield made
 
 
 def test_ssh_alias_lands_as_vscode_on_the_boxs_branch(world: World) -> None:
