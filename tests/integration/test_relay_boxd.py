@@ -6,7 +6,6 @@ cannot see. A suspended box is not woken by the polls (each poll reads the machi
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,8 +14,8 @@ from typing import Any
 import pytest
 
 from tests.boxd_emulator import running_emulator
-from tests.conftest import run_module
 from tests.integration import test_relay as shared
+from tests.integration.cloud_relay import relay_with, started_box
 
 pytestmark = pytest.mark.integration
 
@@ -26,32 +25,18 @@ project = shared.project
 
 @pytest.fixture(scope="module")
 def boxd(host: shared.Host, box_image: str) -> Iterator[dict[str, Any]]:
-    # Shipping fetches over file:// as root from a repo owned by uid 1000: git wants a global safe.directory.
-    Path(host.home, ".gitconfig").write_text("[safe]\n\tdirectory = *\n")
     with running_emulator(image=box_image) as emu:
         env = {"BOXD_TOKEN": emu.token, "BOXD_BASE_URL": emu.base_url}
-        # The relay takes the token from its environment (it is never written to its files).
-        host.relay("stop")
-        subprocess.run([shared.RELAY, "start"], env={**host.env, **env}, check=True, capture_output=True)
-        yield {"emu": emu, "env": env}
-        host.relay("stop")
+        with relay_with(host, env):
+            yield {"emu": emu, "env": env}
 
 
 @pytest.fixture(scope="module")
 def boxd_box(host: shared.Host, project: dict[str, Path], boxd: dict[str, Any]) -> Iterator[tuple[Any, str]]:
     from ansible_collections.agentbox.box.plugins.module_utils._boxd import BoxdProvider
 
-    name = f"rl-bx-{int(time.time() * 1000) % 100000}"
-    env = {"HOME": host.home, **boxd["env"]}
-    created = run_module(
-        "agentbox_box",
-        {"name": name, "workspace": str(project["workspace"]), "provider": "boxd", "state": "started"},
-        env=env,
-    )
-    assert not created["failed"], created.get("msg")
-    provider = BoxdProvider(token=boxd["env"]["BOXD_TOKEN"], base_url=boxd["env"]["BOXD_BASE_URL"])
-    yield provider, name
-    run_module("agentbox_box", {"name": name, "provider": "boxd", "state": "absent"}, env=env)
+    with started_box(host, project, "boxd", boxd["env"], "rl-bx") as name:
+        yield BoxdProvider(token=boxd["env"]["BOXD_TOKEN"], base_url=boxd["env"]["BOXD_BASE_URL"]), name
 
 
 def test_push_from_a_boxd_box(host: shared.Host, boxd_box: tuple[Any, str], project: dict[str, Path]) -> None:

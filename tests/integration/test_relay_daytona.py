@@ -9,7 +9,6 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import secrets
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 from tests.conftest import run_module
 from tests.daytona_emulator import running_emulator
 from tests.integration import test_relay as shared
+from tests.integration.cloud_relay import relay_with, started_box
 
 pytestmark = pytest.mark.integration
 
@@ -29,32 +29,18 @@ project = shared.project
 
 @pytest.fixture(scope="module")
 def daytona(host: shared.Host) -> Iterator[dict[str, Any]]:
-    # Shipping fetches over file:// as root from a repo owned by uid 1000: git wants a global safe.directory.
-    Path(host.home, ".gitconfig").write_text("[safe]\n\tdirectory = *\n")
     with running_emulator(image="agentbox/box:latest") as (api_url, api_key, _admin):
         env = {"DAYTONA_API_KEY": api_key, "DAYTONA_API_URL": api_url}
-        # The relay takes the API key from its environment (it is never written to its files).
-        host.relay("stop")
-        subprocess.run([shared.RELAY, "start"], env={**host.env, **env}, check=True, capture_output=True)
-        yield {"url": api_url, "key": api_key, "env": env}
-        host.relay("stop")
+        with relay_with(host, env):
+            yield {"url": api_url, "key": api_key, "env": env}
 
 
 @pytest.fixture(scope="module")
 def daytona_box(host: shared.Host, project: dict[str, Path], daytona: dict[str, Any]) -> Iterator[tuple[Any, str]]:
     from ansible_collections.agentbox.box.plugins.module_utils._daytona import DaytonaProvider
 
-    name = f"rl-dt-{secrets.token_hex(3)}"
-    env = {"HOME": host.home, **daytona["env"]}
-    created = run_module(
-        "agentbox_box",
-        {"name": name, "workspace": str(project["workspace"]), "provider": "daytona", "state": "started"},
-        env=env,
-    )
-    assert not created["failed"], created.get("msg")
-    provider = DaytonaProvider(api_key=daytona["key"], api_url=daytona["url"])
-    yield provider, name
-    run_module("agentbox_box", {"name": name, "provider": "daytona", "state": "absent"}, env=env)
+    with started_box(host, project, "daytona", daytona["env"], "rl-dt") as name:
+        yield DaytonaProvider(api_key=daytona["key"], api_url=daytona["url"]), name
 
 
 def test_push_from_a_daytona_box(
