@@ -219,6 +219,43 @@ def test_attach_uri_resume_and_include(home: Path, repo_factory, boxes: list[str
     ]
 
 
+def test_ssh_alias_and_web_url_of_a_box_restored_from_a_checkpoint(home: Path, repo_factory, boxes: list[str]) -> None:
+    """checkpoint.yml, then create_box.yml with that checkpoint, as a user would: the restored box gets its own
+    alias (its branch over ssh) and the web URL the restore prints is the port the engine published for it."""
+    repo = repo_factory("ws")
+    tag = secrets.token_hex(3)
+    source, restored, checkpoint = f"cks-{tag}", f"ckr-{tag}", f"ck-{tag}"
+    create(repo, source, boxes)
+    try:
+        saved = playbook("playbooks/checkpoint.yml", "-e", f"box={source}", "-e", f"checkpoint={checkpoint}")
+        assert saved.returncode == 0, saved.stdout[-3000:] + saved.stderr[-2000:]
+        boxes.append(restored)
+        made = playbook(
+            "playbooks/create_box.yml", "-e", f"workspace={repo}", "-e", f"box={restored}",
+            "-e", f"checkpoint={checkpoint}",
+        )  # fmt: skip
+        assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-2000:]
+        assert f"checkpoint {checkpoint}" in made.stdout, made.stdout
+
+        alias = f"agentbox-{restored}"
+        assert f"Host {alias}\n" in (home / ".agentbox" / "ssh_config").read_text()
+        branch = ssh(home, alias, "git -C /workspace rev-parse --abbrev-ref HEAD")
+        assert branch.returncode == 0, branch.stderr
+        assert branch.stdout.strip() == f"agentbox/{restored}"
+
+        published = subprocess.run(
+            ["docker", "port", alias, "80/tcp"], capture_output=True, text=True, check=True
+        ).stdout.split()
+        port = next(line.rsplit(":", 1)[1] for line in published if line.startswith("127.0.0.1:"))
+        assert re.search(r"web: +(http://[^\s']+)", made.stdout).group(1) == f"http://127.0.0.1:{port}/", made.stdout
+        assert run_module("agentbox_box_info", {"name": restored})["box"]["web_url"] == f"http://127.0.0.1:{port}/"
+    finally:
+        for name in (restored, source):  # the checkpoint's image goes once no box runs from it
+            run_module("agentbox_box", {"name": name, "state": "absent"})
+        removed = run_module("agentbox_checkpoint", {"workspace": str(repo), "name": checkpoint, "state": "absent"})
+        assert not removed["failed"], removed.get("msg")
+
+
 def test_attach_missing_box_removes_stale_alias(home: Path, repo_factory, boxes: list[str]) -> None:
     repo = repo_factory("ws")
     name = f"gone-{secrets.token_hex(3)}"
