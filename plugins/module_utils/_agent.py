@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from . import _git
+from ._box_tmpfs import TMPFS_DIR_FUNCTION
 from ._provider import BoxFacts, Provider, ProviderError
 
 AGENTS = ("claude", "codex", "opencode")
@@ -45,28 +46,10 @@ SESSION_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}")
 STATE_FILES = "/run/agentbox/agents"
 T = TypeVar("T")
 # As root, before the in-box half writes credentials and prompts to STATE_FILES: that directory on a
-# tmpfs, which no checkpoint or snapshot keeps. On the local engine /run/agentbox is a container tmpfs
-# already; where it is on the machine's disk (a boxd machine, a Daytona sandbox) one is mounted, or
-# /dev/shm's used behind a link where mounts are refused (as _carry_env does). What the disk held there
-# is removed first: run-time files only (states, pids, keys of an older version); what a resume needs is
-# kept under /var/lib/agentbox. Exit 3: no tmpfs, and nothing is written.
-_RUN_TMPFS = r"""
-set -eu
-dir=$1
-mkdir -p /run/agentbox
-if [ "$(stat -f -c %T /run/agentbox)" != tmpfs ] && [ "$(stat -f -c %T "$dir/" 2>/dev/null)" != tmpfs ]; then
-  rm -rf "$dir"
-  mkdir -p "$dir"
-  if ! mount -t tmpfs -o mode=0755,uid=1000,gid=1000,size=64m agentbox-agents "$dir" 2>/dev/null; then
-    rmdir "$dir"
-    mkdir -p -m 0755 /dev/shm/agentbox-agents
-    chown 1000:1000 /dev/shm/agentbox-agents
-    ln -sfn /dev/shm/agentbox-agents "$dir"
-  fi
-fi
-[ -e "$dir" ] || { mkdir -p -m 0755 "$dir"; chown 1000:1000 "$dir"; }
-[ "$(stat -f -c %T "$dir/")" = tmpfs ] || { echo "no tmpfs for $dir: refusing to write credentials to disk" >&2; exit 3; }
-"""
+# tmpfs, which no checkpoint or snapshot keeps (_box_tmpfs, shared with _carry_env). What the disk held
+# there is removed first: run-time files only (states, pids, keys of an older version); what a resume
+# needs is kept under /var/lib/agentbox. Exit 3: no tmpfs, and nothing is written.
+_RUN_TMPFS = TMPFS_DIR_FUNCTION + 'set -eu\ntmpfs_dir "$1" agentbox-agents 0755\n'
 
 
 class AgentError(ProviderError):

@@ -16,6 +16,7 @@ import tarfile
 from typing import Any
 
 from . import _git
+from ._box_tmpfs import TMPFS_DIR_FUNCTION
 from ._provider import Provider, ProviderError
 
 CARRIED_DIR = "/run/agentbox/carried"
@@ -25,22 +26,11 @@ MAX_BYTES = 16 << 20  # they live in memory (tmpfs); a glob that matches a build
 # As root: make CARRIED_DIR a tmpfs (already one on Docker, where /run/agentbox is a tmpfs;
 # mounted here, or /dev/shm behind a link, elsewhere), then unpack the tar from stdin into it
 # as the box user and link each file into the worktree. Arguments: worktree, then the paths.
-_SCRIPT = r"""
+_SCRIPT = TMPFS_DIR_FUNCTION + r"""
 set -eu
 dir=/run/agentbox/carried worktree=$1
 shift
-mkdir -p /run/agentbox
-if [ "$(stat -f -c %T /run/agentbox)" != tmpfs ] && ! mountpoint -q "$dir" 2>/dev/null; then
-  mkdir -p "$dir"
-  if ! mount -t tmpfs -o mode=0700,uid=1000,gid=1000,size=64m agentbox-carried "$dir" 2>/dev/null; then
-    rmdir "$dir" 2>/dev/null || true
-    mkdir -p -m 0700 /dev/shm/agentbox-carried
-    ln -sfn /dev/shm/agentbox-carried "$dir"
-  fi
-fi
-mkdir -p "$dir"
-chown 1000:1000 "$dir/" && chmod 0700 "$dir/"
-[ "$(stat -f -c %T "$dir/")" = tmpfs ] || { echo "no tmpfs for $dir: refusing to write the files to disk" >&2; exit 3; }
+tmpfs_dir "$dir" agentbox-carried 0700
 setpriv --reuid=1000 --regid=1000 --clear-groups tar -x -f - -C "$dir/"
 for path in "$@"; do
   target="$worktree/$path"

@@ -35,6 +35,7 @@ RANKS: dict[str, int] = {
     "_boxd_state": PURE,
     "_relay_protocol": PURE,
     "_box_data": PURE,
+    "_box_tmpfs": PURE,
     "_editor_volumes": PURE,
     "_daytona_options": PURE,
     "_daytona_idle": PURE,
