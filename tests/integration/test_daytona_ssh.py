@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import REPO
 from tests.daytona_emulator import running_emulator
 from tests.integration.ssh_world import SshWorld, box_world
 
@@ -145,6 +146,55 @@ def test_a_port_of_the_box_through_a_signed_preview_url(world: World) -> None:
         except urllib.error.HTTPError:
             assert time.monotonic() < deadline, "the server in the box never answered"
             time.sleep(0.5)  # the server is still starting: polled with a deadline
+
+
+def playbook(world: World, *args: str) -> subprocess.CompletedProcess:
+    """An ansible-playbook run as the user runs it: the world's HOME and the provider's URL and key."""
+    env = {k: v for k, v in os.environ.items() if k != "DAYTONA_TARGET"}
+    return subprocess.run(
+        [str(REPO / ".venv/bin/ansible-playbook"), *args, "-e", "provider=daytona"],
+        cwd=REPO,
+        env={**env, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1", **world.env()},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+
+def test_named_shells_on_a_daytona_box(world: World) -> None:
+    """shell.yml reaches the box through the box connection, as on any provider: shell-<name> is vscode's login
+    shell in /workspace, listed, attachable over the alias, and ended."""
+    made = playbook(world, "playbooks/shell.yml", "-e", f"box={world.box}", "-e", "name=build")
+    assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-2000:]
+    flat = " ".join(made.stdout.split())  # the YAML callback folds long lines
+    assert f"agentbox-{world.box} tmux attach -t shell-build" in flat, made.stdout
+    probe = world.ssh("tmux display-message -p -t shell-build '#{pane_current_path}'; readlink -f /workspace; "
+                      "ps -o user= -p $(tmux display-message -p -t shell-build '#{pane_pid}')")  # fmt: skip
+    assert probe.returncode == 0, probe.stderr
+    pane_path, workspace_target, owner = probe.stdout.split()
+    assert pane_path in ("/workspace", workspace_target) and owner == "vscode", probe.stdout
+    listed = playbook(world, "playbooks/shell.yml", "-e", f"box={world.box}", "-e", "state=list")
+    assert listed.returncode == 0 and f"shells in {world.box}: shell-build" in listed.stdout, listed.stdout
+    ended = playbook(world, "playbooks/shell.yml", "-e", f"box={world.box}", "-e", "name=build", "-e", "state=absent")
+    assert ended.returncode == 0, ended.stdout[-3000:] + ended.stderr[-2000:]
+    listed = playbook(world, "playbooks/shell.yml", "-e", f"box={world.box}", "-e", "state=list")
+    assert f"shells in {world.box}: none" in listed.stdout, listed.stdout
+
+
+def test_the_alias_follows_a_stop_and_a_start(world: World) -> None:
+    """box_state.yml stopped, then started: the same alias lands as vscode in /workspace (the keys lived on the
+    box's tmpfs; ssh runs without DAYTONA_API_KEY, so only the start itself can have set the box up again), and
+    the start gave the alias a new SSH access token (docs/access.md: each start mints one)."""
+    before = world.gateway_token()
+    for state in ("stopped", "started"):
+        moved = playbook(world, "playbooks/box_state.yml", "-e", f"box={world.box}", "-e", f"state={state}")
+        assert moved.returncode == 0, moved.stdout[-3000:] + moved.stderr[-2000:]
+    landed = world.ssh("id -un; pwd; git -C /workspace rev-parse --abbrev-ref HEAD")
+    assert landed.returncode == 0, landed.stderr
+    assert landed.stdout.split() == ["vscode", "/workspace", f"agentbox/{world.box}"], landed.stdout
+    assert world.ssh("true").returncode == 0
+    assert world.gateway_token() != before
 
 
 def test_destroy_removes_the_alias_and_the_token(world: World, box_image: str) -> None:
