@@ -399,6 +399,38 @@ def test_named_shells(home: Path, repo_factory, boxes: list[str]) -> None:
     assert bad.returncode != 0 and "letters, digits" in bad.stdout
 
 
+def test_named_shells_on_a_remote_engine(home: Path, repo_factory, engine_fleet, monkeypatch) -> None:
+    """shell.yml on a box on an engine over SSH: the tasks go through the box connection, the session is
+    vscode's in /workspace and reachable over the alias, listed and ended."""
+    engine = engine_fleet.engines[0]
+    for key, value in engine_fleet.env.items():
+        monkeypatch.setenv(key, value)
+    repo = repo_factory("ws")
+    name = f"rsh-{secrets.token_hex(3)}"
+    common = {"name": name, "provider": "docker_ssh", "engine": engine.alias}
+    where = ("-e", f"box={name}", "-e", "provider=docker_ssh", "-e", f"engine={engine.alias}")
+    try:
+        created = run_module("agentbox_box", {**common, "workspace": str(repo)})
+        assert not created["failed"], created.get("msg")
+        made = playbook("playbooks/shell.yml", *where, "-e", "name=build")
+        assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-2000:]
+        assert f"agentbox-{name} tmux attach -t shell-build" in " ".join(made.stdout.split()), made.stdout
+        probe = ssh(home, f"agentbox-{name}", "tmux display-message -p -t shell-build '#{pane_current_path}'; "
+                    "readlink -f /workspace; ps -o user= -p $(tmux display-message -p -t shell-build '#{pane_pid}')")  # fmt: skip
+        assert probe.returncode == 0, probe.stderr
+        pane_path, workspace_target, owner = probe.stdout.split()
+        assert pane_path in ("/workspace", workspace_target) and owner == "vscode", probe.stdout
+        listed = playbook("playbooks/shell.yml", *where, "-e", "state=list")
+        assert listed.returncode == 0 and f"shells in {name}: shell-build" in listed.stdout, listed.stdout
+        ended = playbook("playbooks/shell.yml", *where, "-e", "name=build", "-e", "state=absent")
+        assert ended.returncode == 0, ended.stdout[-3000:] + ended.stderr[-2000:]
+        listed = playbook("playbooks/shell.yml", *where, "-e", "state=list")
+        assert f"shells in {name}: none" in listed.stdout, listed.stdout
+    finally:
+        gone = run_module("agentbox_box", {**common, "state": "absent"})
+        assert not gone["failed"], gone.get("msg")
+
+
 def test_forward_local_and_web_url_after_start(home: Path, repo_factory, boxes: list[str]) -> None:
     repo = repo_factory("ws")
     name = f"fw-{secrets.token_hex(3)}"
