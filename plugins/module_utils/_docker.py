@@ -401,7 +401,7 @@ class DockerProvider(Provider):
             attrs = engine.inspect_container(container)
             if attrs is None:
                 raise ProviderError("the box's container went away as it started", box=spec.name, operation="create")
-            return self._facts(_Summary(str(attrs.get("Name", "")).lstrip("/"), attrs))
+            return self._facts_of(attrs)
         except BaseException as exc:
             if engine is not None:
                 self._remove_half_made(engine, container, volume if created_volume else None, spec.name, layers)
@@ -474,55 +474,67 @@ class DockerProvider(Provider):
                 stdin=value.encode("utf-8"),
             ).check(f"writing secret {key}", name)
 
+    def _box_attrs(
+        self, engine: EngineAPI | SDKEngine, name: str, operation: str, container: str | None = None
+    ) -> dict[str, Any]:
+        """The box's container as the engine inspects it (by `container`, its id, once known)."""
+        attrs = engine.inspect_container(container or container_name(name))
+        if attrs is None:
+            raise BoxNotFound(f"no box called {name!r} on engine {self._engine}", box=name, operation=operation)
+        return attrs
+
+    def _facts_of(self, attrs: dict[str, Any]) -> BoxFacts:
+        return self._facts(_Summary(str(attrs.get("Name", "")).lstrip("/"), attrs))
+
+    def _current(self, name: str, operation: str) -> BoxFacts:
+        with self._calling(name, operation) as engine:
+            return self._facts_of(self._box_attrs(engine, name, operation))
+
     def _transition(self, name: str, operation: str, method: str, wanted: str) -> BoxFacts:
-        container = self._container(name, operation)
-        try:
-            getattr(container, method)()
-        except APIError as exc:
-            raise ProviderError(str(exc.explanation or exc), box=name, operation=operation) from exc
-        container.reload()
-        facts = self._facts(container)
+        """`method` (start/pause/unpause_container) on the box's container, then its facts, which
+        must say `wanted`."""
+        with self._calling(name, operation) as engine:
+            container = str(self._box_attrs(engine, name, operation)["Id"])
+            getattr(engine, method)(container)
+            facts = self._facts_of(self._box_attrs(engine, name, operation, container))
         if facts.state != wanted:
             raise ProviderError(f"box is {facts.state}, expected {wanted}", box=name, operation=operation)
         return facts
 
     def start(self, name: str) -> BoxFacts:
-        facts = self._facts(self._container(name, "start"))
+        facts = self._current(name, "start")
         if facts.state == "paused":
             return self.resume(name)
         if facts.state == "running":
             return facts
-        return self._transition(name, "start", "start", "running")
+        return self._transition(name, "start", "start_container", "running")
 
     def stop(self, name: str) -> BoxFacts:
-        facts = self._facts(self._container(name, "stop"))
+        facts = self._current(name, "stop")
         if facts.state == "paused":
-            self._transition(name, "stop", "unpause", "running")
+            self._transition(name, "stop", "unpause_container", "running")
         if facts.state == "stopped":
             return facts
-        container = self._container(name, "stop")
-        try:
-            container.stop(timeout=10)
-        except APIError as exc:
-            raise ProviderError(str(exc.explanation or exc), box=name, operation="stop") from exc
-        container.reload()
-        return self._facts(container)
+        with self._calling(name, "stop") as engine:
+            container = str(self._box_attrs(engine, name, "stop")["Id"])
+            engine.stop_container(container, timeout=10)
+            return self._facts_of(self._box_attrs(engine, name, "stop", container))
 
     def pause(self, name: str) -> BoxFacts:
-        facts = self._facts(self._container(name, "pause"))
+        facts = self._current(name, "pause")
         if facts.state == "paused":
             return facts
         if facts.state != "running":
             raise ProviderError("only a running box can be paused; start it first", box=name, operation="pause")
-        return self._transition(name, "pause", "pause", "paused")
+        return self._transition(name, "pause", "pause_container", "paused")
 
     def resume(self, name: str) -> BoxFacts:
-        facts = self._facts(self._container(name, "resume"))
+        facts = self._current(name, "resume")
         if facts.state == "running":
             return facts
         if facts.state == "stopped":
-            return self._transition(name, "start", "start", "running")
-        return self._transition(name, "resume", "unpause", "running")
+            return self._transition(name, "start", "start_container", "running")
+        return self._transition(name, "resume", "unpause_container", "running")
 
     def destroy(self, name: str) -> None:
         with self._calling(name, "destroy") as engine:

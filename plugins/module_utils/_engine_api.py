@@ -147,12 +147,15 @@ class EngineAPI:
             raise EngineAPIError(status, _message(data, status))
         return data
 
-    def _write(self, method: str, path: str, body: Any = None, ok: tuple[int, ...] = (200, 201, 204)) -> Any:
+    def _write(
+        self, method: str, path: str, body: Any = None, ok: tuple[int, ...] = (200, 201, 204), wait: float = 0
+    ) -> Any:
         """A call that changes the engine, on a connection of its own: never re-sent, since a
-        connection that broke after the engine acted would make a second container or volume."""
+        connection that broke after the engine acted would make a second container or volume.
+        `wait`: seconds the engine may take beyond the usual timeout (a stop's grace period)."""
         payload = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": "application/json"} if payload is not None else {}
-        conn = _Connection(self._open, self._timeout)
+        conn = _Connection(self._open, self._timeout + wait)
         try:
             conn.request(method, path, body=payload, headers=headers)
             response = conn.getresponse()
@@ -195,6 +198,16 @@ class EngineAPI:
 
     def start_container(self, container: str) -> None:
         self._write("POST", f"/containers/{_quote(container)}/start", ok=(204, 304))
+
+    def pause_container(self, container: str) -> None:
+        self._write("POST", f"/containers/{_quote(container)}/pause", ok=(204,))
+
+    def unpause_container(self, container: str) -> None:
+        self._write("POST", f"/containers/{_quote(container)}/unpause", ok=(204,))
+
+    def stop_container(self, container: str, timeout: int = 10) -> None:
+        """Stop it, killing it after `timeout` seconds; the request waits that long beyond the usual."""
+        self._write("POST", f"/containers/{_quote(container)}/stop?t={int(timeout)}", ok=(204, 304), wait=timeout)
 
     def wait_container(self, container: str) -> int:
         """Wait for the container to exit; its exit code."""

@@ -48,6 +48,18 @@ class SDKEngine:
         with _errors():
             self._api.start(container)
 
+    def pause_container(self, container: str) -> None:
+        with _errors():
+            self._api.pause(container)
+
+    def unpause_container(self, container: str) -> None:
+        with _errors():
+            self._api.unpause(container)
+
+    def stop_container(self, container: str, timeout: int = 10) -> None:
+        with _errors():
+            self._api.stop(container, timeout=timeout)
+
     def wait_container(self, container: str) -> int:
         with _errors():
             return int(self._api.wait(container).get("StatusCode", -1))

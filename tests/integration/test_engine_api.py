@@ -257,3 +257,45 @@ def test_task_calls_import_no_docker_sdk(box_name):
     """)
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "none"
+
+
+@pytest.mark.parametrize("client", ["standard library", "docker SDK"])
+def test_state_changes_through_either_client(box_name, client):
+    """pause, resume, stop, start through _engine_api on the local engine, and through the SDK behind
+    the same methods (_engine_sdk, what docker_ssh and TLS engines use): the same facts either way."""
+    provider = DockerProvider()
+    if client == "docker SDK":
+        provider._direct = None  # as on an engine the standard library does not reach
+    try:
+        assert provider.pause(box_name).state == "paused"
+        assert provider.pause(box_name).state == "paused"
+        stopped = provider.stop(box_name)  # a paused box is resumed first, then stopped
+        assert (stopped.state, stopped.name, stopped.container) == ("stopped", box_name, f"agentbox-{box_name}")
+        with pytest.raises(ProviderError, match="only a running box can be paused"):
+            provider.pause(box_name)
+        assert provider.start(box_name).state == "running"
+        assert provider.start(box_name).state == "running"
+        assert provider.pause(box_name).state == "paused"
+        assert provider.resume(box_name).state == "running"
+        for change in (provider.start, provider.stop, provider.pause, provider.resume):
+            with pytest.raises(BoxNotFound, match="no box called"):
+                change(f"{box_name}-gone")
+    finally:
+        docker("unpause", f"agentbox-{box_name}", check=False)
+        docker("start", f"agentbox-{box_name}", check=False)
+
+
+def test_state_changes_import_no_docker_sdk(box_name):
+    """A switch (pause one box, resume another) on the local engine pays no SDK import either."""
+    probe = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(REPO / ".collections")!r})
+        from ansible_collections.agentbox.box.plugins.plugin_utils._providers import provider_for
+        provider = provider_for("docker", "local")
+        assert provider.pause({box_name!r}).state == "paused"
+        assert provider.resume({box_name!r}).state == "running"
+        heavy = sorted(m for m in ("docker", "requests", "urllib3", "paramiko") if m in sys.modules)
+        print(",".join(heavy) or "none")
+    """)
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "none"
