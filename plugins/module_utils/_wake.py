@@ -14,9 +14,10 @@ A paused box is resumed and a stopped one started through the collection's own s
 SSH keys written again to the box's tmpfs, agents resumed), then COMMAND (the same sshd through the
 engine) replaces this process. A running Daytona box gets a new SSH access token (the gateway
 refused the old one: expired, or revoked by a newer one); that needs DAYTONA_API_KEY where ssh
-runs. A running box means the connection failed for its own reasons: nothing
-is retried. Standard output is the SSH stream, so nothing but COMMAND may write to it; every message
-goes to standard error, which ssh shows.
+runs. A box that was stopped gets new published ports with its start: its new web URL is said on
+standard error. A running box means the connection failed for its own reasons: nothing is retried.
+Standard output is the SSH stream, so nothing but COMMAND may write to it; every message goes to
+standard error, which ssh shows.
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ def say(text: str) -> None:
     sys.stderr.flush()
 
 
-def wake(provider_name: str, engine: str, box: str, ssh_options: dict[str, Any]) -> str:
-    """Resume or start the box; its state before ('running' when there was nothing to do)."""
+def wake(provider_name: str, engine: str, box: str, ssh_options: dict[str, Any]) -> tuple[str, str | None]:
+    """Resume or start the box: its state before ('running' when there was nothing to do), and its web URL
+    when a start moved it (a stopped box's published port is gone, and the start publishes a new one)."""
     if provider_name == "docker_ssh":
         provider = get_provider(provider_name, engine=engine, ssh_options=ssh_options)
     elif provider_name == "docker":
@@ -54,14 +56,18 @@ def wake(provider_name: str, engine: str, box: str, ssh_options: dict[str, Any])
         if facts is None:
             raise LookupError(f"no box called {box!r} on engine {engine}")
         if facts.state in ("paused", "stopped"):
-            _box.set_state(provider, facts, "started")  # a Daytona box's start renews its SSH access too
-        elif provider_name == "daytona":
+            # The start writes the alias's entry again (keys, host key); a Daytona start renews its SSH access too.
+            after = _box.set_state(provider, facts, "started")
+            # A resume keeps the ports. A Daytona web URL is a signed preview link, a credential: never on stderr.
+            moved = facts.state == "stopped" and provider_name != "daytona" and after.web_url != facts.web_url
+            return facts.state, after.web_url if moved else None
+        if provider_name == "daytona":
             # Running, so the gateway refused the token (expired, or revoked by a newer one): a new one.
             access = _box.refresh_access(provider, facts)
             if access.get("warnings"):
                 raise RuntimeError("; ".join(access["warnings"]))
-            return "renewed"
-        return facts.state
+            return "renewed", None
+        return facts.state, None
     finally:
         provider.close()
 
@@ -78,7 +84,7 @@ def main(argv: list[str]) -> int:
         options = json.loads(raw_options)
         if not isinstance(options, dict):
             raise ValueError("SSH_OPTIONS_JSON must be an object")
-        before = wake(provider_name, engine, box, options)
+        before, web_url = wake(provider_name, engine, box, options)
     except Exception as exc:  # noqa: BLE001 - whatever it is, ssh shows it and gives up
         say(f"agentbox: cannot wake box {box!r}: {exc}")
         return 255
@@ -93,6 +99,8 @@ def main(argv: list[str]) -> int:
         return 255
     else:
         say(f"agentbox: box {box!r} was {before}; it runs again")
+        if web_url:
+            say(f"agentbox: box {box!r}: web {web_url}")  # its port moved with the start
     os.execvp(command[0], command)
     return 255  # not reached
 

@@ -448,6 +448,40 @@ def test_forward_local_and_web_url_after_start(home: Path, repo_factory, boxes: 
     assert f"web: {now}" in started.stdout
 
 
+def test_ssh_wake_of_a_stopped_box_says_its_new_web_url(home: Path, repo_factory, boxes: list[str]) -> None:
+    """`ssh agentbox-<box>` starts a stopped box (the ProxyCommand's wake); the start publishes a new web port,
+    and the wake says the new URL on stderr (ssh shows it), the one the box's facts report."""
+    repo = repo_factory("ws")
+    name = f"wku-{secrets.token_hex(3)}"
+    boxes.append(name)
+    made = run_module("agentbox_box", {"name": name, "workspace": str(repo), "boot": False})
+    assert not made["failed"], made.get("msg")
+    alias = f"agentbox-{name}"
+    config = home / ".agentbox" / "ssh_config"
+    argv = ["ssh", "-F", str(config), "-o", "BatchMode=yes", alias, "id -un"]
+
+    # A paused box keeps its ports: resumed, no URL said.
+    assert run_module("agentbox_box", {"name": name, "state": "paused"})["box"]["state"] == "paused"
+    resumed = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    assert resumed.returncode == 0 and resumed.stdout == "vscode\n", resumed.stderr
+    assert "was paused" in resumed.stderr and " web " not in resumed.stderr, resumed.stderr
+
+    stopped = run_module("agentbox_box", {"name": name, "state": "stopped"})
+    assert stopped["box"]["state"] == "stopped" and not stopped["box"]["web_url"], stopped
+    woke = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)  # a guard, not a timing
+    assert woke.returncode == 0 and woke.stdout == "vscode\n", woke.stderr
+    assert "was stopped" in woke.stderr, woke.stderr
+    said = re.findall(r"agentbox: box '[^']+': web (\S+)", woke.stderr)
+    facts = run_module("agentbox_box_info", {"name": name})["box"]
+    assert facts["state"] == "running" and facts["web_url"], facts
+    assert said == [facts["web_url"]], woke.stderr
+    assert run_module("agentbox_forward", {"name": name})["url"] == facts["web_url"]
+    # The entry is still current: the next login takes the direct path (no wake, nothing said).
+    assert f"Host {alias}\n" in config.read_text()
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert again.returncode == 0 and "agentbox:" not in again.stderr, again.stderr
+
+
 def volume_names(box_or_kind: str) -> list[str]:
     out = subprocess.run(
         ["docker", "volume", "ls", "--filter", f"label={box_or_kind}", "--format", "{{.Name}}"],
@@ -515,3 +549,4 @@ def test_editor_server_volumes(home: Path, repo_factory, boxes: list[str]) -> No
         check=True,
         capture_output=True,
     )
+
