@@ -550,3 +550,84 @@ def test_editor_server_volumes(home: Path, repo_factory, boxes: list[str]) -> No
         capture_output=True,
     )
 
+
+def test_cursor_extensions_volume_is_shared_and_listed_by_prune(home: Path, repo_factory, boxes: list[str]) -> None:
+    """The shared Cursor extensions volume is made, mounted, writable by the box user, kept when the box goes,
+    and listed by the prune playbook next to the VS Code one."""
+    repo = repo_factory("ws")
+    name = f"cx-{secrets.token_hex(3)}"
+    boxes.append(name)
+    made = run_module("agentbox_box", {"name": name, "workspace": str(repo), "boot": False})
+    assert not made["failed"], made.get("msg")
+    alias = f"agentbox-{name}"
+    mounts = json.loads(
+        subprocess.run(
+            ["docker", "inspect", "--format", "{{json .Mounts}}", alias], capture_output=True, text=True, check=True
+        ).stdout
+    )
+    by_path = {mount["Destination"]: mount.get("Name") for mount in mounts}
+    vscode_shared = by_path["/home/vscode/.vscode-server/extensions"]
+    cursor_shared = by_path["/home/vscode/.cursor-server/extensions"]
+    assert cursor_shared.startswith("agentbox-cursor-extensions-")
+    assert cursor_shared.removeprefix("agentbox-cursor-") == vscode_shared.removeprefix("agentbox-vscode-")  # same user
+    labels = json.loads(
+        subprocess.run(
+            ["docker", "volume", "inspect", "--format", "{{json .Labels}}", cursor_shared],
+            capture_output=True, text=True, check=True,
+        ).stdout
+    )  # fmt: skip
+    assert labels["io.agentbox.kind"] == "editor-extensions" and labels["io.agentbox.editor"] == "cursor", labels
+    wrote = ssh(home, alias, f"echo ext > ~/.cursor-server/extensions/marker-{name} && echo wrote")
+    assert wrote.stdout == "wrote\n", wrote.stdout + wrote.stderr
+
+    assert not run_module("agentbox_box", {"name": name, "state": "absent"})["failed"]
+    kept = volume_names("io.agentbox.kind=editor-extensions")
+    assert cursor_shared in kept and vscode_shared in kept
+    pruned = playbook("playbooks/prune_checkpoints.yml", "--check")
+    assert pruned.returncode == 0, pruned.stdout + pruned.stderr
+    flat = " ".join(pruned.stdout.split())  # the YAML callback folds long lines
+    listed = flat.split("editor extension volumes", 1)[1]
+    assert cursor_shared in listed and vscode_shared in listed, pruned.stdout
+    subprocess.run(
+        ["docker", "run", "--rm", "-v", f"{cursor_shared}:/ext", "--entrypoint", "rm", "agentbox/box:latest",
+         "-f", f"/ext/marker-{name}"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+
+
+def test_attach_starts_a_stopped_box_and_runs_only_the_editor_asked_for(
+    home: Path, repo_factory, boxes: list[str], tmp_path: Path
+) -> None:
+    """A stopped box is started first; `ide=print` runs no editor even with `code` and `cursor` installed;
+    `ide=cursor` runs `cursor --folder-uri <Dev Containers URI of the box>`."""
+    repo = repo_factory("ws")
+    name = f"atc-{secrets.token_hex(3)}"
+    boxes.append(name)
+    made = run_module("agentbox_box", {"name": name, "workspace": str(repo), "boot": False})
+    assert not made["failed"], made.get("msg")
+    assert run_module("agentbox_box", {"name": name, "state": "stopped"})["box"]["state"] == "stopped"
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    for editor in ("code", "cursor"):  # fake editor CLIs: each call is its name and arguments, a line each
+        fake = bin_dir / editor
+        fake.write_text(f"#!/bin/sh\nprintf '%s\\n' {editor} \"$@\" >> {calls}\n")
+        fake.chmod(0o755)
+    path = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+    printed = playbook("playbooks/attach.yml", "-e", f"box={name}", "-e", "ide=print", env=path)
+    assert printed.returncode == 0, printed.stdout + printed.stderr
+    assert "printed only" in printed.stdout, printed.stdout
+    assert not calls.exists(), calls.read_text()
+    facts = run_module("agentbox_box_info", {"name": name})["box"]
+    assert facts["state"] == "running", facts
+    assert f"web:     {facts['web_url']}" in printed.stdout, printed.stdout  # the URL after the start
+
+    opened = playbook("playbooks/attach.yml", "-e", f"box={name}", "-e", "ide=cursor", env=path)
+    assert opened.returncode == 0, opened.stdout + opened.stderr
+    editor, flag, uri = calls.read_text().splitlines()
+    assert (editor, flag) == ("cursor", "--folder-uri")
+    prefix, _sep, rest = uri.partition("+")
+    assert prefix == "vscode-remote://attached-container" and rest.endswith("/workspace"), uri
+    assert json.loads(bytes.fromhex(rest.removesuffix("/workspace")))["containerName"] == f"/agentbox-{name}"
