@@ -158,7 +158,8 @@ class Emulator:
         self.build_cache: dict[str, str] = {}
         self.used_snapshot_names: set[str] = set()
         self.images_to_remove: set[str] = set()
-        self.signed_previews: dict[str, tuple[str, int, float]] = {}
+        # token -> (sandbox id, port, expiry time, the expiresInSeconds it was asked for)
+        self.signed_previews: dict[str, tuple[str, int, float, int]] = {}
         self.ssh_tokens: dict[str, tuple[str, float]] = {}
         self.lookup_cache = LookupCache()
         self.events = EventHub()
@@ -1014,7 +1015,7 @@ class Emulator:
             raise ApiError(400, f"expiresInSeconds must be at most {MAX_SIGNED_PREVIEW_SECONDS}")
         token = secrets.token_urlsafe(24)
         with self.lock:
-            self.signed_previews[token] = (sb.id, port, time.time() + seconds)
+            self.signed_previews[token] = (sb.id, port, time.time() + seconds, seconds)
         return {"sandboxId": sb.id, "port": port, "token": token, "url": f"{self.base_url}/preview/s/{token}"}
 
     def expire_signed_preview_url(self, id_or_name: str, raw_port: str, token: str) -> None:
@@ -1024,6 +1025,21 @@ class Emulator:
             if entry is None or entry[0] != sb.id or entry[1] != _port(raw_port):
                 raise ApiError(404, "Signed preview URL not found")
             del self.signed_previews[token]
+
+    def signed_preview_records(self) -> list[dict[str, Any]]:
+        """Admin: every signed preview URL the API made, with the expiry it was asked for (tokens included)."""
+        with self.lock:
+            return [{"token": token, "sandboxId": sid, "port": port, "expiresInSeconds": seconds, "expiresAt": iso(until)}
+                    for token, (sid, port, until, seconds) in self.signed_previews.items()]  # fmt: skip
+
+    def expire_signed_preview_now(self, token: str) -> dict[str, Any]:
+        """Admin: the signed URL's time is up now (what waiting out expiresInSeconds would do)."""
+        with self.lock:
+            entry = self.signed_previews.get(token)
+            if entry is None:
+                raise ApiError(404, "no such signed preview URL")
+            self.signed_previews[token] = (entry[0], entry[1], time.time(), entry[3])
+            return {"sandboxId": entry[0], "port": entry[1], "expired": True}
 
     def resolve_preview(self, sandbox_id: str, raw_port: str, token: str | None) -> tuple[SandboxRecord, int]:
         """A preview request with the sandbox's current token (a token from before a restart is refused)."""
@@ -1037,7 +1053,7 @@ class Emulator:
     def resolve_signed_preview(self, token: str) -> tuple[SandboxRecord, int]:
         with self.lock:
             entry = self.signed_previews.get(token)
-            if entry is None or entry[2] < time.time():
+            if entry is None or entry[2] <= time.time():  # as Daytona's proxy: past its expiresInSeconds, refused
                 raise ApiError(401, "Signed preview URL is invalid or expired", source="DAYTONA_PROXY")
         return self.find(entry[0]), entry[1]
 

@@ -116,6 +116,14 @@ class EmulatorAdmin:
         """An SSH access token's time is up now, as if its expiresInMinutes had passed."""
         return self._call("POST", f"/ssh-access/{token}/expire")
 
+    def signed_previews(self) -> list[dict[str, Any]]:
+        """Every signed preview URL made: token, sandboxId, port, expiresInSeconds (as asked), expiresAt."""
+        return self._call("GET", "/signed-previews")
+
+    def expire_signed_preview(self, token: str) -> dict:
+        """A signed preview URL's time is up now, as if its expiresInSeconds had passed."""
+        return self._call("POST", f"/signed-previews/{token}/expire")
+
     def sandbox_internal(self, sandbox_id: str) -> dict[str, Any] | None:
         """The sandbox as the admin state shows it, with `_emulator.containerId`, or None once deleted."""
         return next((sb for sb in self.state()["sandboxes"] if sb["id"] == sandbox_id), None)

@@ -455,6 +455,11 @@ def admin(emulator: Emulator, method: str, path: str, query: dict[str, list[str]
     if match and method == "POST":
         name = urllib.parse.unquote(match.group(1))
         return Reply(200, habits.deactivate_unused_snapshot(emulator, name, _body(raw)))
+    if route == "/signed-previews" and method == "GET":
+        return Reply(200, emulator.signed_preview_records())
+    match = re.fullmatch(r"/signed-previews/([A-Za-z0-9_-]+)/expire", route)
+    if match and method == "POST":
+        return Reply(200, emulator.expire_signed_preview_now(match.group(1)))
     match = re.fullmatch(r"/ssh-access/([A-Za-z0-9]+)/expire", route)
     if match and method == "POST":
         return Reply(200, emulator.expire_ssh_access(match.group(1)))

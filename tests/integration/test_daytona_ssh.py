@@ -197,6 +197,38 @@ def test_the_alias_follows_a_stop_and_a_start(world: World) -> None:
     assert world.gateway_token() != before
 
 
+def test_the_preview_urls_ttl_reaches_daytona_and_an_expired_url_is_refused(world: World) -> None:
+    """forward.yml's `ttl` is the expiresInSeconds of Daytona's signed preview URL (the emulator keeps what it was
+    asked for), the URL works until then, and once its time is up the preview proxy refuses it (401)."""
+    started = world.ssh("mkdir -p /tmp/ttl && echo within-ttl > /tmp/ttl/index.html && "
+                        "(nohup python3 -m http.server 8124 --directory /tmp/ttl >/dev/null 2>&1 &)")  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    since = max((entry["seq"] for entry in world.admin.requests()), default=0)
+    done = playbook(world, "playbooks/forward.yml", "-e", f"box={world.box}", "-e", "port=8124", "-e", "ttl=777")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "valid:   777 s" in done.stdout, done.stdout
+    url = re.search(r"url: +(\S+)", done.stdout).group(1).strip("'\"")
+    asked = [entry["query"] for entry in world.admin.requests(since) if entry["path"].endswith("/ports/8124/signed-preview-url")]
+    assert asked == ["expiresInSeconds=777"], asked
+    token = url.rstrip("/").rsplit("/", 1)[-1]
+    made = [record for record in world.admin.signed_previews() if record["token"] == token]
+    assert [(record["port"], record["expiresInSeconds"]) for record in made] == [(8124, 777)], made
+
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=30) as response:
+                assert response.read() == b"within-ttl\n"
+            break
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 502 and time.monotonic() < deadline, f"the server in the box never answered: {exc}"
+            time.sleep(0.5)  # the server is still starting: polled with a deadline
+    world.admin.expire_signed_preview(token)  # its 777 s are up
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(url, timeout=30)
+    assert refused.value.code == 401
+
+
 def test_destroy_removes_the_alias_and_the_token(world: World, box_image: str) -> None:
     """A box of its own: destroying it removes its entry and its gateway files, and the alias stops working."""
     name = f"dsx-{uuid.uuid4().hex[:6]}"
