@@ -47,7 +47,7 @@ from ._boxd_state import (
     needs_start,
 )
 from ._naming import label, strip_labels
-from ._provider import BoxFacts, BoxNotFound, BoxSpec, EngineUnreachable, ExecResult, Provider, ProviderError
+from ._provider import BoxFacts, BoxNotFound, BoxSpec, Command, EngineUnreachable, ExecResult, Provider, ProviderError
 from ._shell_line import command_line, gib
 from ._snapshot_store import parse_snapshot_name
 
@@ -385,18 +385,9 @@ class BoxdProvider(Provider):
                 raise
 
     # -- inside the box -------------------------------------------------------------------------
-    def exec(
-        self,
-        name: str,
-        argv: list[str],
-        *,
-        user: str = BOX_USER,
-        workdir: str | None = None,
-        env: dict[str, str] | None = None,
-        stdin: bytes | IO[bytes] | None = None,
-        timeout: float | None = None,
-    ) -> ExecResult:
-        line = command_line(argv, user=user, workdir=workdir, env=env)
+    def run_command(self, name: str, command: Command) -> ExecResult:
+        line = command_line(command.argv, user=command.user, workdir=command.workdir, env=command.env)
+        timeout, stdin = command.timeout, command.stdin
         if timeout:
             # TERM first so `timeout` itself reports 124, KILL after a grace for a command that ignores it.
             line = f"timeout -k {KILL_GRACE_SECONDS} {max(1, math.ceil(timeout))} {line}"

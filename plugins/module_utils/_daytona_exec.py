@@ -38,7 +38,7 @@ from ._daytona_api import (
     status_of,
 )
 from ._daytona_state import box_state, state_name
-from ._provider import BoxNotFound, EngineUnreachable, ExecResult, ProviderError
+from ._provider import BoxNotFound, Command, EngineUnreachable, ExecResult, ProviderError
 from ._shell_line import command_line
 
 BOX_USER = "vscode"
@@ -158,22 +158,14 @@ class DaytonaExec(DaytonaAPI):
         self._exec_slice = exec_slice
         self.sessions: set[str] = set()  # sandbox ids whose exec session this process has made
 
-    def exec(
-        self,
-        name: str,
-        argv: list[str],
-        *,
-        user: str = BOX_USER,
-        workdir: str | None = None,
-        env: dict[str, str] | None = None,
-        stdin: bytes | IO[bytes] | None = None,
-        timeout: float | None = None,
-    ) -> ExecResult:
+    def run_command(self, name: str, command: Command) -> ExecResult:
         sandbox = self.cached_sandbox(name, "exec")
         # sandbox.user is only what the create asked for (os_user): the daemon runs as the image's USER.
-        line = command_line(argv, user=user, workdir=workdir, env=env, timeout=timeout)
+        line = command_line(
+            command.argv, user=command.user, workdir=command.workdir, env=command.env, timeout=command.timeout
+        )
         try:
-            return self._exec(name, sandbox, line, stdin, timeout)
+            return self._exec(name, sandbox, line, command.stdin, command.timeout)
         except ProviderError as exc:
             raise self._why_not_running(name, exc) from exc
 

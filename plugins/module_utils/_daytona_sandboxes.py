@@ -234,18 +234,10 @@ class DaytonaSandboxes(DaytonaSnapshots):
         labels = {**spec.labels, label("image"): spec.image}
         if self._idle_timeout:
             labels[label(IDLE_LABEL)] = str(self._idle_timeout)
-        env = {
-            "AGENTBOX": "1",
-            "AGENTBOX_BOX_NAME": spec.name,
-            "AGENTBOX_BOX_ID": spec.box_id,
-            "AGENTBOX_PROJECT": spec.project,
-            "AGENTBOX_HOST_WORKSPACE": spec.workspace,
-            **spec.env,
-        }
         common: dict[str, Any] = {
             "name": spec.name,
             "os_user": BOX_USER,
-            "env_vars": env,
+            "env_vars": spec.box_env(),
             "labels": labels,
             "public": False,
             "auto_stop_interval": self._auto_stop,

@@ -26,6 +26,7 @@ from ._provider import (
     BoxFacts,
     BoxNotFound,
     BoxSpec,
+    Command,
     EngineUnreachable,
     ExecResult,
     OutputTooLarge,
@@ -352,20 +353,12 @@ class DockerProvider(Provider):
             for editor_volume, box_path, editor_labels in _editor_volumes.box_volumes(spec.name, volume_labels):
                 engine.create_volume(editor_volume, editor_labels)
                 binds.append((editor_volume, box_path, "rw"))
-            env = {
-                "AGENTBOX": "1",
-                "AGENTBOX_BOX_NAME": spec.name,
-                "AGENTBOX_BOX_ID": spec.box_id,
-                "AGENTBOX_PROJECT": spec.project,
-                "AGENTBOX_HOST_WORKSPACE": spec.workspace,
-                **spec.env,
-            }
             config = container_config(
                 image=spec.image,
                 name=cname,
                 command=["sleep", "infinity"],
                 labels={**spec.labels, **_editor_volumes.container_labels()},
-                env=env,
+                env=spec.box_env(),
                 binds=binds,
                 ports=list(spec.ports),
                 cap_add=BOX_CAPABILITIES,
@@ -584,18 +577,9 @@ class DockerProvider(Provider):
         return removed
 
     # -- inside the box -------------------------------------------------------------------------
-    def exec(
-        self,
-        name: str,
-        argv: list[str],
-        *,
-        user: str = BOX_USER,
-        workdir: str | None = None,
-        env: dict[str, str] | None = None,
-        stdin: bytes | IO[bytes] | None = None,
-        timeout: float | None = None,
-    ) -> ExecResult:
+    def run_command(self, name: str, command: Command) -> ExecResult:
         cname = container_name(name)
+        argv, user, workdir, env, stdin = command.argv, command.user, command.workdir, command.env, command.stdin
         if self._direct is not None:
             with self._direct_call(name, "exec") as engine:
                 rc, stdout, stderr = engine.exec(cname, argv, user=user, workdir=workdir, env=env, stdin=stdin)

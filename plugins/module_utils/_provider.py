@@ -44,6 +44,18 @@ class ExecResult:
         return self
 
 
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """One command to run in a box, as Provider.exec was given it: what each provider's run_command takes."""
+
+    argv: list[str]
+    user: str | None = "vscode"
+    workdir: str | None = None
+    env: dict[str, str] | None = None
+    stdin: bytes | IO[bytes] | None = None
+    timeout: float | None = None
+
+
 @dataclasses.dataclass
 class BoxSpec:
     """Everything a provider needs to create a box. Built by the module from user options."""
@@ -65,6 +77,17 @@ class BoxSpec:
     mounts: dict[str, str] = dataclasses.field(default_factory=dict)
     # Per-box secrets: written to a tmpfs in the box (/run/agentbox/secrets), never in env/labels.
     secrets: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def box_env(self) -> dict[str, str]:
+        """The box's environment: who it is and where its workspace lives, then the user's own variables."""
+        return {
+            "AGENTBOX": "1",
+            "AGENTBOX_BOX_NAME": self.name,
+            "AGENTBOX_BOX_ID": self.box_id,
+            "AGENTBOX_PROJECT": self.project,
+            "AGENTBOX_HOST_WORKSPACE": self.workspace,
+            **self.env,
+        }
 
 
 @dataclasses.dataclass
@@ -179,7 +202,6 @@ class Provider(abc.ABC):
         return []
 
     # -- inside the box ---------------------------------------------------------------------
-    @abc.abstractmethod
     def exec(
         self,
         name: str,
@@ -192,6 +214,11 @@ class Provider(abc.ABC):
         timeout: float | None = None,
     ) -> ExecResult:
         """Run argv in the box and wait; stdout and stderr kept apart, exit code exact."""
+        return self.run_command(name, Command(argv, user, workdir, env, stdin, timeout))
+
+    def run_command(self, name: str, command: Command) -> ExecResult:
+        """exec's work, the one method a provider writes for it (a provider may override exec itself instead)."""
+        raise NotImplementedError(f"the {self.name!r} provider runs no commands")
 
     def exec_bounded(self, name: str, argv: list[str], limit: int, *, user: str = "vscode") -> ExecResult:
         """exec, refusing (OutputTooLarge) a command whose stdout and stderr together pass `limit`
