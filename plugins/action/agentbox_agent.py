@@ -10,34 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ansible.plugins.action import ActionBase
-
 from ansible_collections.agentbox.box.plugins.module_utils._agent_task import AGENT_ARGUMENT_SPEC, run_agent_task
-from ansible_collections.agentbox.box.plugins.module_utils._module import (
-    PROVIDER_ARGUMENT_SPEC,
-    failure,
-    provider_from_params,
-)
-
-LOCAL_TRANSPORTS = ("local", "ansible.builtin.local")
+from ansible_collections.agentbox.box.plugins.module_utils._module import PROVIDER_ARGUMENT_SPEC, provider_from_params
+from ansible_collections.agentbox.box.plugins.plugin_utils._local_action import InProcessAction
 
 
-class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
-    _requires_connection = False
+class ActionModule(InProcessAction):
+    module_name = "agentbox.box.agentbox_agent"
+    argument_spec = {**AGENT_ARGUMENT_SPEC, **PROVIDER_ARGUMENT_SPEC}
 
-    def run(self, tmp: str | None = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
-        if self._connection.transport not in LOCAL_TRANSPORTS:
-            return self._execute_module(module_name="agentbox.box.agentbox_agent", task_vars=task_vars)
-        result = super().run(tmp, task_vars)
-        _validation, params = self.validate_argument_spec(
-            argument_spec={**AGENT_ARGUMENT_SPEC, **PROVIDER_ARGUMENT_SPEC}
-        )
-        try:
-            outcome, warnings = run_agent_task(params, provider_from_params(params), bool(self._task.check_mode))
-        except Exception as exc:  # noqa: BLE001 - report like the module would
-            return {**result, "failed": True, "changed": False, **failure(exc)}
-        result.update(outcome)
-        if warnings:
-            result["warnings"] = warnings
-        return result
+    def work(self, params: dict[str, Any], check_mode: bool, host: str) -> tuple[dict[str, Any], list[str]]:
+        return run_agent_task(params, provider_from_params(params), check_mode)

@@ -180,6 +180,12 @@ STATE_GROUPS = ("running", "paused", "stopped")
 AGENT_GROUPS = ("working", "idle", "waiting")  # agent_<state>
 # Cache format: bump when the stored listing changes shape.
 LISTING_VERSION = 2
+# The cloud providers' options (a mapping each, in the order their hosts are added): key -> the
+# environment variable it falls back to. The first key is the API's URL.
+CLOUD_OPTIONS = {
+    "daytona": {"api_url": "DAYTONA_API_URL", "api_key": "DAYTONA_API_KEY", "target": "DAYTONA_TARGET"},
+    "boxd": {"base_url": "BOXD_BASE_URL", "api_key": "BOXD_API_KEY", "org": "BOXD_ORG"},
+}
 
 
 class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
@@ -203,27 +209,16 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             if not isinstance(destination, str) or not destination.strip():
                 raise AnsibleParserError(f"engines: {destination!r} is not an SSH destination such as user@host:2201")
             sources.append({"provider": "docker_ssh", "engine": destination.strip(), "options": {}})
-        daytona = self.get_option("daytona")
-        if daytona is not None:
-            if not isinstance(daytona, dict):
-                raise AnsibleParserError("daytona: must be a mapping (api_url, api_key, target) or omitted")
-            options = {
-                "api_url": daytona.get("api_url") or os.environ.get("DAYTONA_API_URL"),
-                "api_key": daytona.get("api_key") or os.environ.get("DAYTONA_API_KEY"),
-                "target": daytona.get("target") or os.environ.get("DAYTONA_TARGET"),
-            }
-            engine = options["api_url"] or "daytona"
-            sources.append({"provider": "daytona", "engine": engine, "options": options})
-        boxd = self.get_option("boxd")
-        if boxd is not None:
-            if not isinstance(boxd, dict):
-                raise AnsibleParserError("boxd: must be a mapping (base_url, api_key, org) or omitted")
-            options = {
-                "base_url": boxd.get("base_url") or os.environ.get("BOXD_BASE_URL"),
-                "api_key": boxd.get("api_key") or os.environ.get("BOXD_API_KEY"),
-                "org": boxd.get("org") or os.environ.get("BOXD_ORG"),
-            }
-            sources.append({"provider": "boxd", "engine": options["base_url"] or "boxd", "options": options})
+        for provider, fallbacks in CLOUD_OPTIONS.items():
+            given = self.get_option(provider)
+            if given is None:
+                continue
+            if not isinstance(given, dict):
+                raise AnsibleParserError(f"{provider}: must be a mapping ({', '.join(fallbacks)}) or omitted")
+            options = {key: given.get(key) or os.environ.get(variable) for key, variable in fallbacks.items()}
+            # The engine is the API's URL (the first key), else the provider's name.
+            engine = next(iter(options.values())) or provider
+            sources.append({"provider": provider, "engine": engine, "options": options})
         return sources
 
     def _fetch_listing(self, sources: list[dict[str, Any]]) -> dict[str, Any]:

@@ -8,6 +8,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from ansible.module_utils.basic import AnsibleModule
+
 from ._provider import Provider, ProviderError
 from ._registry import PROVIDERS, get_provider
 
@@ -65,3 +67,18 @@ def run_module(module: Any, run: Callable[[Any], dict[str, Any]]) -> None:
     except Exception as exc:  # noqa: BLE001 - a module must always answer with JSON
         module.fail_json(**failure(exc))
     module.exit_json(**result)
+
+
+def fail_on_errors(module: Any, what: str, errors: list[str], result: dict[str, Any]) -> dict[str, Any]:
+    """`result`, or a failure naming each box's error ("<what> failed for a: ...; b: ...") that still
+    carries `result`: one box that failed does not hide what was done to the others."""
+    if errors:
+        module.fail_json(msg=f"{what} failed for " + "; ".join(errors), **result)
+    return result
+
+
+def run_provider_module(options: dict[str, Any], run: Callable[[Any], dict[str, Any]], **constraints: Any) -> None:
+    """main() of a module that works on a provider's boxes: its own `options` and the provider's, check
+    mode supported, `constraints` (mutually_exclusive, ...) as AnsibleModule takes them; answered by run_module."""
+    module = AnsibleModule(argument_spec={**options, **PROVIDER_ARGUMENT_SPEC}, supports_check_mode=True, **constraints)
+    run_module(module, run)

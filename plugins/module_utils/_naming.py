@@ -67,6 +67,11 @@ def project_id(workspace: str) -> str:
     return hashlib.sha1(absolute.encode("utf-8")).hexdigest()[:16]
 
 
+def project_of(project: str | None, workspace: str | None) -> str | None:
+    """The project a task's options name: its workspace's when given, else `project` (None: every project)."""
+    return project_id(workspace_path(workspace)) if workspace else project
+
+
 def new_box_id() -> str:
     return secrets.token_hex(4)
 

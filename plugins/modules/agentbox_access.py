@@ -114,11 +114,7 @@ expires_at:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.agentbox.box.plugins.module_utils import _access, _box, _naming
-from ansible_collections.agentbox.box.plugins.module_utils._module import (
-    PROVIDER_ARGUMENT_SPEC,
-    provider_from_params,
-    run_module,
-)
+from ansible_collections.agentbox.box.plugins.module_utils._module import provider_from_params, run_provider_module
 
 
 def _task(module: AnsibleModule) -> dict:
@@ -169,15 +165,13 @@ def _task(module: AnsibleModule) -> dict:
 
 
 def main() -> None:
-    argument_spec = {
+    options = {
         "name": {"type": "str", "required": True},
         "ide": {"type": "str", "default": "vscode", "choices": ["vscode", "cursor", "ssh", "print"]},
         "wake": {"type": "bool", "default": True},
         "ssh_include": {"type": "bool", "default": False},
-        **PROVIDER_ARGUMENT_SPEC,
     }
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
-    run_module(module, _task)
+    run_provider_module(options, _task)
 
 
 if __name__ == "__main__":

@@ -138,11 +138,7 @@ credentials:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.agentbox.box.plugins.module_utils._agent_task import AGENT_ARGUMENT_SPEC, run_agent_task
-from ansible_collections.agentbox.box.plugins.module_utils._module import (
-    PROVIDER_ARGUMENT_SPEC,
-    provider_from_params,
-    run_module,
-)
+from ansible_collections.agentbox.box.plugins.module_utils._module import provider_from_params, run_provider_module
 
 
 def _run(module: AnsibleModule) -> dict:
@@ -153,8 +149,7 @@ def _run(module: AnsibleModule) -> dict:
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec={**AGENT_ARGUMENT_SPEC, **PROVIDER_ARGUMENT_SPEC}, supports_check_mode=True)
-    run_module(module, _run)
+    run_provider_module(AGENT_ARGUMENT_SPEC, _run)
 
 
 if __name__ == "__main__":

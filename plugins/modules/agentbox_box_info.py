@@ -76,10 +76,7 @@ def _run(params: dict) -> dict:
         facts = provider.find(_naming.validate_box_name(params["name"]))
         found = [facts] if facts else []
     else:
-        project = params["project"]
-        if params["workspace"]:
-            project = _naming.project_id(_naming.workspace_path(params["workspace"]))
-        found = provider.list_boxes(project=project)
+        found = provider.list_boxes(project=_naming.project_of(params["project"], params["workspace"]))
     boxes = [facts.to_dict() for facts in found]
     if params["agent_state"]:
         agents = agents_of(provider, [box["name"] for box in boxes if box["state"] == "running"])

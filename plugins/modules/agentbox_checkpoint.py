@@ -159,11 +159,7 @@ removed:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.agentbox.box.plugins.module_utils import _checkpoint, _naming
-from ansible_collections.agentbox.box.plugins.module_utils._module import (
-    PROVIDER_ARGUMENT_SPEC,
-    provider_from_params,
-    run_module,
-)
+from ansible_collections.agentbox.box.plugins.module_utils._module import provider_from_params, run_provider_module
 
 
 def _summary(checkpoint: dict | None) -> dict:
@@ -268,7 +264,7 @@ def _run(module: AnsibleModule) -> dict:
 
 
 def main() -> None:
-    argument_spec = {
+    options = {
         "box": {"type": "str"},
         "name": {"type": "str"},
         "state": {"type": "str", "default": "present", "choices": ["present", "absent"]},
@@ -279,14 +275,8 @@ def main() -> None:
         "max_layers": {"type": "int", "default": _checkpoint.DEFAULT_MAX_LAYERS},
         "cleanup": {"type": "bool", "default": True},
         "prune": {"type": "bool", "default": False},
-        **PROVIDER_ARGUMENT_SPEC,
     }
-    module = AnsibleModule(
-        argument_spec=argument_spec,
-        supports_check_mode=True,
-        mutually_exclusive=[("prune", "name"), ("prune", "box")],
-    )
-    run_module(module, _run)
+    run_provider_module(options, _run, mutually_exclusive=[("prune", "name"), ("prune", "box")])
 
 
 if __name__ == "__main__":

@@ -84,11 +84,7 @@ checkpoints:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.agentbox.box.plugins.module_utils import _checkpoint, _naming
-from ansible_collections.agentbox.box.plugins.module_utils._module import (
-    PROVIDER_ARGUMENT_SPEC,
-    provider_from_params,
-    run_module,
-)
+from ansible_collections.agentbox.box.plugins.module_utils._module import provider_from_params, run_provider_module
 
 
 def _run(module: AnsibleModule) -> dict:
@@ -122,14 +118,12 @@ def _run(module: AnsibleModule) -> dict:
 
 
 def main() -> None:
-    argument_spec = {
+    options = {
         "workspace": {"type": "path"},
         "box": {"type": "str"},
         "name": {"type": "str"},
-        **PROVIDER_ARGUMENT_SPEC,
     }
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
-    run_module(module, _run)
+    run_provider_module(options, _run)
 
 
 if __name__ == "__main__":

@@ -80,11 +80,7 @@ box:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.agentbox.box.plugins.module_utils import _naming
-from ansible_collections.agentbox.box.plugins.module_utils._module import (
-    PROVIDER_ARGUMENT_SPEC,
-    provider_from_params,
-    run_module,
-)
+from ansible_collections.agentbox.box.plugins.module_utils._module import provider_from_params, run_provider_module
 
 MAX_TTL = 24 * 3600
 
@@ -133,15 +129,13 @@ def _task(module: AnsibleModule) -> dict:
 
 
 def main() -> None:
-    argument_spec = {
+    options = {
         "name": {"type": "str", "required": True},
         "port": {"type": "int", "default": 80},
         "local_port": {"type": "int", "default": 0},
         "ttl": {"type": "int", "default": 3600},
-        **PROVIDER_ARGUMENT_SPEC,
     }
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
-    run_module(module, _task)
+    run_provider_module(options, _task)
 
 
 if __name__ == "__main__":

@@ -125,9 +125,9 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.agentbox.box.plugins.module_utils import _idle, _naming
 from ansible_collections.agentbox.box.plugins.module_utils._module import (
-    PROVIDER_ARGUMENT_SPEC,
+    fail_on_errors,
     provider_from_params,
-    run_module,
+    run_provider_module,
 )
 
 
@@ -137,21 +137,17 @@ def _run(module: AnsibleModule) -> dict:
         settings = _idle.validate({key: params[key] for key in _idle.DEFAULTS})
     except ValueError as exc:
         module.fail_json(msg=str(exc))
-    project = params["project"]
-    if params["workspace"]:
-        project = _naming.project_id(_naming.workspace_path(params["workspace"]))
+    project = _naming.project_of(params["project"], params["workspace"])
     provider = provider_from_params(params)
     result = _idle.run_pass(provider, settings, project=project, now=params["now"],
                             state_file=params["state_file"], check_mode=module.check_mode)  # fmt: skip
     errors = result.pop("errors")
     result.pop("now")
-    if errors:
-        module.fail_json(msg="the idle policy failed for " + "; ".join(errors), **result)
-    return result
+    return fail_on_errors(module, "the idle policy", errors, result)
 
 
 def main() -> None:
-    argument_spec = {
+    options = {
         "workspace": {"type": "path"},
         "project": {"type": "str"},
         "max_running": {"type": "int", "default": 5},
@@ -160,11 +156,8 @@ def main() -> None:
         "include_agentless": {"type": "bool", "default": False},
         "state_file": {"type": "path"},
         "now": {"type": "float"},
-        **PROVIDER_ARGUMENT_SPEC,
     }
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True,
-                           mutually_exclusive=[("workspace", "project")])  # fmt: skip
-    run_module(module, _run)
+    run_provider_module(options, _run, mutually_exclusive=[("workspace", "project")])
 
 
 if __name__ == "__main__":

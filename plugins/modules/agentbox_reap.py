@@ -112,9 +112,9 @@ from ansible_collections.agentbox.box.plugins.module_utils._daytona_idle import 
     idle_decision,
 )
 from ansible_collections.agentbox.box.plugins.module_utils._module import (
-    PROVIDER_ARGUMENT_SPEC,
+    fail_on_errors,
     provider_from_params,
-    run_module,
+    run_provider_module,
 )
 from ansible_collections.agentbox.box.plugins.module_utils._provider import BoxFacts, Provider, ProviderError
 
@@ -178,10 +178,7 @@ def _run(module: AnsibleModule) -> dict:
             module.fail_json(msg=f"no box called {params['name']!r} on engine {provider.engine}")
         found = [facts]
     else:
-        project = params["project"]
-        if params["workspace"]:
-            project = _naming.project_id(_naming.workspace_path(params["workspace"]))
-        found = provider.list_boxes(project=project)
+        found = provider.list_boxes(project=_naming.project_of(params["project"], params["workspace"]))
     boxes = []
     errors = []
     for facts in found:
@@ -197,22 +194,18 @@ def _run(module: AnsibleModule) -> dict:
     if params["name"]:
         after = provider.find(params["name"])
         result["box"] = after.to_dict() if after else {}
-    if errors:
-        module.fail_json(msg="the idle check failed for " + "; ".join(errors), **result)
-    return result
+    return fail_on_errors(module, "the idle check", errors, result)
 
 
 def main() -> None:
-    argument_spec = {
+    options = {
         "name": {"type": "str"},
         "project": {"type": "str"},
         "workspace": {"type": "path"},
         "idle_timeout": {"type": "float"},
         "default_idle_timeout": {"type": "float"},
-        **PROVIDER_ARGUMENT_SPEC,
     }
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
-    run_module(module, _run)
+    run_provider_module(options, _run)
 
 
 if __name__ == "__main__":

@@ -105,6 +105,7 @@ RANKS: dict[str, int] = {
     "_wake": GLUE,
     "_relay_main": GLUE,
     "_providers": GLUE,
+    "_local_action": GLUE,
 }
 
 # (importer, imported): an import of a higher rank that exists today, and why.
