@@ -17,7 +17,7 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from . import _naming
@@ -142,6 +142,34 @@ def foreign(provider: Provider, manifest: dict[str, Any] | None) -> bool:
     return bool(engine) and engine != engine_scope(provider)
 
 
+def free_name(
+    provider: Provider,
+    name: str,
+    elsewhere: dict[str, Any] | None,
+    find: Callable[[], Any],
+    replace: bool,
+    *,
+    shared_by: str,
+    kind: str,
+) -> Any:
+    """The checkpoint a capture called `name` replaces (None, or the one `find` finds when `replace`), once
+    the name is free: no manifest of it on another engine (`elsewhere`: manifests are shared by
+    `shared_by`), no checkpoint of it here (an image or snapshot: `kind`) unless `replace`."""
+    if foreign(provider, elsewhere):
+        raise CheckpointError(
+            f"checkpoint {name!r} of this project already exists on {(elsewhere or {}).get('engine')} (manifests "
+            f"are shared by {shared_by}): pick another name"
+        )
+    existing = find()
+    if existing and not replace:
+        raise CheckpointError(
+            f"checkpoint {name!r} already exists in this project ({kind} {existing.image}"
+            f"{f', broken: its {kind} is gone' if existing.broken else ''}): pass replace: true "
+            "(playbooks/checkpoint.yml: -e replace=true) to overwrite it, or pick another name"
+        )
+    return existing
+
+
 def next_number(project: str, box: str, taken: Iterable[str]) -> int:
     """Next n for <box>-<n>: above every number ever handed out, and above every name seen."""
     pattern = re.compile(rf"^{re.escape(box)}-(\d+)$")
@@ -231,6 +259,40 @@ class CapturePlan:
     # The box's worktree heads when the workflow read them (a box with git layers, whose heads are in
     # its layer and are brought into the host first: _gitlayer.box_heads); None: the store reads them.
     heads: list[dict[str, str]] | None = None
+
+    def record(
+        self,
+        provider: Provider,
+        heads: list[dict[str, str]],
+        base: tuple[str, str, str],
+        extra: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """The manifest record of this capture, as every store writes it. `base`: the image the box was
+        made from, its id and its fingerprint; `extra`: the store's own fields."""
+        facts = self.facts
+        base_image, base_image_id, base_fingerprint = base
+        return {
+            "schema": SCHEMA_VERSION,
+            "name": self.name,
+            "type": self.type,
+            "image": self.image,
+            "project": facts.project,
+            "workspace": facts.workspace,
+            "parents": self.parents,
+            "layers": self.layers,
+            "source_box": facts.name,
+            "source_box_id": facts.id,
+            **(extra or {}),
+            "branch": heads[0]["branch"] if heads else facts.branch,
+            "commit": heads[0]["commit"] if heads else "",
+            "worktrees": heads,
+            "base_image": base_image,
+            "base_image_id": base_image_id,
+            "base_fingerprint": base_fingerprint,
+            "collection_version": COLLECTION_VERSION,
+            "engine": engine_scope(provider),
+            "created": _naming.now_iso(),
+        }
 
 
 def guard_secrets(provider: Provider, facts: BoxFacts, container_env: list[str]) -> None:

@@ -24,7 +24,6 @@ from typing import Any
 
 from . import _ckpt_env, _git, _naming
 from ._checkpoint_records import (
-    COLLECTION_VERSION,
     DEFAULT_MAX_LAYERS,
     SCHEMA_VERSION,
     CapturePlan,
@@ -33,8 +32,8 @@ from ._checkpoint_records import (
     agentbox_home,
     captured,
     checkpoints_dir,
-    engine_scope,
     foreign,
+    free_name,
     guard_secrets,
     in_box_head,
     manifest_path,
@@ -321,19 +320,8 @@ class ImageStore:
         else:
             taken = [c.name for c in self.list(project)]
             name = _naming.validate_checkpoint_name(f"{facts.name}-{next_number(project, facts.name, taken)}")
-        elsewhere = read_manifest(project, name)
-        if foreign(provider, elsewhere):
-            raise CheckpointError(
-                f"checkpoint {name!r} of this project already exists on {(elsewhere or {}).get('engine')} (manifests "
-                "are shared by every provider and engine): pick another name"
-            )
-        existing = self.find(project, name)
-        if existing and not replace:
-            raise CheckpointError(
-                f"checkpoint {name!r} already exists in this project (image {existing.image}"
-                f"{', broken: its image is gone' if existing.broken else ''}): pass replace: true (playbooks/checkpoint.yml: -e replace=true) to overwrite it, "
-                "or pick another name"
-            )
+        existing = free_name(provider, name, read_manifest(project, name), lambda: self.find(project, name), replace,
+                             shared_by="every provider and engine", kind="image")  # fmt: skip
         labels, _image_id = self.box_image_labels(facts)
         parent_record = labels_to_record(labels) if _naming.strip_labels(labels).get("kind") == "checkpoint" else None
         parents: list[str] = []
@@ -377,27 +365,8 @@ class ImageStore:
         is_checkpoint_image = parent.get("kind") == "checkpoint"
         base_image = parent.get(CKPT + "base_image", "") if is_checkpoint_image else facts.image
         base_image_id = parent.get(CKPT + "base_image_id", "") if is_checkpoint_image else box_image_id
-        record = {
-            "schema": SCHEMA_VERSION,
-            "name": plan.name,
-            "type": plan.type,
-            "image": plan.image,
-            "project": facts.project,
-            "workspace": facts.workspace,
-            "parents": plan.parents,
-            "layers": plan.layers,
-            "source_box": facts.name,
-            "source_box_id": facts.id,
-            "branch": heads[0]["branch"] if heads else facts.branch,
-            "commit": heads[0]["commit"] if heads else "",
-            "worktrees": heads,
-            "base_image": base_image,
-            "base_image_id": base_image_id,
-            "base_fingerprint": facts.labels.get("image_fingerprint") or base_image_id,
-            "collection_version": COLLECTION_VERSION,
-            "engine": engine_scope(provider),
-            "created": _naming.now_iso(),
-        }
+        fingerprint = facts.labels.get("image_fingerprint") or base_image_id
+        record = plan.record(provider, heads, (base_image, base_image_id, fingerprint))
         labels = record_to_labels(record)
         if cleanup and running:
             mounts = [m["Destination"] for m in container.attrs.get("Mounts") or [] if m.get("Destination")]

@@ -65,16 +65,22 @@ def encode(message: dict[str, Any]) -> bytes:
     return (json.dumps(message, separators=(",", ":"), sort_keys=True) + "\n").encode("utf-8")
 
 
+def _json_object(raw: bytes, what: str, form: str) -> dict[str, Any]:
+    """`raw` decoded as a JSON object, or RequestError saying that `what` is not `form`."""
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise RequestError(f"{what} is not {form}: {exc}") from exc
+    if not isinstance(value, dict):
+        raise RequestError(f"{what} must be a JSON object")
+    return value
+
+
 def parse_request(line: bytes) -> Request:
     """A Request from one line, or RequestError. Never raises anything else."""
     if len(line) > MAX_REQUEST_BYTES:
         raise RequestError(f"request is {len(line)} bytes; the limit is {MAX_REQUEST_BYTES}")
-    try:
-        raw = json.loads(line.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise RequestError(f"request is not one JSON object on one line: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise RequestError("request must be a JSON object")
+    raw = _json_object(line, "request", "one JSON object on one line")
     unknown = set(raw) - {"v", "op", "args", "timeout", "bundles"}
     if unknown:
         raise RequestError(f"unknown request fields: {', '.join(sorted(unknown))}")
@@ -98,12 +104,7 @@ def parse_request(line: bytes) -> Request:
 def bundle_header(raw: bytes) -> dict[str, Any]:
     """The box's answer to a "bundle" message, checked: {"tip": str, "size": int} (size 0: no bundle
     follows) or {"missing": true} (the box has no such branch). RequestError otherwise."""
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise RequestError(f"the box's bundle header is not one JSON object: {exc}") from exc
-    if not isinstance(header, dict):
-        raise RequestError("the box's bundle header must be a JSON object")
+    header = _json_object(raw, "the box's bundle header", "one JSON object")
     if header.get("missing") is True and set(header) == {"missing"}:
         return header
     tip, size = header.get("tip"), header.get("size")

@@ -64,12 +64,82 @@ class RestorePlan:
     def restore_workspace(
         self,
         provider: Provider,
-        box_name: str,
+        box: str,
         repos: list[_git.Repo],
         plans: list[_seed.WorktreePlan],
         carry: dict[str, _git.CarryOver],
     ) -> RestoreResult:
-        return restore_workspace(self, provider, box_name, repos, plans, carry)
+        """The new box's workspace from this checkpoint, then brought up to the host's (see the module's docstring)."""
+        record = self.record
+        worktrees = {w.get("sub", ""): w for w in record.get("worktrees") or []}
+        result = RestoreResult(
+            mode="checkpoint",
+            branch=plans[0].branch if plans else None,
+            base_commit=plans[0].base if plans else None,
+            checkpoint=self.name,
+            checkpoint_commit=record.get("commit", ""),
+        )
+        if not repos:
+            result.warnings.append(
+                "the workspace is not a git repository: /workspace is the checkpoint's, as captured "
+                "(host files were not copied over it)"
+            )
+            _seed.finish(provider, box, None, result)
+            return result
+        restore = _Restore(self, provider, box, repos, carry, result)
+        if not plans:
+            return restore.clones()
+        if "" not in worktrees:
+            raise CheckpointError(
+                f"checkpoint {self.name!r} has no git worktree (it was taken of a box that was not a git checkout), "
+                "but this workspace is a git repository: create the box without it (checkpoint: none)",
+                box=box,
+            )
+        jobs = []
+        for wt_plan in plans:
+            source = worktrees.get(wt_plan.sub)
+            if source is None:
+                raise CheckpointError(
+                    f"the checkpoint has no worktree for nested repository {wt_plan.sub!r} that the workspace has now: "
+                    "create the box without the checkpoint (checkpoint: none) and take a new checkpoint",
+                    box=box,
+                )
+            if source.get("git_dir") and os.path.realpath(source["git_dir"]) != os.path.realpath(wt_plan.common_dir):
+                raise CheckpointError(
+                    f"the checkpoint's repository {source['git_dir']} is not this workspace's {wt_plan.common_dir}",
+                    box=box,
+                )
+            commit = source.get("commit", "")
+            if not commit or _git.git(wt_plan.host_root, "cat-file", "-e", f"{commit}^{{commit}}", check=False).returncode:
+                raise CheckpointError(
+                    f"the checkpoint's commit {commit or '(none)'} is not in {wt_plan.host_root} any more: "
+                    "the checkpoint cannot be restored; remove it and take a new one",
+                    box=box,
+                )
+            state = carry[wt_plan.sub]
+            jobs.append(
+                {
+                    "sub": wt_plan.sub,
+                    "common_dir": wt_plan.common_dir,
+                    "old_path": source["path"],
+                    "new_path": wt_plan.path,
+                    "branch": wt_plan.branch,
+                    "commit": commit,
+                    "host_head": wt_plan.base,
+                    "host_stash": state.stash or "",
+                    "untracked": state.untracked,
+                    "owner_uid": wt_plan.owner_uid,
+                }
+            )
+        owned_by_box = all(p.owner_uid == _seed.BOX_UID for p in plans)
+        restore.run(jobs, {p.sub: p.host_root for p in plans}, owned_by_box)
+        for wt_plan in plans:
+            result.worktrees.append(dataclasses.asdict(wt_plan))
+        if not owned_by_box:
+            for wt_plan in plans:
+                provider.exec(box, ["chown", "-R", f"{_seed.BOX_UID}:{_seed.BOX_UID}", wt_plan.path + "/"], user="root")
+        _seed.finish(provider, box, plans[0].path, result)
+        return result
 
 
 def _identity(repo: _git.Repo) -> dict[str, str]:
@@ -88,97 +158,37 @@ def _identity(repo: _git.Repo) -> dict[str, str]:
     }
 
 
-def restore_workspace(
-    plan: RestorePlan,
-    provider: Provider,
-    box: str,
-    repos: list[_git.Repo],
-    plans: list[_seed.WorktreePlan],
-    carry: dict[str, _git.CarryOver],
-) -> RestoreResult:
-    record = plan.record
-    worktrees = {w.get("sub", ""): w for w in record.get("worktrees") or []}
-    result = RestoreResult(
-        mode="checkpoint",
-        branch=plans[0].branch if plans else None,
-        base_commit=plans[0].base if plans else None,
-        checkpoint=plan.name,
-        checkpoint_commit=record.get("commit", ""),
-    )
-    if not repos:
-        result.warnings.append(
-            "the workspace is not a git repository: /workspace is the checkpoint's, as captured "
-            "(host files were not copied over it)"
-        )
-        _seed.finish(provider, box, None, result)
-        return result
-    if not plans:
-        return _restore_clones(plan, provider, box, repos, carry, result)
-    if "" not in worktrees:
-        raise CheckpointError(
-            f"checkpoint {plan.name!r} has no git worktree (it was taken of a box that was not a git checkout), "
-            "but this workspace is a git repository: create the box without it (checkpoint: none)",
-            box=box,
-        )
-    jobs = []
-    for wt_plan in plans:
-        source = worktrees.get(wt_plan.sub)
-        if source is None:
-            raise CheckpointError(
-                f"the checkpoint has no worktree for nested repository {wt_plan.sub!r} that the workspace has now: "
-                "create the box without the checkpoint (checkpoint: none) and take a new checkpoint",
-                box=box,
-            )
-        if source.get("git_dir") and os.path.realpath(source["git_dir"]) != os.path.realpath(wt_plan.common_dir):
-            raise CheckpointError(
-                f"the checkpoint's repository {source['git_dir']} is not this workspace's {wt_plan.common_dir}",
-                box=box,
-            )
-        commit = source.get("commit", "")
-        if not commit or _git.git(wt_plan.host_root, "cat-file", "-e", f"{commit}^{{commit}}", check=False).returncode:
-            raise CheckpointError(
-                f"the checkpoint's commit {commit or '(none)'} is not in {wt_plan.host_root} any more: "
-                "the checkpoint cannot be restored; remove it and take a new one",
-                box=box,
-            )
-        state = carry[wt_plan.sub]
-        jobs.append(
-            {
-                "sub": wt_plan.sub,
-                "common_dir": wt_plan.common_dir,
-                "old_path": source["path"],
-                "new_path": wt_plan.path,
-                "branch": wt_plan.branch,
-                "commit": commit,
-                "host_head": wt_plan.base,
-                "host_stash": state.stash or "",
-                "untracked": state.untracked,
-                "owner_uid": wt_plan.owner_uid,
-            }
-        )
-    owned_by_box = all(p.owner_uid == _seed.BOX_UID for p in plans)
-    _run_restore(provider, plan, box, repos, jobs, carry, result, {p.sub: p.host_root for p in plans}, owned_by_box)
-    for wt_plan in plans:
-        result.worktrees.append(dataclasses.asdict(wt_plan))
-    if not owned_by_box:
-        for wt_plan in plans:
-            provider.exec(box, ["chown", "-R", f"{_seed.BOX_UID}:{_seed.BOX_UID}", wt_plan.path + "/"], user="root")
-    _seed.finish(provider, box, plans[0].path, result)
-    return result
+# The function form, as _checkpoint exports it.
+restore_workspace = RestorePlan.restore_workspace
 
 
-def _restore_clones(
-    plan: RestorePlan,
-    provider: Provider,
-    box: str,
-    repos: list[_git.Repo],
-    carry: dict[str, _git.CarryOver],
-    result: RestoreResult,
-) -> RestoreResult:
-    """Remote engines: each repo is a clone inside the checkpoint's /workspace. The host's HEAD and
-    uncommitted state are staged on the controller (as for shipped seeding), streamed into the box,
-    fetched into the clone, and then merged and overlaid exactly as on the local engine."""
+@dataclasses.dataclass
+class _Restore:
+    """One restore under way: what both of its ways (worktrees, clones) and the in-box run read, and
+    the result they fill in."""
+
+    plan: RestorePlan
+    provider: Provider
+    box: str
+    repos: list[_git.Repo]
+    carry: dict[str, _git.CarryOver]
+    result: RestoreResult
+
+    def clones(self) -> RestoreResult:
+        """Remote engines: each repo is a clone inside the checkpoint's /workspace. The host's HEAD and
+        uncommitted state are staged on the controller (as for shipped seeding), streamed into the box,
+        fetched into the clone, and then merged and overlaid exactly as on the local engine."""
+        return _restore_clones(self)
+
+    def run(self, jobs: list[dict[str, Any]], host_roots: dict[str, str], owned_by_box: bool) -> None:
+        """Run the in-box restore for every repo, then bring in the host's untracked files it lacks."""
+        _run_restore(self, jobs, host_roots, owned_by_box)
+
+
+def _restore_clones(restore: _Restore) -> RestoreResult:
     from . import _ship
+
+    provider, box, repos, carry, result = restore.provider, restore.box, restore.repos, restore.carry, restore.result
 
     branch = _naming.box_branch(box)
     result.branch = branch
@@ -205,23 +215,15 @@ def _restore_clones(
             )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    _run_restore(provider, plan, box, repos, jobs, carry, result, {r.sub: r.root for r in repos}, True)
+    restore.run(jobs, {r.sub: r.root for r in repos}, True)
     _seed.finish(provider, box, None, result)
     return result
 
 
-def _run_restore(
-    provider: Provider,
-    plan: RestorePlan,
-    box: str,
-    repos: list[_git.Repo],
-    jobs: list[dict[str, Any]],
-    carry: dict[str, _git.CarryOver],
-    result: RestoreResult,
-    host_roots: dict[str, str],
-    owned_by_box: bool,
-) -> None:
-    """Run the in-box restore for every repo, then bring in the host's untracked files it lacks."""
+def _run_restore(restore: _Restore, jobs: list[dict[str, Any]], host_roots: dict[str, str], owned_by_box: bool) -> None:
+    provider, plan, box, repos, carry, result = (
+        restore.provider, restore.plan, restore.box, restore.repos, restore.carry, restore.result
+    )
     request = {"box": box, "checkpoint": plan.name, "worktrees_home": _seed.WORKTREES_HOME, "jobs": jobs}
     user = "vscode" if owned_by_box else "root"
     if not owned_by_box:

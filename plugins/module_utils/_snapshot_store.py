@@ -23,15 +23,13 @@ from typing import Any
 
 from . import _naming
 from ._checkpoint_records import (
-    COLLECTION_VERSION,
-    SCHEMA_VERSION,
     CapturePlan,
     Checkpoint,
     CheckpointError,
     agentbox_home,
     captured,
-    engine_scope,
     foreign,
+    free_name,
     guard_secrets,
     in_box_head,
     next_number,
@@ -188,18 +186,8 @@ class SnapshotCheckpoints:
                 f"{facts.name}-{next_number(project, facts.name, taken)}"
             )
         elsewhere = read_json(self.manifest_path(project, name))
-        if foreign(self.provider, elsewhere):
-            raise CheckpointError(
-                f"checkpoint {name!r} of this project already exists on {(elsewhere or {}).get('engine')} (manifests "
-                f"are shared by every engine of {self.cloud}): pick another name"
-            )
-        existing = self.find(project, name)
-        if existing and not replace:
-            raise CheckpointError(
-                f"checkpoint {name!r} already exists in this project (snapshot {existing.image}"
-                f"{', broken: its snapshot is gone' if existing.broken else ''}): pass replace: true "
-                "(playbooks/checkpoint.yml: -e replace=true) to overwrite it, or pick another name"
-            )
+        existing = free_name(self.provider, name, elsewhere, lambda: self.find(project, name), replace,
+                             shared_by=f"every engine of {self.cloud}", kind="snapshot")  # fmt: skip
         parent = facts.checkpoint
         parent_record = read_json(self.manifest_path(project, parent)) if parent else None
         parents = [parent, *((parent_record or {}).get("parents") or [])] if parent else []
@@ -237,29 +225,9 @@ class SnapshotCheckpoints:
             parent_record = read_json(self.manifest_path(facts.project, facts.checkpoint))
         if parent_record:
             base_image = parent_record.get("base_image") or base_image
-        record = {
-            "schema": SCHEMA_VERSION,
-            "name": plan.name,
-            "type": "snapshot",
-            "image": plan.image,
-            "provider": self.kind,
-            "project": facts.project,
-            "workspace": facts.workspace,
-            "parents": plan.parents,
-            "layers": 0,
-            "source_box": facts.name,
-            "source_box_id": facts.id,
-            **extra,
-            "branch": heads[0]["branch"] if heads else facts.branch,
-            "commit": heads[0]["commit"] if heads else "",
-            "worktrees": heads,
-            "base_image": base_image,
-            "base_image_id": "",
-            "base_fingerprint": self.fingerprint(base_image) or "",
-            "collection_version": COLLECTION_VERSION,
-            "engine": engine_scope(provider),
-            "created": _naming.now_iso(),
-        }
+        # A snapshot plan is of type "snapshot" with 0 layers (plan_capture).
+        base = (base_image, "", self.fingerprint(base_image) or "")
+        record = plan.record(provider, heads, base, {"provider": self.kind, **extra})
         started = time.monotonic()
         made = provider.commit(facts.name, plan.image, {})
         timings["capture_seconds"] = time.monotonic() - started
