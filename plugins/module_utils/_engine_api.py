@@ -170,26 +170,25 @@ class EngineAPI:
             raise EngineAPIError(response.status, _message(data, response.status))
         return data
 
+    def _found(self, path: str) -> dict[str, Any] | None:
+        """GET `path`'s JSON, or None where the engine has no such object (404)."""
+        status, data = self._json_call("GET", path)
+        if status == 404:
+            return None
+        if status != 200:
+            raise EngineAPIError(status, _message(data, status))
+        return data
+
     # -- containers -----------------------------------------------------------------------------
     def containers(self, label_filters: list[str]) -> list[dict[str, Any]]:
         query = urllib.parse.urlencode({"all": "1", "filters": json.dumps({"label": label_filters})})
         return self._checked("GET", f"/containers/json?{query}") or []
 
     def inspect_container(self, container: str) -> dict[str, Any] | None:
-        status, data = self._json_call("GET", f"/containers/{_quote(container)}/json")
-        if status == 404:
-            return None
-        if status != 200:
-            raise EngineAPIError(status, _message(data, status))
-        return data
+        return self._found(f"/containers/{_quote(container)}/json")
 
     def inspect_image(self, image: str) -> dict[str, Any] | None:
-        status, data = self._json_call("GET", f"/images/{_quote(image)}/json")
-        if status == 404:
-            return None
-        if status != 200:
-            raise EngineAPIError(status, _message(data, status))
-        return data
+        return self._found(f"/images/{_quote(image)}/json")
 
     def create_container(self, config: dict[str, Any], name: str) -> str:
         """POST /containers/create with a full config (see _box_container); the new container's id."""
@@ -235,12 +234,7 @@ class EngineAPI:
         return (self._checked("GET", f"/volumes?{query}") or {}).get("Volumes") or []
 
     def inspect_volume(self, name: str) -> dict[str, Any] | None:
-        status, data = self._json_call("GET", f"/volumes/{_quote(name)}")
-        if status == 404:
-            return None
-        if status != 200:
-            raise EngineAPIError(status, _message(data, status))
-        return data
+        return self._found(f"/volumes/{_quote(name)}")
 
     def remove_volume(self, name: str, *, force: bool = True) -> None:
         self._write("DELETE", f"/volumes/{_quote(name)}?force={int(force)}", ok=(204,))

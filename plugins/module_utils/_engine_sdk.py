@@ -12,7 +12,7 @@ Note that this module_utils is PRIVATE to the collection: it can change at any t
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ._engine_api import EngineAPIError, EngineUnanswered
@@ -31,6 +31,17 @@ def _errors() -> Iterator[None]:
         raise EngineAPIError(0, str(getattr(exc, "explanation", None) or exc)) from exc
     except OSError as exc:
         raise EngineUnanswered(str(exc)) from exc
+
+
+def _unless_missing(call: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
+    """call()'s answer, or None where the engine has no such object (404), as _engine_api answers."""
+    try:
+        with _errors():
+            return call()
+    except EngineAPIError as exc:
+        if exc.status == 404:
+            return None
+        raise
 
 
 class SDKEngine:
@@ -69,22 +80,10 @@ class SDKEngine:
             self._api.remove_container(container, force=force, v=volumes)
 
     def inspect_container(self, container: str) -> dict[str, Any] | None:
-        try:
-            with _errors():
-                return self._api.inspect_container(container)
-        except EngineAPIError as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return _unless_missing(lambda: self._api.inspect_container(container))
 
     def inspect_image(self, image: str) -> dict[str, Any] | None:
-        try:
-            with _errors():
-                return self._api.inspect_image(image)
-        except EngineAPIError as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return _unless_missing(lambda: self._api.inspect_image(image))
 
     def create_volume(
         self, name: str, labels: dict[str, str], driver: str | None = None, driver_opts: dict[str, str] | None = None
@@ -97,13 +96,7 @@ class SDKEngine:
             return (self._api.volumes(filters={"label": label_filters}) or {}).get("Volumes") or []
 
     def inspect_volume(self, name: str) -> dict[str, Any] | None:
-        try:
-            with _errors():
-                return self._api.inspect_volume(name)
-        except EngineAPIError as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return _unless_missing(lambda: self._api.inspect_volume(name))
 
     def remove_volume(self, name: str, *, force: bool = True) -> None:
         with _errors():
