@@ -61,7 +61,7 @@ _record_to_labels = record_to_labels
 
 def _flatten(provider: Provider, facts: BoxFacts, target: str, labels: dict[str, str]) -> dict[str, Any]:
     """A flattened image of the box on a Docker engine, as _image_store makes it."""
-    return flatten(provider.checkpoint_store().client, facts, target, labels)
+    return flatten(provider.checkpoint_store().engine, facts, target, labels)
 
 
 def find_checkpoint(provider: Provider, project: str, name: str) -> Checkpoint | None:

@@ -39,15 +39,18 @@ def image_env(container_env: list[str], own_env: list[str], *, blank_added: bool
     return kept
 
 
-def without_container_config(api: Any, image_id: str, tag: str, env: list[str]) -> str:
+def without_container_config(engine: Any, image_id: str, tag: str, env: list[str]) -> str:
     """Re-register a committed image under `tag` with only its own config: Env set to `env`, and no
     `container_config` (older engines record the committing container's whole config there, Env
-    values included, whatever config the commit was given). Returns the new image id.
+    values included, whatever config the commit was given). Returns the new image id. `engine`: an
+    _engine_api or _engine_sdk client.
 
     Metadata only: the archive loaded holds the config and a manifest, no layer data; the engine
     finds every layer already in its store and reuses it.
     """
-    attrs = api.inspect_image(image_id)
+    attrs = engine.inspect_image(image_id)
+    if attrs is None:
+        raise ValueError(f"the committed image {image_id} is gone")
     config = dict(attrs.get("Config") or {})
     config["Env"] = env
     image_config = {
@@ -67,7 +70,10 @@ def without_container_config(api: Any, image_id: str, tag: str, env: list[str]) 
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
-    answer = list(api.load_image(archive.getvalue()))
+    answer = engine.load_image(archive.getvalue())
     if not any(f"Loaded image: {tag}" in str(line.get("stream", "")) for line in answer if isinstance(line, dict)):
         raise ValueError(f"the engine did not load the cleaned image config: {str(answer)[-500:]}")
-    return str(api.inspect_image(tag)["Id"])
+    loaded = engine.inspect_image(tag)
+    if loaded is None:
+        raise ValueError(f"the engine loaded the cleaned image config but has no image {tag}")
+    return str(loaded["Id"])

@@ -35,8 +35,9 @@ from ._provider import (
 )
 
 
-# The docker SDK is imported on first use: the per-task calls (list, find, exec, archives) and a
-# box's create and removal go through _engine_api on engines it reaches, and must not pay for it. Until _sdk() rebinds them, the SDK's exception
+# The docker SDK is imported on first use: the per-task calls (list, find, exec, archives), a box's
+# create, removal and state changes, and checkpoints go through _engine_api on engines it reaches,
+# and must not pay for it. Until _sdk() rebinds them, the SDK's exception
 # names below are stand-ins (same hierarchy) that nothing raises: no SDK exception can exist
 # before the SDK is loaded, so an `except` clause naming a stand-in never catches anything.
 class _DockerExceptionStandIn(Exception):
@@ -240,14 +241,6 @@ class DockerProvider(Provider):
             raise engine_unreachable(self._engine, exc) from exc
         except EngineAPIError as exc:
             raise _engine_error(exc.status, exc.message, name, operation, self._engine, missing) from exc
-
-    def _container(self, name: str, operation: str) -> Any:
-        try:
-            return self.client.containers.get(container_name(name))
-        except NotFound:
-            raise BoxNotFound(f"no box called {name!r} on engine {self._engine}", box=name, operation=operation)
-        except APIError as exc:
-            raise ProviderError(str(exc.explanation or exc), box=name, operation=operation) from exc
 
     def _facts(self, container: Any) -> BoxFacts:
         attrs = container.attrs
@@ -665,7 +658,7 @@ class DockerProvider(Provider):
         """The engine side of checkpoints: images on this engine (_image_store)."""
         from ._image_store import ImageStore  # lazy: only checkpoints need it
 
-        return ImageStore(self)
+        return ImageStore(self, self._calls)
 
     def image_exists(self, image: str) -> bool:
         with self._calling("", "image lookup") as engine:
@@ -677,13 +670,12 @@ class DockerProvider(Provider):
         return (attrs.get("Config") or {}).get("Labels") or {}
 
     def commit(self, name: str, image: str, labels: dict[str, str], env: list[str] | None = None) -> dict[str, Any]:
-        container = self._container(name, "checkpoint")
         repository, _sep, tag = image.rpartition(":")
         conf: dict[str, Any] = {"Labels": labels}
         if env is not None:
             conf["Env"] = env  # the image's own environment, not the box's (see _ckpt_env)
-        try:
-            result = container.commit(repository=repository, tag=tag, conf=conf, pause=True)
-        except APIError as exc:
-            raise ProviderError(str(exc.explanation or exc), box=name, operation="checkpoint") from exc
-        return {"id": result.id, "size": result.attrs.get("Size", 0)}
+        with self._calling(name, "checkpoint") as engine:
+            container = str(self._box_attrs(engine, name, "checkpoint")["Id"])
+            image_id = engine.commit_container(container, repository, tag, conf, pause=True)
+            attrs = engine.inspect_image(image_id) or {}
+        return {"id": image_id, "size": attrs.get("Size", 0)}

@@ -7,11 +7,14 @@ fork: importing the docker SDK there (requests, urllib3, its transports) costs 4
 per process, more than the calls themselves. The connection plugin and the inventory need five
 calls: list, inspect, exec, copy in and copy out; this client makes them with http.client on
 the engine's socket. A box's create and removal (volumes, container create and start, removal by
-id) go the same way: importing the SDK cost a create more than its engine calls. The SDK stays for
-the rest (commit, images, pause and the other state changes) and is imported only when one runs.
+id), its state changes (start, stop, pause, unpause) and a checkpoint's image calls (commit, list,
+tag, load, remove; export streamed into import) go the same way: importing the SDK cost a create or
+a switch more than its engine calls.
 
 Handles DOCKER_HOST unix:// (the default /var/run/docker.sock) and plain tcp://. TLS settings
-and ssh:// leave the engine to the SDK (`local_engine` returns None).
+and ssh:// leave the engine to the SDK (`local_engine` returns None), which _engine_sdk puts behind
+the same method names, answers and errors; docs/architecture.md ("The Docker client") says where
+else the SDK stays, and why.
 
 Note that this module_utils is PRIVATE to the collection: it can change at any time.
 """
@@ -81,7 +84,7 @@ def local_engine(timeout: float, environ: dict[str, str] | None = None) -> Engin
 class _Connection(http.client.HTTPConnection):
     """An HTTP/1.1 connection over whatever socket the opener makes."""
 
-    def __init__(self, opener: Callable[[float | None], socket.socket], timeout: float):
+    def __init__(self, opener: Callable[[float | None], socket.socket], timeout: float | None):
         super().__init__("docker", timeout=timeout)
         self._opener = opener
 
@@ -316,37 +319,82 @@ class EngineAPI:
         sock.settimeout(None)
         return sock, reader
 
+    # -- images -------------------------------------------------------------------------------
+    def images(self, filters: dict[str, list[str]] | None = None) -> list[dict[str, Any]]:
+        """/images/json: one summary (Id, RepoTags, Labels, Size) per image, from one answer."""
+        query = "?" + urllib.parse.urlencode({"filters": json.dumps(filters)}) if filters else ""
+        return self._checked("GET", f"/images/json{query}") or []
+
+    def commit_container(
+        self, container: str, repository: str, tag: str, conf: dict[str, Any], *, pause: bool = True
+    ) -> str:
+        """docker commit, the container paused meanwhile; the new image's id."""
+        query = urllib.parse.urlencode({"container": container, "repo": repository, "tag": tag, "pause": int(pause)})
+        return str(self._write("POST", f"/commit?{query}", conf, ok=(201,))["Id"])
+
+    def tag_image(self, image: str, repository: str, tag: str) -> None:
+        query = urllib.parse.urlencode({"repo": repository, "tag": tag})
+        self._write("POST", f"/images/{_quote(image)}/tag?{query}", ok=(201,))
+
+    def remove_image(self, image: str, *, force: bool = False, noprune: bool = False) -> None:
+        query = urllib.parse.urlencode({"force": int(force), "noprune": int(noprune)})
+        self._write("DELETE", f"/images/{_quote(image)}?{query}", ok=(200,))
+
+    def load_image(self, archive: bytes) -> list[Any]:
+        """docker load of an image archive; the engine's messages ({"stream": "Loaded image: ..."})."""
+        return _json_stream(self._upload("POST", "/images/load", [archive], "application/x-tar", "loading an image"))
+
+    def import_image(self, chunks: Iterable[bytes], repository: str, tag: str, changes: list[str]) -> str:
+        """docker import of a filesystem tar streamed from `chunks`, with Dockerfile `changes`; the
+        engine's answer as text. No read timeout: the engine answers once it has stored it all."""
+        query = urllib.parse.urlencode({"fromSrc": "-", "repo": repository, "tag": tag, "changes": changes}, doseq=True)
+        data = self._upload("POST", f"/images/create?{query}", chunks, "application/tar", "importing an image", no_timeout=True)
+        return data.decode("utf-8", "replace")
+
+    def export_container(self, container: str) -> Iterator[bytes]:
+        """The container's whole filesystem as a tar, in chunks of 1 MiB as the engine sends them."""
+        return self._download(f"/containers/{_quote(container)}/export", "exporting the box", 1 << 20)
+
     # -- archives -------------------------------------------------------------------------------
     def put_archive(self, container: str, path: str, tar_stream: Iterable[bytes] | IO[bytes]) -> None:
         """Stream a tar into the container at path (chunked upload, never held whole in memory)."""
         query = urllib.parse.urlencode({"path": path})
-        conn = _Connection(self._open, self._timeout)
         body = _chunks(tar_stream) if hasattr(tar_stream, "read") else iter(tar_stream)  # type: ignore[arg-type]
-        try:
-            conn.request(
-                "PUT", f"/containers/{_quote(container)}/archive?{query}", body=body,
-                headers={"Content-Type": "application/x-tar"},
-            )  # fmt: skip
-            response = conn.getresponse()
-            data = response.read()
-        except (http.client.HTTPException, OSError) as exc:
-            raise EngineUnanswered(f"copying in failed ({exc})") from exc
-        finally:
-            conn.close()
-        if response.status != 200:
-            raise EngineAPIError(response.status, _message(_decode(data), response.status))
+        self._upload("PUT", f"/containers/{_quote(container)}/archive?{query}", body, "application/x-tar", "copying in")
 
     def get_archive(self, container: str, path: str) -> Iterator[bytes]:
         """The tar of path in the container, as chunks; the request is made before returning so a
         missing path or container fails here, not halfway through the caller's loop."""
         query = urllib.parse.urlencode({"path": path})
+        return self._download(f"/containers/{_quote(container)}/archive?{query}", "copying out", CHUNK)
+
+    def _upload(
+        self, method: str, path: str, body: Iterable[bytes], content_type: str, what: str, *, no_timeout: bool = False
+    ) -> bytes:
+        """A request whose body is sent in chunks as `body` yields them; the answer's body (which
+        must be 200). `no_timeout`: wait for the answer however long the engine takes."""
+        conn = _Connection(self._open, None if no_timeout else self._timeout)
+        try:
+            conn.request(method, path, body=iter(body), headers={"Content-Type": content_type})
+            response = conn.getresponse()
+            data = response.read()
+        except (http.client.HTTPException, OSError) as exc:
+            raise EngineUnanswered(f"{what} failed ({exc})") from exc
+        finally:
+            conn.close()
+        if response.status != 200:
+            raise EngineAPIError(response.status, _message(_decode(data), response.status))
+        return data
+
+    def _download(self, path: str, what: str, chunk_size: int) -> Iterator[bytes]:
+        """GET path's body as chunks; the error answer raised before returning."""
         conn = _Connection(self._open, self._timeout)
         try:
-            conn.request("GET", f"/containers/{_quote(container)}/archive?{query}")
+            conn.request("GET", path)
             response = conn.getresponse()
         except (http.client.HTTPException, OSError) as exc:
             conn.close()
-            raise EngineUnanswered(f"copying out failed ({exc})") from exc
+            raise EngineUnanswered(f"{what} failed ({exc})") from exc
         if response.status != 200:
             data = response.read()
             conn.close()
@@ -354,7 +402,7 @@ class EngineAPI:
 
         def chunks() -> Iterator[bytes]:
             try:
-                while chunk := response.read(CHUNK):
+                while chunk := response.read(chunk_size):
                     yield chunk
             finally:
                 conn.close()
@@ -374,6 +422,24 @@ def _decode(data: bytes) -> Any:
         return json.loads(data)
     except ValueError:
         return data.decode("utf-8", "replace")
+
+
+def _json_stream(data: bytes) -> list[Any]:
+    """The JSON values of a streamed answer (one object after another, newlines or not)."""
+    decoder = json.JSONDecoder()
+    text = data.decode("utf-8", "replace")
+    values: list[Any] = []
+    position = 0
+    while True:
+        while position < len(text) and text[position].isspace():
+            position += 1
+        if position == len(text):
+            return values
+        try:
+            value, position = decoder.raw_decode(text, position)
+        except ValueError:
+            return [*values, text[position:]]  # not JSON: the rest as text
+        values.append(value)
 
 
 def _message(data: Any, status: int) -> str:

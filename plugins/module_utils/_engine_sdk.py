@@ -1,7 +1,8 @@
 # Copyright (c) agentbox.box contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The Engine API calls of a box's create and removal over a Docker SDK client, for the engines the
-standard-library client (_engine_api) cannot reach: TLS and ssh:// (docker_ssh).
+"""The Engine API calls of a box's create, removal, state changes and checkpoint images over a Docker
+SDK client, for the engines the standard-library client (_engine_api) cannot reach: TLS and ssh://
+(docker_ssh).
 
 Same method names, arguments, answers and errors as _engine_api.EngineAPI, so the provider has one
 code path for every engine; the body of a container is the same JSON either way (_box_container).
@@ -12,7 +13,7 @@ Note that this module_utils is PRIVATE to the collection: it can change at any t
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ._engine_api import EngineAPIError, EngineUnanswered
@@ -44,8 +45,14 @@ def _unless_missing(call: Callable[[], dict[str, Any]]) -> dict[str, Any] | None
         raise
 
 
+def _typed(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """A stream whose failures come as _engine_api's errors (the SDK checks the answer at the first read)."""
+    with _errors():
+        yield from chunks
+
+
 class SDKEngine:
-    """_engine_api.EngineAPI's create/remove calls, made by a docker.APIClient."""
+    """_engine_api.EngineAPI's calls, made by a docker.APIClient."""
 
     def __init__(self, api: Any, where: str):
         self._api = api
@@ -101,3 +108,38 @@ class SDKEngine:
     def remove_volume(self, name: str, *, force: bool = True) -> None:
         with _errors():
             self._api.remove_volume(name, force=force)
+
+    def containers(self, label_filters: list[str]) -> list[dict[str, Any]]:
+        with _errors():
+            return self._api.containers(all=True, filters={"label": label_filters}) or []
+
+    # -- images -------------------------------------------------------------------------------
+    def images(self, filters: dict[str, list[str]] | None = None) -> list[dict[str, Any]]:
+        with _errors():
+            return self._api.images(filters=filters) or []
+
+    def commit_container(
+        self, container: str, repository: str, tag: str, conf: dict[str, Any], *, pause: bool = True
+    ) -> str:
+        with _errors():
+            return str(self._api.commit(container, repository=repository, tag=tag, conf=conf, pause=pause)["Id"])
+
+    def tag_image(self, image: str, repository: str, tag: str) -> None:
+        with _errors():
+            self._api.tag(image, repository, tag=tag)
+
+    def remove_image(self, image: str, *, force: bool = False, noprune: bool = False) -> None:
+        with _errors():
+            self._api.remove_image(image, force=force, noprune=noprune)
+
+    def load_image(self, archive: bytes) -> list[Any]:
+        with _errors():
+            return list(self._api.load_image(archive))
+
+    def import_image(self, chunks: Iterable[bytes], repository: str, tag: str, changes: list[str]) -> str:
+        with _errors():
+            return str(self._api.import_image(src=chunks, repository=repository, tag=tag, changes=changes, stream_src=True))
+
+    def export_container(self, container: str) -> Iterator[bytes]:
+        with _errors():
+            return _typed(self._api.export(container, chunk_size=1 << 20))

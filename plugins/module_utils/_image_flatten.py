@@ -21,13 +21,19 @@ from ._provider import BoxFacts
 EXCLUDED_FROM_FLATTEN = ("run/agentbox/",)
 
 
-def image_or_none(client: Any, ref: str) -> Any:
-    from docker.errors import ImageNotFound
+class Image:
+    """What checkpoints read of an image, from its inspect answer (the SDK's Image names)."""
 
-    try:
-        return client.images.get(ref)
-    except ImageNotFound:
-        return None
+    def __init__(self, attrs: dict[str, Any]):
+        self.attrs = attrs
+        self.id = str(attrs.get("Id", ""))
+        self.labels: dict[str, str] = (attrs.get("Config") or {}).get("Labels") or {}
+
+
+def image_or_none(engine: Any, ref: str) -> Image | None:
+    """The image `ref` on the engine (an _engine_api or _engine_sdk client); None when there is none."""
+    attrs = engine.inspect_image(ref)
+    return Image(attrs) if attrs is not None else None
 
 
 def _dockerfile_quote(value: str) -> str:
@@ -195,34 +201,36 @@ def _filter_entries(chunks: Iterable[bytes], excluded: tuple[str, ...]) -> Itera
         yield from blocks.copy(padded)
 
 
-def flatten(client: Any, facts: BoxFacts, target: str, labels: dict[str, str]) -> dict[str, Any]:
-    """Export the box's filesystem (paused) straight into an import with the config replayed."""
-    container = client.containers.get(facts.container)
-    config = container.attrs.get("Config") or {}
+def flatten(engine: Any, facts: BoxFacts, target: str, labels: dict[str, str]) -> dict[str, Any]:
+    """Export the box's filesystem (paused) straight into an import with the config replayed.
+    `engine`: an _engine_api or _engine_sdk client; the export streams into the import."""
+    container = engine.inspect_container(facts.container)
+    if container is None:
+        raise CheckpointError(f"the box's container {facts.container} is gone", box=facts.name)
+    config = container.get("Config") or {}
     merged_labels = {**(config.get("Labels") or {}), **labels}
     # The image's own environment only: the box's `env` (keys, tokens) stays out of the checkpoint.
-    own = own_env(client, container)
+    own = own_env(engine, container)
     changes = config_changes({**config, "Env": _ckpt_env.image_env(config.get("Env") or [], own, blank_added=False)},
                              merged_labels)
     repository, _sep, tag = target.rpartition(":")
-    was_running = container.attrs.get("State", {}).get("Status") == "running"
+    was_running = container.get("State", {}).get("Status") == "running"
     if was_running:
-        container.pause()
+        engine.pause_container(container["Id"])
     try:
-        stream = client.api.export(container.id, chunk_size=1 << 20)
-        answer = client.api.import_image(
-            src=filter_tar(stream), repository=repository, tag=tag, changes=changes, stream_src=True
-        )
+        stream = engine.export_container(container["Id"])
+        answer = engine.import_image(filter_tar(stream), repository, tag, changes)
     finally:
         if was_running:
-            container.unpause()
-    image = image_or_none(client, target)
+            engine.unpause_container(container["Id"])
+    image = image_or_none(engine, target)
     if image is None:
         raise CheckpointError(f"the engine did not make the flattened image: {str(answer)[-500:]}", box=facts.name)
     return {"id": image.id, "size": int(image.attrs.get("Size", 0))}
 
 
-def own_env(client: Any, container: Any) -> list[str]:
-    """The Env of the image the container runs (not the container's: that has the box's `env`)."""
-    image = image_or_none(client, container.attrs.get("Image", ""))
+def own_env(engine: Any, container: dict[str, Any]) -> list[str]:
+    """The Env of the image the container (its inspect answer) runs, not the container's: that has
+    the box's `env`."""
+    image = image_or_none(engine, container.get("Image", ""))
     return ((image.attrs.get("Config") or {}).get("Env") or []) if image is not None else []

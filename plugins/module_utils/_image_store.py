@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from typing import Any
 
 from . import _ckpt_env, _git, _naming
@@ -46,8 +47,9 @@ from ._checkpoint_records import (
     set_project_default,
     write_json,
 )
+from ._engine_api import EngineAPIError
 from ._image_flatten import flatten, image_or_none, own_env
-from ._provider import BoxFacts, Provider, worktree_records
+from ._provider import BoxFacts, BoxNotFound, Provider, worktree_records
 
 CHECKPOINT_REF_PREFIX = "refs/agentbox/checkpoints/"
 TEMP_TAG_MARK = ".partial-"
@@ -87,15 +89,15 @@ class _ImageSummary:
         self.attrs = {"Size": summary.get("Size", 0)}
 
 
-def _images(client: Any, filters: dict[str, Any] | None = None) -> list[_ImageSummary]:
-    return [_ImageSummary(summary) for summary in client.api.images(filters=filters)]
+def _images(engine: Any, filters: dict[str, Any] | None = None) -> list[_ImageSummary]:
+    return [_ImageSummary(summary) for summary in engine.images(filters)]
 
 
-def _checkpoint_images(client: Any, project: str | None = None) -> list[_ImageSummary]:
+def _checkpoint_images(engine: Any, project: str | None = None) -> list[_ImageSummary]:
     filters = [_naming.label("kind") + "=checkpoint"]
     if project:
         filters.append(f"{_naming.label('project')}={project}")
-    return _images(client, {"label": filters})
+    return _images(engine, {"label": filters})
 
 
 # -- labels and records ----------------------------------------------------------------------------
@@ -214,26 +216,34 @@ def worktree_heads(provider: Provider, facts: BoxFacts) -> list[dict[str, str]]:
 class ImageStore:
     """The checkpoints of one Docker engine, as images (see the module's docstring)."""
 
-    def __init__(self, provider: Provider):
+    def __init__(self, provider: Provider, engine: Callable[[], Any]):
         self.provider = provider
+        self._engine = engine
 
     @property
-    def client(self) -> Any:
-        """The Docker SDK client of the provider's engine."""
-        return self.provider.client
+    def engine(self) -> Any:
+        """The provider's engine client: _engine_api's, or the SDK's behind the same methods (_engine_sdk)."""
+        return self._engine()
+
+    def _container(self, container: str) -> dict[str, Any]:
+        """The container's inspect answer; BoxNotFound when it is gone."""
+        attrs = self.engine.inspect_container(container)
+        if attrs is None:
+            raise BoxNotFound(f"no container {container} on engine {self.provider.engine}", operation="checkpoint")
+        return attrs
 
     def host_mounts(self, box: str) -> list[str]:
         """Where host paths and volumes are mounted in the box: the cleanup must not reach them."""
-        container = self.client.containers.get(_naming.container_name(box))
-        return [m["Destination"] for m in container.attrs.get("Mounts") or [] if m.get("Destination")]
+        container = self._container(_naming.container_name(box))
+        return [m["Destination"] for m in container.get("Mounts") or [] if m.get("Destination")]
 
     def find(self, project: str, name: str) -> Checkpoint | None:
-        provider, client = self.provider, self.client
+        provider, engine = self.provider, self.engine
         image_ref = _naming.checkpoint_image(project, name)
         manifest = read_manifest(project, name)
         if foreign(provider, manifest):
             manifest = None  # that name is a checkpoint on another provider or engine
-        image = image_or_none(client, image_ref)
+        image = image_or_none(engine, image_ref)
         if manifest is None and image is None:
             return None
         record = manifest or labels_to_record(image.labels or {})
@@ -250,14 +260,14 @@ class ImageStore:
 
     def list(self, project: str) -> list[Checkpoint]:
         """Every checkpoint of the project: manifests (broken ones too) and labelled images."""
-        provider, client = self.provider, self.client
+        provider, engine = self.provider, self.engine
         found: dict[str, Checkpoint] = {}
         root = checkpoints_dir(project)
         for entry in sorted(os.listdir(root)) if os.path.isdir(root) else []:
             manifest = read_manifest(project, entry) if not entry.startswith(".") else None
             if manifest is None or foreign(provider, manifest):
                 continue
-            image = image_or_none(client, _naming.checkpoint_image(project, entry))
+            image = image_or_none(engine, _naming.checkpoint_image(project, entry))
             found[entry] = Checkpoint(
                 name=entry,
                 project=project,
@@ -269,7 +279,7 @@ class ImageStore:
                 size=int(image.attrs.get("Size", 0)) if image is not None else 0,
             )
         repository = _naming.CHECKPOINT_IMAGE_PREFIX + project
-        for image in _checkpoint_images(client, project):
+        for image in _checkpoint_images(engine, project):
             for tag in image.tags:
                 repo, _sep, name = tag.rpartition(":")
                 if repo != repository or name in found or TEMP_TAG_MARK in name:
@@ -290,7 +300,7 @@ class ImageStore:
         """What the base image is now: its fingerprint label, else its id; None when it is gone."""
         if not base_image:
             return None
-        image = image_or_none(self.client, base_image)
+        image = image_or_none(self.engine, base_image)
         if image is None:
             return None
         return (image.labels or {}).get(_naming.label("image_fingerprint")) or image.id
@@ -298,10 +308,8 @@ class ImageStore:
     # -- capture ----------------------------------------------------------------------------------------
     def box_image_labels(self, facts: BoxFacts) -> tuple[dict[str, str], str]:
         """(labels of the image the box runs, that image's id): how deep its checkpoint chain is."""
-        client = self.client
-        container = client.containers.get(facts.container)
-        image_id = container.attrs.get("Image", "")
-        image = image_or_none(client, image_id) if image_id else None
+        image_id = self._container(facts.container).get("Image", "")
+        image = image_or_none(self.engine, image_id) if image_id else None
         return ((image.labels or {}) if image is not None else {}), image_id
 
     def plan_capture(
@@ -343,10 +351,10 @@ class ImageStore:
 
     def capture(self, plan: CapturePlan, cleanup: bool = True) -> dict[str, Any]:
         """Take the checkpoint planned by plan_capture. Nothing half-made is left on failure."""
-        provider, client = self.provider, self.client
+        provider, engine = self.provider, self.engine
         facts = plan.facts
-        container = client.containers.get(facts.container)
-        config = container.attrs.get("Config") or {}
+        container = self._container(facts.container)
+        config = container.get("Config") or {}
         running = facts.state == "running"
         warnings: list[str] = []
         timings: dict[str, float] = {}
@@ -369,7 +377,7 @@ class ImageStore:
         record = plan.record(provider, heads, (base_image, base_image_id, fingerprint))
         labels = record_to_labels(record)
         if cleanup and running:
-            mounts = [m["Destination"] for m in container.attrs.get("Mounts") or [] if m.get("Destination")]
+            mounts = [m["Destination"] for m in container.get("Mounts") or [] if m.get("Destination")]
             timings["cleanup_seconds"], warning = run_cleanup(provider, facts.name, mounts)
             if warning:
                 warnings.append(warning)
@@ -381,31 +389,31 @@ class ImageStore:
         started = time.monotonic()
         try:
             if plan.type == "layered":
-                own = own_env(client, container)
+                own = own_env(engine, container)
                 raw = f"{target}{TEMP_TAG_MARK}raw"
                 env = _ckpt_env.image_env(config.get("Env") or [], own, blank_added=True)
                 committed = provider.commit(facts.name, raw, labels, env=env)
                 try:
                     # The box's env out of the image's config for good (see _ckpt_env); layers are shared.
-                    image_id = _ckpt_env.without_container_config(client.api, committed["id"], target, own)
+                    image_id = _ckpt_env.without_container_config(engine, committed["id"], target, own)
                 finally:
                     with contextlib.suppress(Exception):
-                        client.images.remove(raw)
+                        engine.remove_image(raw)
                 made = {"id": image_id, "size": committed["size"]}
             else:
-                made = flatten(client, facts, target, labels)
+                made = flatten(engine, facts, target, labels)
             timings["capture_seconds"] = time.monotonic() - started
             if target != plan.image:
                 repository, _sep, tag = plan.image.rpartition(":")
-                client.images.get(made["id"]).tag(repository, tag)
+                engine.tag_image(made["id"], repository, tag)
         finally:
             if target != plan.image:
                 with contextlib.suppress(Exception):
-                    client.images.remove(target, noprune=False)
+                    engine.remove_image(target, noprune=False)
         if old_id and old_id != made["id"]:
             # Kept when a box still runs on it (the engine refuses); prune reaps it later.
             with contextlib.suppress(Exception):
-                client.images.remove(old_id)
+                engine.remove_image(old_id)
         record["image_id"] = made["id"]
         write_json(manifest_path(facts.project, plan.name), record)
         if plan.numbered:
@@ -425,16 +433,14 @@ class ImageStore:
     # -- removal, prune, restore ---------------------------------------------------------------------
     def remove(self, checkpoint: Checkpoint) -> dict[str, Any]:
         """Delete the checkpoint's image tag, its manifest and its commit refs."""
-        provider, client = self.provider, self.client
+        provider = self.provider
         removed: dict[str, Any] = {"image": None, "manifest": None, "refs": []}
         if checkpoint.image_exists:
-            from docker.errors import APIError
-
             try:
-                client.images.remove(checkpoint.image)
-            except APIError as exc:
+                self.engine.remove_image(checkpoint.image)
+            except EngineAPIError as exc:
                 raise CheckpointError(
-                    f"could not remove image {checkpoint.image}: {exc.explanation or exc}. "
+                    f"could not remove image {checkpoint.image}: {exc.message}. "
                     "Destroy the boxes that run on it first (agentbox_box_info lists them)"
                 ) from exc
             removed["image"] = checkpoint.image
@@ -458,15 +464,17 @@ class ImageStore:
 
         With `project`, only that project's images are considered.
         """
-        client = self.client
-        containers = client.containers.list(all=True)
+        engine = self.engine
+        # Each container inspected, as the SDK's containers.list did: the listing's Image is not its
+        # Config.Image once that tag has moved. One gone in between is no longer there to keep anything.
+        containers = [c for c in (engine.inspect_container(s["Id"]) for s in engine.containers([])) if c is not None]
         # A box refers to its checkpoint by tag (its Config.Image); an untagged image only by id.
-        used_ids = {c.attrs.get("Image") for c in containers}
-        used_refs = {(c.attrs.get("Config") or {}).get("Image") for c in containers}
+        used_ids = {c.get("Image") for c in containers}
+        used_refs = {(c.get("Config") or {}).get("Image") for c in containers}
         kept_by_manifest = _all_manifest_images()
         candidates: list[tuple[str, str]] = []  # (reference to remove, image id)
         seen: set[str] = set()
-        for image in _images(client) + _checkpoint_images(client):
+        for image in _images(engine) + _checkpoint_images(engine):
             if image.id in seen:
                 continue
             seen.add(image.id)
@@ -484,24 +492,22 @@ class ImageStore:
         failed: list[dict[str, str]] = []
         for reference, image_id in candidates:
             if not check_mode:
-                from docker.errors import APIError
-
                 try:
-                    client.images.remove(reference)
-                except APIError as exc:
-                    failed.append({"image": reference, "id": image_id, "error": str(exc.explanation or exc)})
+                    engine.remove_image(reference)
+                except EngineAPIError as exc:
+                    failed.append({"image": reference, "id": image_id, "error": exc.message})
                     continue
             removed.append({"image": reference, "id": image_id})
         return {"removed": removed, "failed": failed}
 
     def restorable(self, project: str, checkpoint_name: str) -> Checkpoint:
         """Validate a checkpoint for a new box of `project`; unknown, foreign or broken ones fail here."""
-        provider, client = self.provider, self.client
+        provider = self.provider
         name = parse_reference(checkpoint_name, project)
         found = self.find(project, name)
         if found is None:
             elsewhere = []
-            for image in _checkpoint_images(client):
+            for image in _checkpoint_images(self.engine):
                 record = labels_to_record(image.labels or {})
                 if record["name"] == name and record["project"] != project:
                     elsewhere.append(f"{record['project']} (workspace {record['workspace']})")

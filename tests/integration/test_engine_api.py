@@ -25,8 +25,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / ".collections"))
 
+from ansible_collections.agentbox.box.plugins.module_utils._ckpt_env import without_container_config  # noqa: E402
 from ansible_collections.agentbox.box.plugins.module_utils._docker import DockerProvider  # noqa: E402
-from ansible_collections.agentbox.box.plugins.module_utils._engine_api import local_engine  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils._engine_api import EngineAPIError, local_engine  # noqa: E402
 from ansible_collections.agentbox.box.plugins.module_utils._provider import (  # noqa: E402
     BoxNotFound,
     EngineUnreachable,
@@ -299,3 +300,51 @@ def test_state_changes_import_no_docker_sdk(box_name):
     """)
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "none"
+
+
+@pytest.mark.parametrize("client", ["standard library", "docker SDK"])
+def test_checkpoint_image_calls_through_either_client(box_name, client):
+    """The image calls of a checkpoint (commit, tag, list, load, export, import, remove) through
+    _engine_api and through the SDK behind the same methods; the export is a stream of chunks."""
+    provider = DockerProvider()
+    if client == "docker SDK":
+        provider._direct = None
+    engine = provider.checkpoint_store().engine
+    repository = f"agentbox-test/engineapi-{uuid.uuid4().hex[:8]}"
+    mark = {"io.agentbox.test": repository}
+    try:
+        image_id = engine.commit_container(f"agentbox-{box_name}", repository, "one", {"Labels": mark, "Env": ["A=1"]})
+        committed = engine.inspect_image(f"{repository}:one")
+        assert committed["Id"] == image_id and committed["Config"]["Labels"]["io.agentbox.test"] == repository
+        engine.tag_image(image_id, repository, "two")
+        listed = engine.images({"label": [f"io.agentbox.test={repository}"]})
+        assert sorted(tag for image in listed for tag in image["RepoTags"]) == [f"{repository}:one", f"{repository}:two"]
+        cleaned = without_container_config(engine, image_id, f"{repository}:clean", ["B=2"])
+        assert engine.inspect_image(f"{repository}:clean")["Config"]["Env"] == ["B=2"] and cleaned != image_id
+        # The box's whole filesystem (1 GB) comes in 1 MiB chunks: the first arrives long before the rest.
+        chunks = engine.export_container(f"agentbox-{box_name}")
+        first = next(chunks)
+        assert 0 < len(first) <= 1 << 20 and first[257:262] == b"ustar"
+        chunks.close()
+        sent: list[int] = []
+
+        def filesystem() -> Iterator[bytes]:
+            buffer = io.BytesIO()
+            with tarfile.open(fileobj=buffer, mode="w") as tar:
+                info = tarfile.TarInfo("hello")
+                info.size = 2
+                tar.addfile(info, io.BytesIO(b"hi"))
+            for piece in (buffer.getvalue()[:512], buffer.getvalue()[512:]):
+                sent.append(len(piece))
+                yield piece
+
+        engine.import_image(filesystem(), repository, "flat", ['LABEL "io.agentbox.test"="' + repository + '"', "CMD [\"true\"]"])
+        flat = engine.inspect_image(f"{repository}:flat")
+        assert flat["Config"]["Cmd"] == ["true"] and len(sent) == 2
+        engine.remove_image(f"{repository}:two")
+        with pytest.raises(EngineAPIError) as gone:
+            engine.remove_image(f"{repository}:two")
+        assert gone.value.status == 404
+    finally:
+        for tag in ("one", "two", "clean", "flat"):
+            docker("rmi", "-f", f"{repository}:{tag}", check=False)
