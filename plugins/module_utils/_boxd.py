@@ -15,7 +15,10 @@ What production boxd does, and how this provider lives with it (the seed's notes
     (the machine is started, polled to running, and the command sent again). A stream lost after it began
     is never re-sent: the command may have run;
   * files travel as tar through exec's stdin and stdout (streamed, no gRPC message cap);
-  * pause is suspend (memory kept), resume is resume; stop and start poll to the state.
+  * pause is suspend (memory kept), resume is resume; stop and start poll to the state;
+  * ports: the web port (80) and the box's other ports are exposed at create (`machines.ports.expose`, a
+    public TCP forward: a DNS name and a public port; boxd allows 3 per machine). The web URL and each
+    port's URL (preview_url, for agentbox_forward) are http://<dns>:<public port>/, read from the listing.
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ ADOPT_WAIT_SECONDS = 15.0
 POLL_SECONDS = 0.25
 STDIN_CHUNK = 1 << 20
 KILL_GRACE_SECONDS = 5
+WEB_PORT = 80
+MAX_EXPOSED_PORTS = 3  # boxd's limit of public forwards per machine
 
 
 def _env_int(name: str) -> int | None:
@@ -95,6 +100,7 @@ class BoxdProvider(Provider):
     name = "boxd"
     shares_host_filesystem = False
     relay_channel = "poll"
+    port_urls = "exposed"
 
     def __init__(
         self,
@@ -171,15 +177,41 @@ class BoxdProvider(Provider):
             raise self._missing(name, operation)
         return machine
 
-    def _facts(self, machine: Any) -> BoxFacts:
+    def _forwards(self, machine_id: str | None, name: str | None, operation: str) -> list[Any]:
+        """The public forwards of one machine (None: every machine the caller owns)."""
+        return self._call(lambda: self.sdk.machines.ports.list(machine_id), name, operation, read=True)
+
+    def _facts(self, machine: Any, forwards: list[Any] | None = None) -> BoxFacts:
+        """The box's facts; its exposed ports are read unless given (a failed read never hides the box)."""
+        if forwards is None:
+            try:
+                forwards = self._forwards(machine.id, machine.name, "exposed ports")
+            except ProviderError:
+                forwards = []
+        ports = {str(f.machine_port): int(f.public_port) for f in forwards if f.machine_id == machine.id}
+        web = next((f for f in forwards if f.machine_id == machine.id and f.machine_port == WEB_PORT), None)
+        web_url = _forward_url(web) if web is not None else getattr(machine.access, "url", None) or None
         labels = strip_labels(dict(machine.labels or {}))
         return BoxFacts(
             name=labels.get("box", machine.name), id=labels.get("id", ""), provider=self.name, engine=self.engine,
             state=box_state(machine.status), container=machine.id, image=labels.get("image") or machine.image_ref,
             project=labels.get("project", ""), workspace=labels.get("workspace", ""),
-            branch=labels.get("branch", ""), created=labels.get("created", ""), ports={}, labels=labels,
-            checkpoint=labels.get("checkpoint") or None, web_url=getattr(machine.access, "url", None) or None,
+            branch=labels.get("branch", ""), created=labels.get("created", ""), ports=ports, labels=labels,
+            checkpoint=labels.get("checkpoint") or None, web_url=web_url,
         )
+
+    def preview_url(self, name: str, port: int, expires_in: int = 0) -> str:
+        """The public URL of a port the box exposed at create (boxd's forwards do not expire)."""
+        machine = self._require(name, "preview URL")
+        forwards = [f for f in self._forwards(machine.id, name, "preview URL") if f.machine_id == machine.id]
+        found = next((f for f in forwards if f.machine_port == port), None)
+        if found is None:
+            exposed = ", ".join(str(f.machine_port) for f in sorted(forwards, key=lambda f: f.machine_port))
+            raise ProviderError(
+                f"box {name!r} does not expose port {port} on boxd (it exposes {exposed or 'none'}): ports are "
+                f"exposed when the box is created (agentbox_box ports: [...]; boxd allows {MAX_EXPOSED_PORTS} per "
+                f"machine, the web port {WEB_PORT} among them)", box=name, operation="preview URL")
+        return _forward_url(found)
 
     # -- discovery ------------------------------------------------------------------------------
     def find(self, name: str) -> BoxFacts | None:
@@ -190,13 +222,26 @@ class BoxdProvider(Provider):
         wanted = {label("kind"): "box"}
         if project:
             wanted[label("project")] = project
-        return sorted((self._facts(m) for m in self._listed(wanted, "list boxes")), key=lambda f: f.name)
+        machines = self._listed(wanted, "list boxes")
+        try:
+            forwards = self._forwards(None, None, "exposed ports") if machines else []
+        except ProviderError:
+            forwards = []  # a failed read never hides the boxes
+        return sorted((self._facts(m, forwards) for m in machines), key=lambda f: f.name)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def create(self, spec: BoxSpec) -> BoxFacts:
+        exposed = sorted({WEB_PORT, *spec.ports})
+        if len(exposed) > MAX_EXPOSED_PORTS or not all(0 < p < 65536 for p in exposed):
+            raise ProviderError(f"boxd exposes at most {MAX_EXPOSED_PORTS} ports (1-65535) per machine, the web port "
+                                f"{WEB_PORT} among them; asked for {', '.join(map(str, exposed))}: nothing was created",
+                                box=spec.name, operation="create")
         machine = self._create_once(spec)
         try:
             machine = self._until_ready(spec.name, machine.id, "create")
+            # Re-exposing a port keeps its public port: safe on a machine adopted after a lost answer.
+            forwards = [self._call(lambda p=port: self.sdk.machines.ports.expose(machine.id, p), spec.name,
+                                   f"exposing port {port}") for port in exposed]
             if parse_snapshot_name(spec.image) is not None:
                 # Docker in the box renames /var/lib/docker/runtimes at start, which a directory from the
                 # snapshot's lower layer refuses (EXDEV); it is rebuilt at start, so it goes.
@@ -207,7 +252,7 @@ class BoxdProvider(Provider):
                            "egress allow list")
             if spec.secrets:
                 self._write_secrets(spec.name, spec.secrets)
-            return self._facts(machine)
+            return self._facts(machine, forwards)
         except BaseException:
             self._delete_quietly(machine.id)
             raise
@@ -507,6 +552,10 @@ class BoxdProvider(Provider):
 
     def close(self) -> None:
         forget_client(self.settings)
+
+
+def _forward_url(forward: Any) -> str:
+    return f"http://{forward.dns}:{forward.public_port}/"
 
 
 def _feed(stream: Any, source: bytes | IO[bytes] | Iterable[bytes]) -> None:

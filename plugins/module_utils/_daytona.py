@@ -85,6 +85,7 @@ class DaytonaProvider(DaytonaSandboxes, Provider):
     name = "daytona"
     shares_host_filesystem = False
     relay_channel = "poll"
+    port_urls = "signed"
     resume_restarts_processes = True  # a pause is a stop
     snapshot_stops_box = True
 

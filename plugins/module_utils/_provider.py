@@ -148,6 +148,10 @@ class Provider(abc.ABC):
     snapshot_stops_box: bool = False
     #: The provider's client may serve several threads at once (the local engine): per-box probes run side by side.
     thread_safe_client: bool = False
+    #: How a port of a box is reached from this machine: 'published' (a port on the engine's 127.0.0.1, listed in
+    #: BoxFacts.ports), 'signed' (preview_url signs a URL that expires) or 'exposed' (preview_url answers the
+    #: public URL of a port the box exposed at create, which does not expire).
+    port_urls: str = "published"
 
     @property
     @abc.abstractmethod
@@ -255,6 +259,11 @@ class Provider(abc.ABC):
     def commit(self, name: str, image: str, labels: dict[str, str], env: list[str] | None = None) -> dict[str, Any]:
         """Capture the box's filesystem as `image` (layered), with `env` as its Env when given (the
         image's own, never the box's runtime env). Returns {'id', 'size'}."""
+
+    def preview_url(self, name: str, port: int, expires_in: int) -> str:
+        """A URL of a port of the box, for a provider whose port_urls is not 'published' (`expires_in`
+        seconds for a signed one)."""
+        raise ProviderError(f"the {self.name!r} provider hands out no preview URLs: use the box's published ports")
 
     def close(self) -> None:  # noqa: B027 - optional hook: most providers hold nothing to release
         """Release connections. Safe to call twice."""

@@ -15,6 +15,8 @@ description:
     process on this machine listens on C(127.0.0.1:<local_port>) and carries each connection over the engine's SSH
     connection to that port, until it is killed (C(kill <pid>)) or the engine goes away.
   - Daytona - a signed preview URL for the port, valid for O(ttl) seconds.
+  - boxd - the public URL of the port, for a port the box exposed when it was created (the web port 80 and the
+    ports given at create, at most 3 in all); any other port fails and says which ports the box exposes.
 author:
   - agentbox.box developers (@agentbox)
 extends_documentation_fragment:
@@ -31,7 +33,9 @@ options:
     type: str
     required: true
   port:
-    description: The port in the box. Boxes on Docker engines publish port 80 always and the ports given at create.
+    description: >-
+      The port in the box. Boxes on Docker engines publish port 80 always and the ports given at create; boxd
+      boxes expose the same ports.
     type: int
     default: 80
   local_port:
@@ -55,7 +59,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 url:
-  description: "The URL on this machine (or the signed preview URL for Daytona)."
+  description: "The URL on this machine (or the signed preview URL for Daytona, the public URL of the port for boxd)."
   returned: always
   type: str
   sample: http://127.0.0.1:41235/
@@ -102,9 +106,12 @@ def _task(module: AnsibleModule) -> dict:
     if facts.state != "running":
         raise ValueError(f"box {name!r} is {facts.state}: start it (playbooks/box_state.yml -e state=started)")
     result: dict = {"changed": False, "box": facts.to_dict()}
-    if provider.name == "daytona":
+    if provider.port_urls == "signed":
         result["expires_in"] = params["ttl"]
-        result["url"] = None if module.check_mode else provider.web_url(name, expires_in=params["ttl"], port=port)
+        result["url"] = None if module.check_mode else provider.preview_url(name, port, expires_in=params["ttl"])
+        return result
+    if provider.port_urls == "exposed":
+        result["url"] = provider.preview_url(name, port, expires_in=params["ttl"])  # a read: check mode too
         return result
     published = facts.ports.get(str(port))
     if not published:

@@ -22,6 +22,8 @@ from typing import Any
 from tests.daytona_emulator.config import EMULATOR_LABEL
 from tests.daytona_emulator.docker_backend import BackendError, DockerBackend, docker_name
 
+from .ports import Forwards
+
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 CONTAINER_PREFIX = "boxd-emu-"
 SNAPSHOT_REPOSITORY = "boxd-emu-snapshot"
@@ -59,7 +61,6 @@ class Machine:
     last_active: float = field(default_factory=time.monotonic)
     busy: int = 0  # execs and transfers in flight: a machine never auto-suspends under one
     egress_allow: list[str] = field(default_factory=list)
-    exposed: dict[int, str] = field(default_factory=dict)
     ready_at: float = 0.0  # monotonic time a starting machine becomes running
 
     def public(self) -> dict[str, Any]:
@@ -93,6 +94,7 @@ class Fleet:
         self.machines: dict[str, Machine] = {}
         self.snapshots: dict[str, Snapshot] = {}
         self.lock = threading.RLock()
+        self.forwards = Forwards(lambda: self.backend.long_client.api, self._inbound, self._inbound_done)
         self._stop = threading.Event()
         self._ticker = threading.Thread(target=self._tick_forever, name="boxd-emulator-ticker", daemon=True)
 
@@ -197,6 +199,7 @@ class Fleet:
         with self.lock:
             self.machines.pop(machine.id, None)
         machine.status = "destroyed"
+        self.forwards.drop_machine(machine.id)
         self.backend.remove(machine.container)
 
     def settle(self, machine: Machine) -> None:
@@ -215,6 +218,20 @@ class Fleet:
         if machine.status != "running":
             raise Refused("FAILED_PRECONDITION", f"machine {machine.id} is {machine.status}: start it first")
         return machine
+
+    def _inbound(self, machine_id: str) -> str:
+        """A connection to an exposed port: it wakes the machine and keeps it from auto-suspending."""
+        machine = self.usable(machine_id)
+        with self.lock:
+            machine.busy += 1
+        return machine.container
+
+    def _inbound_done(self, machine_id: str) -> None:
+        with self.lock:
+            machine = self.machines.get(machine_id)
+            if machine is not None:
+                machine.busy -= 1
+                machine.last_active = time.monotonic()
 
     # ---- snapshots -------------------------------------------------------------------------------------
     def snapshot(self, machine_id: str, name: str) -> Snapshot:
@@ -278,6 +295,7 @@ class Fleet:
 
     def shutdown(self) -> None:
         self._stop.set()
+        self.forwards.close()
         self.backend.cleanup()
         self.backend.close()
 

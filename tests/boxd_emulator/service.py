@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import secrets
 import socket
-import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from boxd._generated import api_pb2, api_pb2_grpc
 from tests.daytona_emulator.docker_backend import BackendError, PathIsDirectory, PathNotFound, exec_exit_code
 
 from .machines import Fleet, Machine, Refused
+from .ports import PUBLIC_HOST, demux
 
 EXEC_MARKER = "BOXD_EMULATOR_EXEC_ID"
 CHUNK = 1 << 20  # streamed output and downloads: 1 MiB messages, well under the 4 MiB cap
@@ -40,6 +40,12 @@ def _vm(machine: Machine) -> api_pb2.GetVmResponse:
         labels=machine.labels, egress_allow=machine.egress_allow, source=machine.source,
         access_domain="boxd.emulator.invalid",
     )
+
+
+def _forward(forward: Any) -> api_pb2.ExposePortResponse:
+    return api_pb2.ExposePortResponse(vm_name=forward.machine_name, vm_id=forward.machine_id, dns=PUBLIC_HOST,
+                                      public_port=forward.public_port, vm_port=forward.vm_port,
+                                      protocol=forward.protocol)
 
 
 def _snapshot_info(snap: Any) -> api_pb2.SnapshotInfo:
@@ -132,10 +138,29 @@ class BoxdService(api_pb2_grpc.BoxdApiServicer):
 
     def ExposePort(self, request: Any, context: Any) -> Any:
         machine = self.fleet.get(request.vm_id or request.vm)
-        dns = f"{machine.name}-{request.vm_port}.boxd.emulator.invalid"
-        machine.exposed[request.vm_port] = dns
-        return api_pb2.ExposePortResponse(vm_name=machine.name, vm_id=machine.id, dns=dns, public_port=443,
-                                          vm_port=request.vm_port, protocol=request.protocol or "https")
+        if not 0 < request.vm_port < 65536:
+            raise Refused("INVALID_ARGUMENT", f"vm_port {request.vm_port} is not a port (1-65535)")
+        protocol = request.protocol or "tcp"
+        if protocol not in ("tcp", "udp", "both"):
+            raise Refused("INVALID_ARGUMENT", f"protocol {protocol!r}: tcp, udp or both")
+        if protocol != "tcp":
+            raise Refused("UNIMPLEMENTED", "the emulator forwards tcp only")
+        try:
+            forward = self.fleet.forwards.expose(machine.id, machine.name, request.vm_port, protocol)
+        except ValueError as exc:
+            raise Refused("FAILED_PRECONDITION", str(exc)) from exc
+        return _forward(forward)
+
+    def UnexposePort(self, request: Any, context: Any) -> Any:
+        machine = self.fleet.get(request.vm_id or request.vm)
+        forward = self.fleet.forwards.unexpose(machine.id, request.vm_port)
+        if forward is None:
+            raise Refused("NOT_FOUND", f"machine {machine.id} does not expose port {request.vm_port}")
+        return api_pb2.UnexposePortResponse(forward=_forward(forward))
+
+    def ListExposedPorts(self, request: Any, context: Any) -> Any:
+        machine_id = self.fleet.get(request.vm).id if request.vm else None
+        return api_pb2.ListExposedPortsResponse(forwards=[_forward(f) for f in self.fleet.forwards.listing(machine_id)])
 
     # ---- exec ------------------------------------------------------------------------------------------
     def Exec(self, request_iterator: Iterator[Any], context: Any) -> Iterator[Any]:
@@ -155,7 +180,7 @@ class BoxdService(api_pb2_grpc.BoxdApiServicer):
             feeder.start()
             done = False
             try:
-                for is_stderr, data in _demux(sock):
+                for is_stderr, data in demux(sock, CHUNK):
                     yield api_pb2.ExecChunk(data=data, is_stderr=is_stderr)
                 done = True
             finally:
@@ -280,27 +305,6 @@ def _drain(sock: socket.socket) -> None:
             pass
     except OSError:
         pass
-
-
-def _demux(sock: socket.socket) -> Iterator[tuple[bool, bytes]]:
-    """Docker's multiplexed exec stream: 8-byte headers (stream, size) before each frame."""
-    buffer = b""
-    while True:
-        while len(buffer) < 8:
-            data = sock.recv(CHUNK)
-            if not data:
-                return
-            buffer += data
-        stream, size = struct.unpack(">BxxxL", buffer[:8])
-        buffer = buffer[8:]
-        while len(buffer) < size:
-            data = sock.recv(max(CHUNK, size - len(buffer)))
-            if not data:
-                return
-            buffer += data
-        frame, buffer = buffer[:size], buffer[size:]
-        if frame:
-            yield stream == 2, frame
 
 
 def refused_to_status(exc: Refused) -> tuple[grpc.StatusCode, str]:

@@ -208,3 +208,32 @@ def test_faults_token_and_requests(client, emu):
 
     with pytest.raises(AuthenticationError):
         Boxd(token="wrong", base_url=emu.base_url, max_retries=0).machines.list()
+
+
+def test_exposed_ports_forward_on_127_0_0_1(client, emu):
+    import socket
+
+    machine = _machine(client, image=TEST_IMAGE)
+    web = client.machines.ports.expose(machine.id, 80)
+    assert (web.dns, web.machine_port, web.protocol) == ("127.0.0.1", 80, "tcp") and web.public_port > 0
+    assert client.machines.ports.expose(machine.id, 80).public_port == web.public_port  # re-expose keeps it
+    client.machines.ports.expose(machine.id, 7000)
+    client.machines.ports.expose(machine.id, 7001)
+    with pytest.raises(ConflictError, match="already exposes 3 ports"):
+        client.machines.ports.expose(machine.id, 7002)
+    assert [f.machine_port for f in client.machines.ports.list(machine.id)] == [80, 7000, 7001]
+    # busybox's nc answers one connection on 7000 (the exec returns once it listens); the forward carries it.
+    client.machines.exec(machine.id, ["sh", "-c", "(echo pong | nc -l -p 7000 >/dev/null 2>&1 &) ; "
+                                      "until netstat -ltn | grep -q ':7000 '; do :; done"])
+    forward = next(f for f in client.machines.ports.list(machine.id) if f.machine_port == 7000)
+    with socket.create_connection((forward.dns, forward.public_port), timeout=30) as conn:
+        conn.sendall(b"ping\n")
+        assert conn.makefile("rb").readline() == b"pong\n"
+    gone = client.machines.ports.unexpose(machine.id, 7001)
+    assert gone.machine_port == 7001
+    with pytest.raises(NotFoundError):
+        client.machines.ports.unexpose(machine.id, 7001)
+    client.machines.delete(machine.id)
+    assert [f for f in client.machines.ports.list() if f.machine_id == machine.id] == []
+    with pytest.raises(ConnectionError):
+        socket.create_connection((web.dns, web.public_port), timeout=5).close()  # the listener went with it
