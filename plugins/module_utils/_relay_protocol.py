@@ -33,6 +33,16 @@ MAX_TEXT_LENGTH = 16 * 1024  # a pull request's title or body
 # A push's new commits, sent by the box over its socket as one git bundle: the host streams at most
 # this many bytes to a temporary file (docs/relay.md, "Bundles over the socket").
 MAX_BUNDLE_BYTES = 1024 * 1024 * 1024
+# All of a bundle's bytes must arrive within BUNDLE_FLOOR seconds plus its size at BUNDLE_MIN_RATE,
+# at most BUNDLE_DEADLINE_CAP (1 GiB: 60 + 1024 s). The box sends a file it has already made over a
+# unix socket on this host, hundreds of MiB/s when idle: 1 MiB/s leaves a loaded host 100x slack,
+# and bounds how long a box that trickles bytes holds its lock, a worker thread and disk.
+BUNDLE_FLOOR = 60.0
+BUNDLE_MIN_RATE = 1024 * 1024  # bytes per second
+BUNDLE_DEADLINE_CAP = 1200.0
+# Bundles received at once, all boxes together: each holds one of the relay's few worker threads
+# (asyncio's default pool: cores + 4) and up to MAX_BUNDLE_BYTES of disk. One more is refused.
+MAX_BUNDLE_RECEPTIONS = 2
 
 OPERATIONS = ("git.push", "git.fetch", "git.pull", "checkpoint", "open", "gh.pr")
 GH_PR_ACTIONS = ("create", "view", "list", "merge")
@@ -115,6 +125,11 @@ def bundle_header(raw: bytes) -> dict[str, Any]:
     if size > MAX_BUNDLE_BYTES:
         raise RequestError(f"the box's bundle is {size} bytes, over the {MAX_BUNDLE_BYTES} the host takes: refused")
     return header
+
+
+def bundle_deadline(size: int, floor: float = BUNDLE_FLOOR) -> float:
+    """Seconds the host waits for all `size` bytes of a box's bundle (see BUNDLE_FLOOR)."""
+    return min(floor + size / BUNDLE_MIN_RATE, max(floor, BUNDLE_DEADLINE_CAP))
 
 
 def _fields(args: dict[str, Any], allowed: dict[str, type]) -> dict[str, Any]:

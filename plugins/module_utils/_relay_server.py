@@ -22,21 +22,24 @@ import os
 import secrets
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 from . import _relay_idle, _relay_ops, _relay_state
 from ._provider import ProviderError
 from ._relay_poll import Poller
 from ._relay_protocol import (
+    BUNDLE_FLOOR,
     MAX_APPROVAL_TIMEOUT,
     MAX_BUNDLE_BYTES,
+    MAX_BUNDLE_RECEPTIONS,
     MAX_REQUEST_BYTES,
     PROTOCOL_VERSION,
     RateLimiter,
     Request,
     RequestError,
     approval_reason,
+    bundle_deadline,
     bundle_header,
     encode,
     parse_request,
@@ -114,23 +117,71 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 Hangup = Callable[[], Awaitable[Any]]
 
 
+class BundleGate:
+    """The bounds all boxes' socket bundles share (docs/relay.md, "Bundles over the socket"): at most `slots`
+    at once, each within bundle_deadline(size, floor). Used on the loop only, so never locked.
+
+    AGENTBOX_RELAY_BUNDLE_FLOOR (seconds) and AGENTBOX_RELAY_BUNDLE_SLOTS in the relay's environment
+    at its start replace BUNDLE_FLOOR and MAX_BUNDLE_RECEPTIONS: for tests, which shrink them."""
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self.floor = _positive(environ, "AGENTBOX_RELAY_BUNDLE_FLOOR", BUNDLE_FLOOR)
+        self.slots = int(_positive(environ, "AGENTBOX_RELAY_BUNDLE_SLOTS", MAX_BUNDLE_RECEPTIONS, whole=True))
+        self.busy = 0
+
+    @contextlib.contextmanager
+    def slot(self) -> Iterator[None]:
+        """One reception; refused at once when all slots are taken: waiting would hold the box's lock
+        and a worker thread, the very things the bound keeps free, and the box has made nothing yet."""
+        if self.busy >= self.slots:
+            raise RequestError(f"the host is receiving {self.busy} other push(es) from boxes now (at most "
+                               f"{self.slots} at once): nothing was sent; run the same command again in a minute")
+        self.busy += 1
+        try:
+            yield
+        finally:
+            self.busy -= 1
+
+
+def _positive(environ: Mapping[str, str], name: str, default: float, whole: bool = False) -> float:
+    """A setting from the environment; the default, with a warning, when it is no positive number."""
+    raw = environ.get(name)
+    if not raw:
+        return default
+    try:
+        value = int(raw) if whole else float(raw)
+    except ValueError:
+        value = 0
+    if not 0 < value < float("inf"):
+        LOG.warning("%s=%r is not a positive %s: using %g", name, raw, "whole number" if whole else "number", default)
+        return default
+    return value
+
+
 class SocketBundles:
     """A push's new commits sent by the box on its own connection (no docker exec): the host says
     which commits it wants in a "bundle" message, the box answers with a header line
     {"tip", "size"} and `size` bytes of git bundle. The bytes are the box's to forge: at most
     MAX_BUNDLE_BYTES, streamed to the file the caller names (never held in memory), each read under
-    a timeout; what they hold is checked by _ship like any bundle from a box. Called from the
-    operation's worker thread; the reads run on the loop."""
+    a timeout and all of them by a deadline set by the size; at most gate.slots boxes at once. What
+    they hold is checked by _ship like any bundle from a box. Called from the operation's worker
+    thread; the reads run on the loop."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, loop: asyncio.AbstractEventLoop):
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, loop: asyncio.AbstractEventLoop,
+                 gate: BundleGate):
         self.reader = reader
         self.writer = writer
         self.loop = loop
+        self.gate = gate
 
     def __call__(self, path: str, ref: str, base: str, have: str, destination: str) -> tuple[str, bool]:
         return asyncio.run_coroutine_threadsafe(self._receive(path, ref, base, have, destination), self.loop).result()
 
     async def _receive(self, path: str, ref: str, base: str, have: str, destination: str) -> tuple[str, bool]:
+        with self.gate.slot():  # taken before the box is asked: a refused box makes no bundle
+            return await self._receive_held(path, ref, base, have, destination)
+
+    async def _receive_held(self, path: str, ref: str, base: str, have: str, destination: str) -> tuple[str, bool]:
         await self._send(encode({"type": "bundle", "path": path, "ref": ref, "base": base, "have": have,
                                  "limit": MAX_BUNDLE_BYTES}))
         try:
@@ -145,13 +196,22 @@ class SocketBundles:
         if header.get("missing"):
             raise ProviderError(f"the box's repo at {path} has no branch {ref.removeprefix('refs/heads/')} any more",
                                 operation="fetch")
-        left = header["size"]
+        left = size = header["size"]
+        allowed = bundle_deadline(size, self.gate.floor)
+        ends = self.loop.time() + allowed
         if left:
             with open(destination, "xb") as handle:  # a new file in the caller's private directory
                 while left:
+                    wait = min(READ_TIMEOUT, ends - self.loop.time())
                     try:
-                        chunk = await asyncio.wait_for(self.reader.read(min(left, 1 << 20)), READ_TIMEOUT)
+                        chunk = await asyncio.wait_for(self.reader.read(min(left, 1 << 20)), max(wait, 0.0))
                     except TimeoutError as exc:
+                        if wait < READ_TIMEOUT:  # the deadline, not a pause, ended it
+                            LOG.warning("a bundle of %d bytes cut after %.0f s, %d bytes short", size, allowed, left)
+                            raise RequestError(
+                                f"the box's bundle of {size} bytes did not arrive within {allowed:.0f} s (the host "
+                                f"allows {self.gate.floor:.0f} s plus 1 s per MiB); {size - left} bytes came: cut, "
+                                "nothing fetched") from exc
                         raise RequestError(f"the box stopped sending its bundle for {READ_TIMEOUT:.0f} s") from exc
                     if not chunk:
                         raise RequestError(f"the box's bundle ended {left} bytes short of the size it gave")
@@ -170,6 +230,7 @@ class Relay:
         self.servers: dict[str, asyncio.base_events.Server] = {}
         self.pending: dict[str, Pending] = {}
         self.limiter = RateLimiter()
+        self.bundle_gate = BundleGate(os.environ)  # read once, at the relay's start
         self.box_locks: dict[str, asyncio.Lock] = {}
         self.connections: dict[str, int] = {}
         self.in_flight: dict[str, int] = {}  # box id -> requests being handled (the idle policy keeps those boxes)
@@ -265,7 +326,7 @@ class Relay:
         except TimeoutError:
             await send(_error(f"no request within {READ_TIMEOUT:.0f} s"))
             return
-        bundles = SocketBundles(reader, writer, asyncio.get_running_loop())
+        bundles = SocketBundles(reader, writer, asyncio.get_running_loop(), self.bundle_gate)
         await self.handle(registration, line, send, lambda: reader.read(1), bundles)
 
     async def handle(

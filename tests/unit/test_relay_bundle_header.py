@@ -7,11 +7,16 @@ import json
 import pytest
 
 from ansible_collections.agentbox.box.plugins.module_utils._relay_protocol import (
+    BUNDLE_DEADLINE_CAP,
+    BUNDLE_FLOOR,
     MAX_BUNDLE_BYTES,
+    MAX_BUNDLE_RECEPTIONS,
     RequestError,
+    bundle_deadline,
     bundle_header,
     parse_request,
 )
+from ansible_collections.agentbox.box.plugins.module_utils._relay_server import BundleGate
 
 TIP = "a" * 40
 
@@ -49,3 +54,40 @@ def test_good_headers() -> None:
 def test_bad_headers_are_refused(raw: bytes, message: str) -> None:
     with pytest.raises(RequestError, match=message):
         bundle_header(raw)
+
+
+def test_a_bundles_deadline_is_a_floor_plus_a_second_per_mib_capped() -> None:
+    assert bundle_deadline(0) == BUNDLE_FLOOR == 60
+    assert bundle_deadline(10 << 20) == BUNDLE_FLOOR + 10
+    assert bundle_deadline(MAX_BUNDLE_BYTES) == BUNDLE_FLOOR + 1024 <= BUNDLE_DEADLINE_CAP
+    assert bundle_deadline(4 * MAX_BUNDLE_BYTES) == BUNDLE_DEADLINE_CAP
+    assert bundle_deadline(1 << 20, floor=3) == 4
+
+
+@pytest.mark.parametrize(
+    ("environ", "floor", "slots"),
+    [
+        ({}, BUNDLE_FLOOR, MAX_BUNDLE_RECEPTIONS),
+        ({"AGENTBOX_RELAY_BUNDLE_FLOOR": "2.5", "AGENTBOX_RELAY_BUNDLE_SLOTS": "1"}, 2.5, 1),
+        ({"AGENTBOX_RELAY_BUNDLE_FLOOR": "0", "AGENTBOX_RELAY_BUNDLE_SLOTS": "0"}, BUNDLE_FLOOR, MAX_BUNDLE_RECEPTIONS),
+        ({"AGENTBOX_RELAY_BUNDLE_FLOOR": "nan", "AGENTBOX_RELAY_BUNDLE_SLOTS": "1.5"}, BUNDLE_FLOOR, MAX_BUNDLE_RECEPTIONS),
+        ({"AGENTBOX_RELAY_BUNDLE_FLOOR": "-1", "AGENTBOX_RELAY_BUNDLE_SLOTS": "x"}, BUNDLE_FLOOR, MAX_BUNDLE_RECEPTIONS),
+    ],
+)
+def test_the_bundle_bounds_shrink_only_to_positive_numbers(environ: dict, floor: float, slots: int) -> None:
+    gate = BundleGate(environ)
+    assert (gate.floor, gate.slots) == (floor, slots)
+
+
+def test_a_reception_over_the_cap_is_refused_and_a_freed_slot_serves_again() -> None:
+    gate = BundleGate({"AGENTBOX_RELAY_BUNDLE_SLOTS": "2"})
+    with gate.slot(), gate.slot():
+        with pytest.raises(RequestError, match=r"receiving 2 other push.*run the same command again"):
+            with gate.slot():
+                pass
+        assert gate.busy == 2
+    with pytest.raises(ValueError), gate.slot():
+        raise ValueError("the reception failed")
+    assert gate.busy == 0
+    with gate.slot():
+        assert gate.busy == 1
