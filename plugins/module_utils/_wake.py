@@ -58,8 +58,8 @@ def wake(provider_name: str, engine: str, box: str, ssh_options: dict[str, Any])
         if facts.state in ("paused", "stopped"):
             # The start writes the alias's entry again (keys, host key); a Daytona start renews its SSH access too.
             after = _box.set_state(provider, facts, "started")
-            # A resume keeps the ports. A Daytona web URL is a signed preview link, a credential: never on stderr.
-            moved = facts.state == "stopped" and provider_name != "daytona" and after.web_url != facts.web_url
+            # A resume keeps the ports. A signed web URL (Daytona's preview link) is a credential: never on stderr.
+            moved = facts.state == "stopped" and provider.port_urls != "signed" and after.web_url != facts.web_url
             return facts.state, after.web_url if moved else None
         if provider_name == "daytona":
             # Running, so the gateway refused the token (expired, or revoked by a newer one): a new one.
