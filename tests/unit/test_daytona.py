@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -80,10 +81,14 @@ def test_launch_and_wait_scripts_give_exact_output_once(tmp_path: Path) -> None:
 
 
 def test_wait_reports_pending_lost_and_not_started(tmp_path: Path) -> None:
+    # The command ends only when the test says so: PENDING is checked while it cannot have finished,
+    # then the waiter must report DONE once it has (the long slice is a bound, not a pace).
+    go = tmp_path / "go"
     slow = tmp_path / "e" / "slow"
-    _launch(slow, "sleep 3")
+    _launch(slow, f"while [ ! -e {shlex.quote(str(go))} ]; do sleep 0.05; done; echo finished")
     assert _wait(slow, 1)[0] == "PENDING"
-    assert _wait(slow, 5)[:2] == ("DONE", 0)
+    go.touch()
+    assert _wait(slow, 60) == ("DONE", 0, b"finished\n", b"")
     lost = tmp_path / "e" / "lost"
     lost.mkdir(parents=True)
     (lost / "pid").write_text("999999\n")  # no such process, and no exit status
