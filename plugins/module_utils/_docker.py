@@ -18,7 +18,15 @@ from typing import IO, Any
 
 from . import _editor_volumes
 from ._box_container import BadValue, container_config, proxy_environment
-from ._engine_api import EngineAPI, EngineAPIError, EngineUnanswered, exec_exit_code, feed_stdin, local_engine
+from ._engine_api import (
+    EngineAPI,
+    EngineAPIError,
+    EngineUnanswered,
+    exec_exit_code,
+    feed_stdin,
+    local_engine,
+    pause_patiently,
+)
 from ._engine_sdk import SDKEngine
 from ._gitlayer_volumes import create_layers, remove_layers, rescue_commits
 from ._naming import container_name, docker_volume_name, label, strip_labels
@@ -481,7 +489,10 @@ class DockerProvider(Provider):
         must say `wanted`."""
         with self._calling(name, operation) as engine:
             container = str(self._box_attrs(engine, name, operation)["Id"])
-            getattr(engine, method)(container)
+            if method == "pause_container":
+                pause_patiently(engine.pause_container, container)
+            else:
+                getattr(engine, method)(container)
             facts = self._facts_of(self._box_attrs(engine, name, operation, container))
         if facts.state != wanted:
             raise ProviderError(f"box is {facts.state}, expected {wanted}", box=name, operation=operation)

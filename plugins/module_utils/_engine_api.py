@@ -28,7 +28,7 @@ import socket
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import IO, Any
 
 from ._errors import OutputTooLarge
@@ -213,7 +213,9 @@ class EngineAPI:
 
     def wait_container(self, container: str) -> int:
         """Wait for the container to exit; its exit code."""
-        return int((self._write("POST", f"/containers/{_quote(container)}/wait", ok=(200,)) or {}).get("StatusCode", -1))
+        return int(
+            (self._write("POST", f"/containers/{_quote(container)}/wait", ok=(200,)) or {}).get("StatusCode", -1)
+        )
 
     def remove_container(self, container: str, *, force: bool = True, volumes: bool = True) -> None:
         query = urllib.parse.urlencode({"force": int(force), "v": int(volumes)})
@@ -348,7 +350,9 @@ class EngineAPI:
         """docker import of a filesystem tar streamed from `chunks`, with Dockerfile `changes`; the
         engine's answer as text. No read timeout: the engine answers once it has stored it all."""
         query = urllib.parse.urlencode({"fromSrc": "-", "repo": repository, "tag": tag, "changes": changes}, doseq=True)
-        data = self._upload("POST", f"/images/create?{query}", chunks, "application/tar", "importing an image", no_timeout=True)
+        data = self._upload(
+            "POST", f"/images/create?{query}", chunks, "application/tar", "importing an image", no_timeout=True
+        )
         return data.decode("utf-8", "replace")
 
     def export_container(self, container: str) -> Iterator[bytes]:
@@ -475,6 +479,27 @@ def _read_body(reader: IO[bytes], headers: dict[str, str]) -> bytes:
 def _chunks(source: IO[bytes]) -> Iterator[bytes]:
     while chunk := source.read(CHUNK):
         yield chunk
+
+
+# Seconds to wait before each new try of a pause runc could not freeze.
+FREEZE_RETRY_DELAYS = (0.2, 0.5, 1.0, 2.0)
+
+
+def pause_patiently(
+    pause: Callable[[str], None], container: str, delays: Sequence[float] = FREEZE_RETRY_DELAYS
+) -> None:
+    """pause(container), tried again while the engine says it could not freeze the container.
+    runc gives up freezing a cgroup whose processes are mid-fork or inside the kernel (a busy
+    machine) and thaws them again, so a later try is safe. Any other error is raised at once."""
+    for delay in delays:
+        try:
+            pause(container)
+            return
+        except EngineAPIError as exc:
+            if "freeze" not in exc.message:
+                raise
+        time.sleep(delay)
+    pause(container)
 
 
 def exec_exit_code(inspect: Callable[[], dict[str, Any]], deadline_seconds: float = 10.0) -> int:

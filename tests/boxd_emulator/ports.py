@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -129,7 +130,8 @@ class Forwards:
     def _carry(self, forward: Forward, client: socket.socket) -> None:
         try:
             container = self._connect(forward.machine_id)
-        except Exception:  # noqa: BLE001 - a machine that cannot take it: the connection closes unanswered
+        except Exception as exc:  # noqa: BLE001 - a machine that cannot take it: the connection closes unanswered
+            _say(forward, f"refused: {exc}")
             client.close()
             return
         sock = None
@@ -141,10 +143,12 @@ class Forwards:
             sock = api.exec_start(exec_id, socket=True)._sock
             threading.Thread(target=_upstream, args=(client, sock), daemon=True).start()
             for is_stderr, data in demux(sock):
-                if not is_stderr:
+                if is_stderr:
+                    _say(forward, data.decode("utf-8", "replace").strip())
+                else:
                     client.sendall(data)
-        except Exception:  # noqa: BLE001 - the peer or the engine went away: close both ends
-            pass
+        except Exception as exc:  # noqa: BLE001 - the peer or the engine went away: close both ends
+            _say(forward, f"closed: {type(exc).__name__}: {exc}")
         finally:
             self._done(forward.machine_id)
             for end in (client, sock):
@@ -155,6 +159,12 @@ class Forwards:
                     except OSError:
                         pass
                     end.close()
+
+
+def _say(forward: Forward, what: str) -> None:
+    """Why a carried connection ended early, on the emulator's stderr (a test's failure shows it)."""
+    sys.stderr.write(f"boxd-emulator: port {forward.vm_port} of {forward.machine_name}: {what}\n")
+    sys.stderr.flush()
 
 
 def _upstream(client: socket.socket, sock: socket.socket) -> None:

@@ -171,7 +171,7 @@ def test_attach_uri_resume_and_include(home: Path, repo_factory, boxes: list[str
     name = f"att-{secrets.token_hex(3)}"
     create(repo, name, boxes)
     paused = run_module("agentbox_box", {"name": name, "state": "paused"})
-    assert paused["box"]["state"] == "paused"
+    assert paused.get("box", {}).get("state") == "paused", paused
 
     # A hand-written ~/.ssh/config: only the Include line is added, once, at the top.
     user_config = home / ".ssh" / "config"

@@ -5,6 +5,7 @@ reach servers in the box; a port it did not expose is a clear error.
 
 from __future__ import annotations
 
+import http.client
 import os
 import re
 import secrets
@@ -70,8 +71,16 @@ def _serve(provider, name: str, port: int, body: str) -> None:
 
 
 def _get(url: str) -> bytes:
-    with urllib.request.urlopen(url + "index.html", timeout=30) as answer:
-        return answer.read()
+    # A connection the emulator's forward closes unanswered (its reason goes to the emulator's stderr) is
+    # tried twice more, as a browser would; one that never reaches the server still fails.
+    for attempt in range(3):
+        try:
+            with urllib.request.urlopen(url + "index.html", timeout=30) as answer:
+                return answer.read()
+        except (http.client.RemoteDisconnected, ConnectionResetError):
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
 
 
 def _forward(emu, home: Path, box: str, port: int) -> subprocess.CompletedProcess:
