@@ -30,7 +30,11 @@ if _COLLECTIONS not in sys.path:
     sys.path.append(_COLLECTIONS)
 
 # The engine's late exit codes, waited for as the providers wait for them (the boxd emulator uses it too).
-from ansible_collections.agentbox.box.plugins.module_utils._engine_api import exec_exit_code  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils._engine_api import (  # noqa: E402
+    EngineAPIError,
+    exec_exit_code,
+    pause_patiently,
+)
 
 LOG = logging.getLogger("daytona_emulator.docker")
 
@@ -234,10 +238,18 @@ class DockerBackend:
             raise BackendError(f"container stop failed: {exc.explanation or exc}") from exc
 
     def pause(self, container_id: str) -> None:
+        """docker pause, tried again while runc cannot freeze a busy container (as the provider does)."""
+
+        def pause_once(container: str) -> None:
+            try:
+                self.client.api.pause(container)
+            except docker.errors.APIError as exc:
+                raise EngineAPIError(exc.status_code or 500, str(exc.explanation or exc)) from exc
+
         try:
-            self.client.api.pause(container_id)
-        except docker.errors.APIError as exc:
-            raise BackendError(f"container pause failed: {exc.explanation or exc}") from exc
+            pause_patiently(pause_once, container_id)
+        except EngineAPIError as exc:
+            raise BackendError(f"container pause failed: {exc.message}") from exc
 
     def unpause(self, container_id: str) -> None:
         try:
