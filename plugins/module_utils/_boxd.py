@@ -14,7 +14,8 @@ What production boxd does, and how this provider lives with it (the seed's notes
     exec error retried is a conflict naming a stopped machine, which boxd raises before running anything
     (the machine is started, polled to running, and the command sent again). A stream lost after it began
     is never re-sent: the command may have run;
-  * files travel as tar through exec's stdin and stdout (streamed, no gRPC message cap);
+  * files travel as tar through exec's stdin and stdout (streamed, no gRPC message cap); an upload lands
+    atomically (a temporary directory in the destination, then renames), a lost one leaves no debris;
   * pause is suspend (memory kept), resume is resume; stop and start poll to the state;
   * ports: the web port (80) and the box's other ports are exposed at create (`machines.ports.expose`, a
     public TCP forward: a DNS name and a public port; boxd allows 3 per machine). The web URL and each
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import math
 import os
+import secrets
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -64,6 +66,41 @@ STDIN_CHUNK = 1 << 20
 KILL_GRACE_SECONDS = 5
 WEB_PORT = 80
 MAX_EXPOSED_PORTS = 3  # boxd's limit of public forwards per machine
+UPLOAD_PREFIX = ".agentbox-upload"
+# put_archive's script ($1: the destination directory, $2: the temporary directory's name in it). A
+# directory that exists on both sides is kept (given the archive's owner and mode) and merged into;
+# anything else is renamed over its old self, which rename(2) does atomically, a new subtree in one move.
+# The trap removes the temporary directory however tar ends.
+ATOMIC_UNTAR = r"""set -e
+d=$1; t=$1/$2
+mkdir -p "$d"
+mkdir -m 0700 "$t"
+trap 'rm -rf "$t"' EXIT
+trap 'exit 1' HUP INT TERM
+tar -x -p -f - -C "$t"
+merge() {
+  for src in "$t$1"/* "$t$1"/.[!.]* "$t$1"/..?*; do
+    [ -e "$src" ] || [ -L "$src" ] || continue
+    rel=$1/${src##*/}; dst=$d$rel
+    if [ -d "$src" ] && [ ! -L "$src" ] && [ -d "$dst" ]; then
+      [ -L "$dst" ] || { chown --reference="$src" "$dst"; chmod --reference="$src" "$dst"; }
+      merge "$rel"
+    else
+      if [ -d "$src" ] && [ ! -L "$src" ] && { [ -e "$dst" ] || [ -L "$dst" ]; }; then rm -f "$dst"; fi
+      mv -f -T "$src" "$dst"
+    fi
+  done
+}
+merge ""
+"""
+# After a lost upload ($1: directory, $2-$3: the temporary name, split): kill what still runs under that name,
+# then remove the temporary directory.
+ABANDON_UPLOAD = r"""n="$2-$3"
+for p in /proc/[0-9]*; do
+  case "$(tr '\0' ' ' < "$p/cmdline" 2>/dev/null)" in *"$n"*) kill -KILL "${p#/proc/}" 2>/dev/null || true;; esac
+done
+rm -rf -- "$1/$n"
+"""
 
 
 def _env_int(name: str) -> int | None:
@@ -478,13 +515,29 @@ class BoxdProvider(Provider):
             return int(code)
 
     def put_archive(self, name: str, path: str, tar_stream: Iterable[bytes] | IO[bytes]) -> None:
-        script = 'mkdir -p "$1" && exec tar -x -p -f - -C "$1"'
+        """Unpack a tar into directory `path` (made with its parents) so that no reader ever sees a partial
+        file: into a temporary directory inside `path` (the same filesystem), then each entry renamed
+        into place. A failed or cut-off upload leaves the old files as they were and no temporary one."""
+        temporary = f"{UPLOAD_PREFIX}-{secrets.token_hex(6)}"
         err = bytearray()
-        code = self._stream(name, command_line(["sh", "-c", script, "put", path], user="root"), tar_stream,
-                            lambda data, is_err: err.extend(data) if is_err else None)
+        try:
+            code = self._stream(name, command_line(["sh", "-c", ATOMIC_UNTAR, "put", path, temporary], user="root"),
+                                tar_stream, lambda data, is_err: err.extend(data) if is_err else None)
+        except ProviderError:
+            self._abandon_upload(name, path, temporary)
+            raise
         if code != 0:
             raise ProviderError(f"extracting into {path} exited {code}: {err.decode('utf-8', 'replace')[-2000:]}",
                                 box=name, operation="upload")
+
+    def _abandon_upload(self, name: str, path: str, temporary: str) -> None:
+        """After a lost upload stream: end the upload's processes if they still run, remove its directory.
+        The name is passed in two parts so this command's own line never matches the one it looks for."""
+        prefix, _dash, nonce = temporary.rpartition("-")
+        try:
+            self.exec(name, ["sh", "-c", ABANDON_UPLOAD, "abandon", path, prefix, nonce], user="root")
+        except ProviderError:
+            pass  # the upload's own error is the one to report
 
     def get_archive(self, name: str, path: str) -> Iterator[bytes]:
         """A tar stream of `path`, read from exec's stdout as it comes (a thread feeds a small queue)."""

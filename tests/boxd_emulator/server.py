@@ -9,6 +9,9 @@ Fault rules (set with the control call `AddFault`, or `--fault JSON` on the comm
             "error_after" do the work, then answer with the error (a lost answer)
             "drop"        streaming answers: send `after` messages, then reset the stream (UNAVAILABLE)
             "delay"       wait `seconds` first, then answer normally
+            "drop_input"  streamed requests (Exec's stdin, uploads): pass `after` request messages on, then
+                          cancel the call (the caller sees CANCELLED) and never deliver the rest: the
+                          service kills the command it started, as boxd does for a caller that went away
     times: how many calls it hits (default 1; 0 = every call); method: the RPC name, or "*".
 """
 
@@ -23,13 +26,15 @@ from typing import Any
 
 import grpc
 from boxd._generated import api_pb2_grpc
+from google.protobuf.message import Message
 
 from .machines import Fleet, Refused
 from .service import BoxdService, refused_to_status
 
 MESSAGE_CAP = 4 << 20
 CONTROL_SERVICE = "boxd.emulator.Control"
-FAULT_ACTIONS = ("error", "error_after", "drop", "delay")
+FAULT_ACTIONS = ("error", "error_after", "drop", "delay", "drop_input")
+DROP_HOLD_SECONDS = 120.0  # how long a cut input stream stays silent before its reader is let go
 
 
 class Faults:
@@ -99,6 +104,8 @@ class Gate(grpc.ServerInterceptor):
         def unary_answer(behaviour: Callable[..., Any]) -> Callable[..., Any]:
             def run(request: Any, context: Any) -> Any:
                 rule = before(context)
+                if rule and rule["action"] == "drop_input" and not isinstance(request, Message):
+                    request = _cut_input(request, context, int(rule["after"]))
                 try:
                     answer = behaviour(request, context)
                 except Refused as exc:
@@ -111,6 +118,8 @@ class Gate(grpc.ServerInterceptor):
         def streamed_answer(behaviour: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[Any]]:
             def run(request: Any, context: Any) -> Iterator[Any]:
                 rule = before(context)
+                if rule and rule["action"] == "drop_input":
+                    request = _cut_input(request, context, int(rule["after"]))
                 sent = 0
                 try:
                     for item in behaviour(request, context):
@@ -133,6 +142,17 @@ class Gate(grpc.ServerInterceptor):
         if handler.unary_stream:
             return grpc.unary_stream_rpc_method_handler(streamed_answer(handler.unary_stream), **kwargs)
         return grpc.stream_stream_rpc_method_handler(streamed_answer(handler.stream_stream), **kwargs)
+
+
+def _cut_input(requests: Iterator[Any], context: Any, after: int) -> Iterator[Any]:
+    """A request stream whose caller vanishes after `after` messages: the call is cancelled and the rest
+    never arrives (no end of input either, so whatever reads it is stopped by the cancel, not by an EOF)."""
+    for count, item in enumerate(requests, start=1):
+        yield item
+        if count >= after:
+            break
+    context.cancel()
+    threading.Event().wait(DROP_HOLD_SECONDS)
 
 
 class Emulator:

@@ -171,6 +171,16 @@ class BoxdService(api_pb2_grpc.BoxdApiServicer):
         token = secrets.token_hex(8)
         api = self.fleet.backend.long_client.api
         machine.busy += 1
+        finished = threading.Event()
+
+        def caller_gone() -> None:
+            # The call ended before the command did (cancel, deadline, a dropped stream): kill what it
+            # started now, as boxd does, even while the command waits on stdin and prints nothing.
+            if not finished.is_set():
+                threading.Thread(target=self.fleet.backend.kill_marked,
+                                 args=(machine.container, f"{EXEC_MARKER}={token}"), daemon=True).start()
+
+        context.add_callback(caller_gone)
         try:
             exec_id = api.exec_create(machine.container, ["/bin/sh", "-c", PREFER_BASH, "boxd-exec", first.command],
                                       stdin=True, stdout=True, stderr=True, tty=False, user="0",
@@ -183,6 +193,7 @@ class BoxdService(api_pb2_grpc.BoxdApiServicer):
                 for is_stderr, data in demux(sock, CHUNK):
                     yield api_pb2.ExecChunk(data=data, is_stderr=is_stderr)
                 done = True
+                finished.set()
             finally:
                 if not done or not context.is_active():
                     # The caller went away (cancel, deadline, a dropped stream): kill what it started, as
