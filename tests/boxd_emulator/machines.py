@@ -65,7 +65,9 @@ class Machine:
 
     def public(self) -> dict[str, Any]:
         return {"id": self.id, "name": self.name, "status": self.status, "labels": dict(self.labels),
-                "image": self.image, "container": self.container, "auto_suspend_secs": self.auto_suspend_secs}
+                "image": self.image, "container": self.container, "auto_suspend_secs": self.auto_suspend_secs,
+                "env": dict(self.env), "vcpu": self.vcpu, "memory_bytes": self.memory_bytes,
+                "disk_bytes": self.disk_bytes, "egress_allow": list(self.egress_allow)}
 
 
 @dataclass

@@ -145,3 +145,48 @@ def test_an_upload_cut_off_mid_stream_leaves_the_old_file_and_no_debris(world: W
     running = provider.exec(box, ["sh", "-c", "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done"],
                             user="root").check("ps", box).text
     assert not [line for line in running.splitlines() if "tar -x" in line], running
+
+
+def test_an_exec_wakes_a_hibernated_machine_with_its_exit_code(world: World, box: str) -> None:
+    from boxd import Boxd
+
+    provider = world.provider()
+    machine_id = provider.find(box).container
+    sdk = Boxd(token=world.token, base_url=world.base_url, max_retries=0)
+    try:
+        sdk.machines.hibernate(machine_id)
+        assert world.emu.control.machine(machine_id)["status"] == "hibernated"
+        assert provider.find(box).state == "paused"
+        result = provider.exec(box, ["sh", "-c", "echo awake; echo late >&2; exit 3"])
+        assert (result.rc, result.stdout, result.stderr) == (3, b"awake\n", b"late\n")
+        assert world.emu.control.machine(machine_id)["status"] == "running"
+        assert provider.find(box).state == "running"
+    finally:
+        sdk.close()
+
+
+def test_every_create_option_reaches_boxd(world: World) -> None:
+    """env, vCPUs, memory, disk, the auto-suspend timeout and the egress allow list, as boxd recorded them
+    (the emulator's state and the SDK's own reading of the machine), and the env inside the box."""
+    from boxd import Boxd
+
+    egress = ["github.com", "pypi.org", "10.1.0.0/16"]
+    provider = world.provider(auto_suspend=900, disk=30, egress_allow=egress)
+    name = f"bo-{secrets.token_hex(3)}"
+    env = {"GREETING": "hé llo", "MODE": "a b=c"}
+    facts = provider.create(spec_of(world, name, env=env, resources={"cpus": 1.5, "memory": "3g"}))
+    sdk = Boxd(token=world.token, base_url=world.base_url, max_retries=0)
+    try:
+        recorded = world.emu.control.machine(facts.container)
+        assert recorded["env"] == env
+        assert (recorded["vcpu"], recorded["memory_bytes"], recorded["disk_bytes"]) == (2, 3 << 30, 30 << 30)
+        assert recorded["auto_suspend_secs"] == 900
+        assert recorded["egress_allow"] == egress
+        machine = sdk.machines.get(facts.container)
+        assert (machine.resources.vcpu, machine.resources.memory_bytes, machine.resources.disk_bytes) == (
+            2, 3 << 30, 30 << 30)
+        assert machine.idle.suspend_after == 900 and machine.egress_allow == egress
+        assert provider.exec(name, ["printenv", "GREETING", "MODE"]).stdout == "hé llo\na b=c\n".encode()
+    finally:
+        sdk.close()
+        provider.destroy(name)
