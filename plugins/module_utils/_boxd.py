@@ -460,11 +460,12 @@ class BoxdProvider(Provider):
             time.sleep(POLL_SECONDS)
 
     def _delete_quietly(self, machine_id: str) -> None:
+        """The clean-up of a failed create: a delete is idempotent, so a lost connection is asked again
+        (call's read retries); the create's own error is the one reported."""
         try:
-            self.sdk.machines.delete(machine_id)
-        except Exception as exc:
-            if not is_sdk_error(exc):
-                raise
+            self._call(lambda: self.sdk.machines.delete(machine_id), None, "clean-up delete", read=True)
+        except ProviderError:
+            pass
 
     # -- inside the box -------------------------------------------------------------------------
     def run_command(self, name: str, command: Command) -> ExecResult:

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from ._errors import BoxNotFound, EngineUnreachable, ProviderError
 
@@ -60,7 +61,10 @@ class BoxdSettings:
                  org: str | None = None) -> None:
         self.api_key = api_key or os.environ.get("BOXD_API_KEY") or None
         self.token = token or os.environ.get("BOXD_TOKEN") or None
-        self.base_url = (base_url or os.environ.get("BOXD_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
+        self.base_url = (base_url or os.environ.get("BOXD_BASE_URL") or DEFAULT_BASE_URL).strip().rstrip("/")
+        scheme, sep, rest = self.base_url.partition("://")
+        if sep and scheme.lower() in ("http", "https"):
+            self.base_url = f"{scheme.lower()}://{rest}"  # a scheme is case-blind (RFC 3986); the SDK's test is not
         self.org = org or os.environ.get("BOXD_ORG") or None
 
     def check(self) -> None:
@@ -71,9 +75,21 @@ class BoxdSettings:
                 "the boxd provider needs a credential: set BOXD_API_KEY (or BOXD_TOKEN, or the boxd_api_key "
                 "option); nothing was created"
             )
-        if not self.base_url.startswith(("http://", "https://")):
+        url = urlsplit(self.base_url)
+        where = "check BOXD_BASE_URL or boxd_base_url; nothing was created"
+        if self.base_url.rstrip(":").lower() in ("http", "https"):
+            raise ProviderError(f"boxd base URL {self.base_url!r} names no host (https://HOST[:PORT]); {where}")
+        if "://" not in self.base_url:
+            raise ProviderError(f"boxd base URL {self.base_url!r} has no scheme: write https://{self.base_url} (or "
+                                f"http://{self.base_url} for a local emulator); {where}")
+        if url.scheme not in ("http", "https"):
             raise ProviderError(f"boxd base URL {self.base_url!r} must start with https:// (or http:// for a "
-                                "local emulator): check BOXD_BASE_URL or boxd_base_url")
+                                f"local emulator), not {url.scheme}://; {where}")
+        if not url.hostname:
+            raise ProviderError(f"boxd base URL {self.base_url!r} names no host (https://HOST[:PORT]); {where}")
+        if url.path or url.query or url.fragment:
+            raise ProviderError(f"boxd base URL {self.base_url!r} is a host and port only (boxd's API has no "
+                                f"path): use {url.scheme}://{url.netloc}; {where}")
 
 
 _CLIENTS: dict[tuple[int, str, str], Any] = {}

@@ -190,3 +190,28 @@ def test_every_create_option_reaches_boxd(world: World) -> None:
     finally:
         sdk.close()
         provider.destroy(name)
+
+
+@pytest.mark.parametrize("step", ["egress", "secrets"])
+def test_a_create_failing_after_the_machine_exists_leaves_no_machine(world: World, step: str) -> None:
+    """The egress call or the secrets exec fails once the machine is made, and the first delete of the
+    clean-up loses its connection: the create fails, and no machine of that box is left."""
+    from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
+
+    control = world.emu.control
+    provider = world.provider(egress_allow=["github.com"] if step == "egress" else [])
+    name = f"bz-{secrets.token_hex(3)}"
+    spec = spec_of(world, name, secrets={"TOKEN": "s3cret"} if step == "secrets" else {})
+    before = len(control.requests())
+    control.add_fault(method="SetVmEgressAllow" if step == "egress" else "Exec", action="error", code="INTERNAL",
+                      message=f"injected failure of the {step} step")
+    control.add_fault(method="DestroyVm", action="error", code="UNAVAILABLE")
+    try:
+        with pytest.raises(ProviderError, match=f"the {step} step"):
+            provider.create(spec)
+    finally:
+        control.clear_faults()
+    calls = [r["method"] for r in control.requests()[before:]]
+    assert calls.count("CreateVm") == 1 and "DestroyVm" in calls
+    assert not [m for m in world.machines() if m["labels"].get("io.agentbox.id") == spec.box_id]
+    assert provider.find(name) is None
