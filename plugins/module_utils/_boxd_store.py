@@ -3,9 +3,10 @@
 """Checkpoints on boxd: boxd snapshots, through the shared snapshot store (_snapshot_store).
 
 A boxd snapshot is taken of the running machine (no stop, the box's processes keep running) and a new box
-is made from it with `machines.create(from_snapshot=...)`. Whether a production snapshot keeps the
-machine's memory is not known here; the emulator keeps the disk only, so a restored box runs its start
-sequence like any new box (docs/providers/boxd.md).
+is made from it with `machines.create(from_snapshot=...)`. Snapshots, not `machines.checkpoints`: those
+restore in place and die with their machine, and a checkpoint here restores into a new box. The SDK
+documents a snapshot as memory + disk (not checked against production); the emulator keeps the disk
+only, and a restored box runs its start sequence like any new box either way (docs/providers/boxd.md).
 """
 
 from __future__ import annotations
