@@ -33,13 +33,11 @@ import shutil
 from typing import Any
 
 from . import _host_files
-from ._naming import container_name
 from ._provider import BoxFacts, Provider, ProviderError
 from ._relay_state import write_module_launcher
+from ._ssh_proxy import alias, engine_proxy_argv, local_proxy_argv
 
-ALIAS_PREFIX = "agentbox-"
 BOX_USER = "vscode"
-SSHD = "/usr/sbin/sshd"
 WAKE_MODULE = "ansible_collections.agentbox.box.plugins.module_utils._wake"
 KEY_NAMES = ("id_ed25519", "id_ecdsa", "id_rsa")
 KEY_ENV = "AGENTBOX_SSH_KEY"  # a private key file to use instead of ~/.ssh/id_*
@@ -114,20 +112,12 @@ class Access:
         return dataclasses.asdict(self)
 
 
-def alias(box: str) -> str:
-    return ALIAS_PREFIX + box
-
-
 def ssh_config_path() -> str:
     return os.path.join(_host_files.agentbox_dir(), "ssh_config")
 
 
 def known_hosts_path() -> str:
     return os.path.join(_host_files.agentbox_dir(), "known_hosts")
-
-
-def control_dir() -> str:
-    return os.path.join(_host_files.agentbox_dir(), "cm")
 
 
 # --------------------------------------------------------------------------------------------
@@ -179,60 +169,12 @@ def _config_quote(value: str) -> str:
     return shlex.quote(value).replace("%", "%%")
 
 
-def local_proxy_argv(box: str) -> list[str]:
-    docker = shutil.which("docker") or "docker"
-    argv = [docker]
-    docker_host = os.environ.get("DOCKER_HOST")
-    if docker_host:
-        argv += ["-H", docker_host]
-    return [*argv, "exec", "-i", "-u", "root", container_name(box), SSHD, "-i"]
-
-
 def local_proxy_command(box: str) -> str:
     return " ".join(_config_quote(word) for word in local_proxy_argv(box))
 
 
 def engine_proxy_command(box: str, engine: str, ssh_options: dict[str, Any]) -> str:
     return " ".join(_config_quote(word) for word in engine_proxy_argv(box, engine, ssh_options))
-
-
-def engine_proxy_argv(box: str, engine: str, ssh_options: dict[str, Any]) -> list[str]:
-    """`ssh <engine> docker exec ... sshd -i` with what the collection uses to reach the engine."""
-    from . import _ssh
-
-    destination = _ssh.resolve_destination(
-        engine,
-        private_key_file=ssh_options.get("private_key_file"),
-        strict_host_key_checking=ssh_options.get("strict_host_key_checking", True),
-    )
-    docker = _ssh.connection_for(engine, **ssh_options).docker_path()
-    config = _ssh.config_path()
-    argv = ["ssh", "-F", config if os.path.exists(config) else "none", "-T", "-o", "BatchMode=yes"]
-    argv += ["-p", str(destination.port), "-l", destination.user]
-    for path in destination.identity_files:
-        argv += ["-i", path]
-    if destination.identities_only:
-        argv += ["-o", "IdentitiesOnly=yes"]
-    if destination.strict:
-        argv += ["-o", "StrictHostKeyChecking=yes"]
-        if destination.known_hosts_files:
-            argv += ["-o", "UserKnownHostsFile=" + " ".join(destination.known_hosts_files)]
-        if destination.host_key_alias:
-            argv += ["-o", "HostKeyAlias=" + destination.host_key_alias]
-    else:
-        argv += ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
-    if destination.proxy_jump:
-        argv += ["-J", destination.proxy_jump]
-    elif destination.proxy_command:
-        argv += ["-o", "ProxyCommand=" + destination.proxy_command]
-    control = os.path.join(control_dir(), "%C")
-    if len(control) + 40 < 100:  # a unix socket path must fit in sun_path (%C is 40 characters)
-        # One SSH session per engine, kept 10 minutes: every later box connection skips its handshake.
-        argv += ["-o", "ControlMaster=auto", "-o", "ControlPath=" + control, "-o", "ControlPersist=600"]
-    argv.append(destination.host)
-    command = [docker, "exec", "-i", "-u", "root", container_name(box), SSHD, "-i"]
-    argv.append(" ".join(shlex.quote(word) for word in command))
-    return argv  # quoted once for the config (_config_quote): %C reaches the inner ssh as %C
 
 
 def wake_launcher_path() -> str:
@@ -358,28 +300,12 @@ def box_ready(provider: Provider, facts: BoxFacts) -> Access:
     keys = identity_files()
     if not keys:
         access.warnings.append(NO_KEY_HELP.format(box=facts.name))
-    if provider.name == "docker" and not shutil.which("docker"):
-        access.warnings.append(
-            f"the docker CLI is not on this machine; `ssh {access.alias}` runs it: install it (apt-get install docker.io)"
-        )
     host_key = prepare_box(provider, facts.name, [line for _path, line in keys])
-    ssh_options = getattr(provider, "ssh_options", {}) if provider.name == "docker_ssh" else {}
-    if provider.name == "docker":
-        direct = local_proxy_argv(facts.name)
-    elif provider.name == "daytona":
-        from . import _daytona_ssh
-
-        # Through Daytona's SSH gateway, with a fresh token; the wake launcher renews an expired one.
-        direct, access.expires_at = _daytona_ssh.proxy_argv(provider, facts.name)
-    elif provider.name == "boxd":
-        from . import _boxd_ssh
-
-        direct = _boxd_ssh.proxy_argv(provider, facts.name)  # sshd -i through boxd's streaming exec
-    else:
-        direct = engine_proxy_argv(facts.name, facts.engine, ssh_options)
-        _host_files.ensure_private_dir(control_dir())
+    route = provider.ssh_proxy(facts.name)  # the provider's way to the box's sshd (a Daytona token is fresh)
+    access.warnings += route.warnings
+    access.expires_at = route.expires_at
     write_wake_launcher()
-    proxy = waking_proxy_command(direct, facts, ssh_options)
+    proxy = waking_proxy_command(route.argv, facts, provider.reopen_options())
     write_known_host(facts.name, host_key)
     write_entry(facts.name, entry_text(facts, proxy, [path for path, _line in keys]))
     access.keys = [path for path, _line in keys]

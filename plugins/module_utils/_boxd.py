@@ -52,7 +52,17 @@ from ._boxd_state import (
     needs_start,
 )
 from ._naming import label, strip_labels
-from ._provider import BoxFacts, BoxNotFound, BoxSpec, Command, EngineUnreachable, ExecResult, Provider, ProviderError
+from ._provider import (
+    BoxFacts,
+    BoxNotFound,
+    BoxSpec,
+    Command,
+    EngineUnreachable,
+    ExecResult,
+    Provider,
+    ProviderError,
+    SshProxy,
+)
 from ._shell_line import command_line, gib
 from ._snapshot_store import parse_snapshot_name
 
@@ -603,6 +613,14 @@ class BoxdProvider(Provider):
             raise ProviderError(f"snapshot {image} failed on boxd: remove it and try again", box=name,
                                 operation="checkpoint")
         return {"id": getattr(created, "id", "") or snapshot.id, "size": store.size_bytes(snapshot)}
+
+    def reopen_options(self) -> dict[str, Any]:
+        return {"base_url": self.engine}  # the key comes from BOXD_API_KEY in the other process
+
+    def ssh_proxy(self, name: str) -> SshProxy:
+        from . import _boxd_pipe
+
+        return SshProxy(_boxd_pipe.proxy_argv(self.engine, name))  # sshd -i through boxd's streaming exec
 
     def close(self) -> None:
         forget_client(self.settings)

@@ -26,34 +26,15 @@ import sys
 import threading
 from typing import Any
 
-from . import _host_files
-from ._provider import Provider, ProviderError
+from ._boxd_pipe import PIPE_MODULE as PIPE_MODULE  # pylint: disable=useless-import-alias,unused-import
+from ._boxd_pipe import launcher_path as launcher_path  # pylint: disable=useless-import-alias,unused-import
+from ._boxd_pipe import write_launcher as write_launcher  # pylint: disable=useless-import-alias,unused-import
 from ._registry import get_provider
-from ._relay_state import write_module_launcher
 from ._shell_line import command_line
+from ._ssh_proxy import SSHD
 
-PIPE_MODULE = "ansible_collections.agentbox.box.plugins.module_utils._boxd_ssh"
-SSHD = "/usr/sbin/sshd"
 READ_SIZE = 1 << 16
 USAGE = "usage: agentbox-boxd-pipe BASE_URL BOX"
-
-
-def launcher_path() -> str:
-    return os.path.join(_host_files.agentbox_dir(), "bin", "agentbox-boxd-pipe")
-
-
-def write_launcher() -> bool:
-    """~/.agentbox/bin/agentbox-boxd-pipe: runs this module (see write_module_launcher)."""
-    return write_module_launcher(launcher_path(), PIPE_MODULE, "`ssh agentbox-<box>` into a boxd box (docs/access.md).")
-
-
-def proxy_argv(provider: Provider, box: str) -> list[str]:
-    """The alias's direct command for a boxd box (the launcher is written when it can be)."""
-    write_launcher()
-    if not os.path.exists(launcher_path()):
-        raise ProviderError(f"cannot write {launcher_path()}: run the playbook from the collection's files on disk",
-                            box=box, operation="SSH access")
-    return [launcher_path(), provider.engine, box]
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -46,7 +46,7 @@ from ._daytona_snapshots import SNAPSHOT_TIMEOUT, DaytonaSnapshots
 from ._daytona_snapshots import is_registry_reference as is_registry_reference  # pylint: disable=useless-import-alias,unused-import
 from ._daytona_state import box_state as box_state  # pylint: disable=useless-import-alias,unused-import
 from ._daytona_state import snapshot_usable, state_name
-from ._provider import BoxFacts, BoxNotFound, Provider, ProviderError
+from ._provider import BoxFacts, BoxNotFound, Provider, ProviderError, SshProxy
 from ._provider import EngineUnreachable as EngineUnreachable  # pylint: disable=useless-import-alias,unused-import
 from ._shell_line import command_line as command_line  # pylint: disable=useless-import-alias,unused-import
 from ._shell_line import gib as gib  # pylint: disable=useless-import-alias,unused-import
@@ -86,6 +86,7 @@ class DaytonaProvider(DaytonaSandboxes, Provider):
     shares_host_filesystem = False
     relay_channel = "poll"
     port_urls = "signed"
+    ssh_access_expires = True
     resume_restarts_processes = True  # a pause is a stop
     snapshot_stops_box = True
 
@@ -108,6 +109,16 @@ class DaytonaProvider(DaytonaSandboxes, Provider):
     @property
     def sdk(self) -> Any:
         return _client_for(self.api_url, self._api_key, self.target)
+
+    def reopen_options(self) -> dict[str, Any]:
+        return {"api_url": self.api_url}  # the key comes from DAYTONA_API_KEY in the other process
+
+    def ssh_proxy(self, name: str) -> SshProxy:
+        from . import _daytona_ssh
+
+        # Through Daytona's SSH gateway with a fresh token; the alias's wake renews one that ran out.
+        argv, expires_at = _daytona_ssh.proxy_argv(self, name)
+        return SshProxy(argv, expires_at=expires_at)
 
     def checkpoint_store(self) -> DaytonaCheckpoints:
         """The engine side of checkpoints for _checkpoint: sandbox snapshots, not Docker images."""

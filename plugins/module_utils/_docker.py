@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import threading
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
@@ -29,6 +30,7 @@ from ._engine_api import (
 )
 from ._engine_sdk import SDKEngine
 from ._gitlayer_volumes import create_layers, remove_layers, rescue_commits
+from ._host_files import ensure_private_dir, ssh_config_file
 from ._naming import container_name, docker_volume_name, label, strip_labels
 from ._provider import (
     BoxFacts,
@@ -40,6 +42,7 @@ from ._provider import (
     OutputTooLarge,
     Provider,
     ProviderError,
+    SshProxy,
 )
 
 
@@ -233,6 +236,26 @@ class DockerProvider(Provider):
     @property
     def client(self) -> Any:
         return _client_for(self._engine, self._ssh_options)
+
+    # -- reaching boxes from other processes --------------------------------------------------------
+    def reopen_options(self) -> dict[str, Any]:
+        if self._engine == "local":
+            return {}
+        # The relay and the wake may run with another environment: keep the SSH settings this one used.
+        config_file = ssh_config_file(self._ssh_options.get("config_file"))
+        return {"engine": self._engine, "ssh_options": {**self._ssh_options, "config_file": config_file}}
+
+    def ssh_proxy(self, name: str) -> SshProxy:
+        from . import _ssh_proxy
+
+        if self._engine != "local":
+            ensure_private_dir(_ssh_proxy.control_dir())  # the engine connection's shared socket lives there
+            return SshProxy(_ssh_proxy.engine_proxy_argv(name, self._engine, self._ssh_options))
+        warnings = []
+        if not shutil.which("docker"):
+            warnings.append(f"the docker CLI is not on this machine; `ssh {_ssh_proxy.alias(name)}` runs it: "
+                            "install it (apt-get install docker.io)")  # fmt: skip
+        return SshProxy(_ssh_proxy.local_proxy_argv(name), warnings=warnings)
 
     @property
     def api(self) -> Any:

@@ -57,6 +57,15 @@ class Command:
 
 
 @dataclasses.dataclass
+class SshProxy:
+    """How `ssh agentbox-<box>` reaches the box's sshd from this machine (Provider.ssh_proxy)."""
+
+    argv: list[str]  # a command whose standard input and output are the box's `sshd -i`
+    expires_at: str | None = None  # when the access it carries runs out (a Daytona gateway token)
+    warnings: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
 class BoxSpec:
     """Everything a provider needs to create a box. Built by the module from user options."""
 
@@ -152,6 +161,9 @@ class Provider(abc.ABC):
     #: BoxFacts.ports), 'signed' (preview_url signs a URL that expires) or 'exposed' (preview_url answers the
     #: public URL of a port the box exposed at create, which does not expire).
     port_urls: str = "published"
+    #: The SSH access a proxy carries runs out (a Daytona gateway token): when ssh is refused on a running box,
+    #: the alias's wake asks the provider for new access instead of starting the box.
+    ssh_access_expires: bool = False
 
     @property
     @abc.abstractmethod
@@ -264,6 +276,16 @@ class Provider(abc.ABC):
         """A URL of a port of the box, for a provider whose port_urls is not 'published' (`expires_in`
         seconds for a signed one)."""
         raise ProviderError(f"the {self.name!r} provider hands out no preview URLs: use the box's published ports")
+
+    def ssh_proxy(self, name: str) -> SshProxy:
+        """How `ssh agentbox-<name>` reaches the box's sshd (the box runs and has its host key)."""
+        raise ProviderError(f"`ssh agentbox-<box>` does not reach {self.name} boxes", box=name, operation="SSH access")
+
+    def reopen_options(self) -> dict[str, Any]:
+        """The settings with which another process on this machine (the relay, the SSH alias's wake) makes a
+        provider for the same boxes: `get_provider(self.name, **options)`. Never a secret: that process reads
+        its API key from its own environment."""
+        return {}
 
     def close(self) -> None:  # noqa: B027 - optional hook: most providers hold nothing to release
         """Release connections. Safe to call twice."""

@@ -27,7 +27,7 @@ import sys
 import time
 from typing import Any
 
-from ._host_files import ensure_private_dir, read_text, ssh_config_file, write_atomic
+from ._host_files import ensure_private_dir, read_text, write_atomic
 from ._naming import now_iso
 
 BOX_SOCKET_DIR = "/run/agentbox/relay"  # where the box sees its sock/<id>/ directory
@@ -328,16 +328,7 @@ def attach_box(provider: Any, name: str, box_id: str) -> dict[str, str]:
     collection runs from a module's zip), the box's commands say how to start it, and a relay
     started later serves the box (it scans the registrations).
     """
-    options: dict[str, Any] = {}
-    if provider.name == "daytona":
-        # The API key stays out of the relay's files: the relay takes DAYTONA_API_KEY from its environment.
-        options["api_url"] = provider.engine
-    elif provider.name == "boxd":
-        # Likewise BOXD_API_KEY (or BOXD_TOKEN) comes from the relay's environment.
-        options["base_url"] = provider.engine
-    elif provider.name == "docker_ssh":
-        # The relay may run with another environment: keep the SSH settings this create used.
-        options["ssh_options"] = {**provider.ssh_options, "config_file": ssh_config_file(provider.ssh_options.get("config_file"))}
+    options = provider.reopen_options()  # no secret: the relay reads API keys from its own environment
     try:
         directory = register_box(name, box_id, provider.name, provider.engine, options, provider.relay_channel)
     except RelayError:

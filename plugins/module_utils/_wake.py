@@ -5,17 +5,18 @@
 The alias's ProxyCommand (see _access.waking_proxy_command) runs the box's sshd through the engine and,
 only when that fails, this module through ~/.agentbox/bin/agentbox-wake:
 
-    python -P -m ansible_collections.agentbox.box.plugins.module_utils._wake PROVIDER ENGINE BOX SSH_OPTIONS -- COMMAND...
+    python -P -m ansible_collections.agentbox.box.plugins.module_utils._wake PROVIDER ENGINE BOX OPTIONS -- COMMAND...
 
-(SSH_OPTIONS: the JSON object of the docker_ssh engine's key file and host key checking, `{}` otherwise;
-the local engine is reached through DOCKER_HOST as the alias's own command.)
+(OPTIONS: the JSON object of the provider's `reopen_options`: a remote engine and its SSH settings, an API
+URL, `{}` for the local engine, which is reached through DOCKER_HOST as the alias's own command. Never a
+secret: API keys come from the environment ssh runs in.)
 
 A paused box is resumed and a stopped one started through the collection's own start (boot sequence,
 SSH keys written again to the box's tmpfs, agents resumed), then COMMAND (the same sshd through the
-engine) replaces this process. A running Daytona box gets a new SSH access token (the gateway
-refused the old one: expired, or revoked by a newer one); that needs DAYTONA_API_KEY where ssh
-runs. A box that was stopped gets new published ports with its start: its new web URL is said on
-standard error. A running box means the connection failed for its own reasons: nothing is retried.
+engine) replaces this process. A running box whose provider hands out SSH access that runs out
+(Daytona's gateway token) gets new access (the gateway refused the old one: expired, or revoked by
+a newer one); that needs DAYTONA_API_KEY where ssh runs. A box that was stopped gets new published
+ports with its start: its new web URL is said on standard error. A running box means the connection failed for its own reasons: nothing is retried.
 Standard output is the SSH stream, so nothing but COMMAND may write to it; every message goes to
 standard error, which ssh shows.
 """
@@ -30,7 +31,7 @@ from typing import Any
 from . import _box
 from ._registry import get_provider
 
-USAGE = "usage: agentbox-wake PROVIDER ENGINE BOX SSH_OPTIONS_JSON -- COMMAND..."
+USAGE = "usage: agentbox-wake PROVIDER ENGINE BOX PROVIDER_OPTIONS_JSON -- COMMAND..."
 
 
 def say(text: str) -> None:
@@ -38,19 +39,11 @@ def say(text: str) -> None:
     sys.stderr.flush()
 
 
-def wake(provider_name: str, engine: str, box: str, ssh_options: dict[str, Any]) -> tuple[str, str | None]:
+def wake(provider_name: str, engine: str, box: str, options: dict[str, Any]) -> tuple[str, str | None]:
     """Resume or start the box: its state before ('running' when there was nothing to do), and its web URL
-    when a start moved it (a stopped box's published port is gone, and the start publishes a new one)."""
-    if provider_name == "docker_ssh":
-        provider = get_provider(provider_name, engine=engine, ssh_options=ssh_options)
-    elif provider_name == "docker":
-        provider = get_provider(provider_name)
-    elif provider_name == "daytona":
-        provider = get_provider(provider_name, api_url=engine)  # the key from DAYTONA_API_KEY, as every module
-    elif provider_name == "boxd":
-        provider = get_provider(provider_name, base_url=engine)  # the key from BOXD_API_KEY, as every module
-    else:
-        raise ValueError(f"ssh agentbox-<box> does not reach {provider_name} boxes")
+    when a start moved it (a stopped box's published port is gone, and the start publishes a new one).
+    `options` are the provider's reopen_options, written into the alias; API keys come from the environment."""
+    provider = get_provider(provider_name, **options)
     try:
         facts = provider.find(box)
         if facts is None:
@@ -61,7 +54,7 @@ def wake(provider_name: str, engine: str, box: str, ssh_options: dict[str, Any])
             # A resume keeps the ports. A signed web URL (Daytona's preview link) is a credential: never on stderr.
             moved = facts.state == "stopped" and provider.port_urls != "signed" and after.web_url != facts.web_url
             return facts.state, after.web_url if moved else None
-        if provider_name == "daytona":
+        if provider.ssh_access_expires:
             # Running, so the gateway refused the token (expired, or revoked by a newer one): a new one.
             access = _box.refresh_access(provider, facts)
             if access.get("warnings"):
@@ -83,7 +76,7 @@ def main(argv: list[str]) -> int:
     try:
         options = json.loads(raw_options)
         if not isinstance(options, dict):
-            raise ValueError("SSH_OPTIONS_JSON must be an object")
+            raise ValueError("PROVIDER_OPTIONS_JSON must be an object")
         before, web_url = wake(provider_name, engine, box, options)
     except Exception as exc:  # noqa: BLE001 - whatever it is, ssh shows it and gives up
         say(f"agentbox: cannot wake box {box!r}: {exc}")

@@ -59,6 +59,8 @@ RANKS: dict[str, int] = {
     "_ssh": TRANSPORT,
     "_ssh_dial": TRANSPORT,
     "_ssh_forward": TRANSPORT,
+    "_ssh_proxy": TRANSPORT,
+    "_boxd_pipe": TRANSPORT,
     "_boxd_api": TRANSPORT,
     "_daytona_ssh": TRANSPORT,
     "_daytona_api": TRANSPORT,
