@@ -29,10 +29,12 @@ _COLLECTIONS = str(Path(__file__).resolve().parents[2] / ".collections")
 if _COLLECTIONS not in sys.path:
     sys.path.append(_COLLECTIONS)
 
-# The engine's late exit codes, waited for as the providers wait for them (the boxd emulator uses it too).
+# Exec goes through the project's own Engine API client (see DockerBackend.exec_argv); the engine's late
+# exit codes are waited for as the providers wait for them (the boxd emulator uses this backend too).
 from ansible_collections.agentbox.box.plugins.module_utils._engine_api import (  # noqa: E402
     EngineAPIError,
     exec_exit_code,
+    local_engine,
     pause_patiently,
 )
 
@@ -112,6 +114,10 @@ class DockerBackend:
         # Short calls get a timeout; exec, commit and session streams may legitimately run for long.
         self.client = docker.from_env(timeout=120)
         self.long_client = docker.from_env(timeout=None)
+        # docker-py's exec_start loses a short command's output now and then under load (docker-py #2042,
+        # #3332; tests/conftest.py routes exec_run around it too); this client reads the one stream whole.
+        # None where only the SDK reaches the engine (TLS): exec then keeps the SDK.
+        self.engine = local_engine(120.0)
         self._fuse_ok = True
         self._lock = threading.Lock()
 
@@ -296,6 +302,15 @@ class DockerBackend:
     # ---- exec ---------------------------------------------------------------------------------------------
     def exec_argv(self, container_id: str, argv: list[str], user: str = "", workdir: str | None = None,
                   env: dict[str, str] | None = None) -> ExecResult:
+        """argv in the container: its exit code and stdout then stderr in one buffer; -1 and the engine's
+        message when the engine refuses the exec."""
+        if self.engine is not None:
+            try:
+                exit_code, out, err = self.engine.exec(container_id, argv, user=user, workdir=workdir or None,
+                                                       env=env or None)
+            except EngineAPIError as exc:
+                return ExecResult(-1, exc.message.encode())
+            return ExecResult(exit_code, out + err)
         api = self.long_client.api
         try:
             exec_id = api.exec_create(container_id, argv, user=user, workdir=workdir or None,
