@@ -178,6 +178,7 @@ try:
         EngineUnreachable,
         ProviderError,
     )
+    from ansible_collections.agentbox.box.plugins.module_utils._registry import provider_settings
     from ansible_collections.agentbox.box.plugins.plugin_utils._filetar import (
         NotARegularFile,
         extract_single_file,
@@ -231,26 +232,7 @@ class Connection(ConnectionBase):
         return self.get_option("remote_user") or DEFAULT_USER
 
     def _provider_options(self) -> dict[str, Any]:
-        if self._provider_name == "daytona":
-            return {
-                "api_url": self.get_option("daytona_api_url") or os.environ.get("DAYTONA_API_URL"),
-                "api_key": self.get_option("daytona_api_key") or os.environ.get("DAYTONA_API_KEY"),
-                "target": self.get_option("daytona_target") or os.environ.get("DAYTONA_TARGET"),
-            }
-        if self._provider_name == "boxd":
-            return {
-                "base_url": self.get_option("boxd_base_url") or os.environ.get("BOXD_BASE_URL"),
-                "api_key": self.get_option("boxd_api_key") or os.environ.get("BOXD_API_KEY"),
-                "org": self.get_option("boxd_org") or os.environ.get("BOXD_ORG"),
-            }
-        if self._provider_name == "docker_ssh":
-            options: dict[str, Any] = {}
-            if self.get_option("ssh_private_key_file"):
-                options["private_key_file"] = self.get_option("ssh_private_key_file")
-            if self.get_option("ssh_strict_host_key_checking") is False:
-                options["strict_host_key_checking"] = False
-            return {"ssh_options": options} if options else {}
-        return {}
+        return provider_settings(self._provider_name, self.get_option)  # the registry's one table
 
     def _where(self) -> str:
         if self._provider_name == "docker":

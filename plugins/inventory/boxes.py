@@ -156,16 +156,16 @@ try:
     from ansible_collections.agentbox.box.plugins.module_utils._agent import agents_of
     from ansible_collections.agentbox.box.plugins.module_utils._naming import project_id, sanitize_group
     from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
-    from ansible_collections.agentbox.box.plugins.module_utils._registry import PROVIDERS
+    from ansible_collections.agentbox.box.plugins.module_utils._registry import (
+        CLOUD_SETTINGS,
+        PROVIDERS,
+        cloud_settings,
+    )
     from ansible_collections.agentbox.box.plugins.plugin_utils._providers import (
         BOX_PYTHON,
         CONNECTION_PLUGIN,
         LOCAL_ENGINE,
         VAR_BOX,
-        VAR_BOXD_BASE_URL,
-        VAR_BOXD_ORG,
-        VAR_DAYTONA_API_URL,
-        VAR_DAYTONA_TARGET,
         VAR_ENGINE,
         VAR_PROVIDER,
         make_unsafe,
@@ -180,12 +180,6 @@ STATE_GROUPS = ("running", "paused", "stopped")
 AGENT_GROUPS = ("working", "idle", "waiting")  # agent_<state>
 # Cache format: bump when the stored listing changes shape.
 LISTING_VERSION = 2
-# The cloud providers' options (a mapping each, in the order their hosts are added): key -> the
-# environment variable it falls back to. The first key is the API's URL.
-CLOUD_OPTIONS = {
-    "daytona": {"api_url": "DAYTONA_API_URL", "api_key": "DAYTONA_API_KEY", "target": "DAYTONA_TARGET"},
-    "boxd": {"base_url": "BOXD_BASE_URL", "api_key": "BOXD_API_KEY", "org": "BOXD_ORG"},
-}
 
 
 class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
@@ -209,13 +203,14 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             if not isinstance(destination, str) or not destination.strip():
                 raise AnsibleParserError(f"engines: {destination!r} is not an SSH destination such as user@host:2201")
             sources.append({"provider": "docker_ssh", "engine": destination.strip(), "options": {}})
-        for provider, fallbacks in CLOUD_OPTIONS.items():
+        for provider, settings in CLOUD_SETTINGS.items():  # in the order their hosts are added
             given = self.get_option(provider)
             if given is None:
                 continue
             if not isinstance(given, dict):
-                raise AnsibleParserError(f"{provider}: must be a mapping ({', '.join(fallbacks)}) or omitted")
-            options = {key: given.get(key) or os.environ.get(variable) for key, variable in fallbacks.items()}
+                keys = ", ".join(setting.keyword for setting in settings)
+                raise AnsibleParserError(f"{provider}: must be a mapping ({keys}) or omitted")
+            options = cloud_settings(provider, lambda setting, given=given: given.get(setting.keyword))
             # The engine is the API's URL (the first key), else the provider's name.
             engine = next(iter(options.values())) or provider
             sources.append({"provider": provider, "engine": engine, "options": options})
@@ -339,14 +334,10 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             "agentbox_ports": raw.get("ports") or {},
             "agentbox_agent_state": (raw.get("agent") or {}).get("state"),
         }
-        if provider == "daytona":
-            options = self.get_option("daytona") or {}
-            minimal[VAR_DAYTONA_API_URL] = options.get("api_url") or os.environ.get("DAYTONA_API_URL")
-            minimal[VAR_DAYTONA_TARGET] = options.get("target") or os.environ.get("DAYTONA_TARGET")
-        if provider == "boxd":
-            options = self.get_option("boxd") or {}
-            minimal[VAR_BOXD_BASE_URL] = options.get("base_url") or os.environ.get("BOXD_BASE_URL")
-            minimal[VAR_BOXD_ORG] = options.get("org") or os.environ.get("BOXD_ORG")
+        # The cloud's non-secret settings, for the connection plugin (an API key never becomes a host variable).
+        given = self.get_option(provider) if provider in CLOUD_SETTINGS else None
+        settings = cloud_settings(provider, lambda setting: (given or {}).get(setting.keyword))
+        minimal.update({s.host_var: settings[s.keyword] for s in CLOUD_SETTINGS.get(provider, ()) if not s.secret})
         full = {
             **minimal,
             "agentbox_id": raw.get("id"),

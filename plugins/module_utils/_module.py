@@ -11,44 +11,28 @@ from typing import Any
 from ansible.module_utils.basic import AnsibleModule
 
 from ._provider import Provider, ProviderError
-from ._registry import PROVIDERS, get_provider
+from ._registry import CLOUD_SETTINGS, PROVIDERS, SSH_ENGINE_PROVIDERS, get_provider, provider_settings
 
 PROVIDER_ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "provider": {"type": "str", "choices": list(PROVIDERS), "default": "docker"},
     "engine": {"type": "str"},
     "ssh_strict_host_key_checking": {"type": "bool", "default": True},
     "ssh_private_key_file": {"type": "path"},
-    "daytona_api_key": {"type": "str", "no_log": True},
-    "daytona_api_url": {"type": "str"},
-    "daytona_target": {"type": "str"},
-    "boxd_api_key": {"type": "str", "no_log": True},
-    "boxd_base_url": {"type": "str"},
-    "boxd_org": {"type": "str"},
+    # The cloud providers' settings, from the registry's one table (an API key is no_log).
+    **{
+        setting.option: {"type": "str", **({"no_log": True} if setting.secret else {})}
+        for settings in CLOUD_SETTINGS.values()
+        for setting in settings
+    },
 }
 
 
 def provider_from_params(params: dict[str, Any], **extra: Any) -> Provider:
     """The provider the task's options name; `extra` adds provider settings (agentbox_box's Daytona options)."""
     name = params["provider"]
-    options: dict[str, Any] = dict(extra)
-    if name == "docker_ssh":
+    options: dict[str, Any] = {**extra, **provider_settings(name, params.get)}
+    if name in SSH_ENGINE_PROVIDERS:
         options["engine"] = params.get("engine")
-        options["ssh_options"] = {
-            "strict_host_key_checking": params.get("ssh_strict_host_key_checking", True),
-            "private_key_file": params.get("ssh_private_key_file"),
-        }
-    elif name == "daytona":
-        options.update(
-            api_key=params.get("daytona_api_key"),
-            api_url=params.get("daytona_api_url"),
-            target=params.get("daytona_target"),
-        )
-    elif name == "boxd":
-        options.update(
-            api_key=params.get("boxd_api_key"),
-            base_url=params.get("boxd_base_url"),
-            org=params.get("boxd_org"),
-        )
     return get_provider(name, **options)
 
 

@@ -10,6 +10,8 @@ Ansible's module packer ships the provider's files with a module.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -50,6 +52,69 @@ FACTORIES: dict[str, Callable[..., Provider]] = {
     "boxd": _make_boxd,
 }
 PROVIDERS = tuple(FACTORIES)
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One setting of a cloud provider, as each entry point spells it: the provider's keyword, the module
+    and connection plugin option (`<provider>_<keyword>`, also the inventory's key under `<provider>:`
+    as `keyword`), the host variable the inventory hands the connection, and the environment fallback."""
+
+    provider: str
+    keyword: str
+    env: str
+    secret: bool = False  # an API key: never a host variable, never written to a file
+
+    @property
+    def option(self) -> str:
+        return f"{self.provider}_{self.keyword}"
+
+    @property
+    def host_var(self) -> str:
+        return f"agentbox_{self.option}"
+
+
+# The one table of the cloud providers' settings. The first is the API's address (the provider's engine).
+CLOUD_SETTINGS: dict[str, tuple[Setting, ...]] = {
+    "daytona": (
+        Setting("daytona", "api_url", "DAYTONA_API_URL"),
+        Setting("daytona", "api_key", "DAYTONA_API_KEY", secret=True),
+        Setting("daytona", "target", "DAYTONA_TARGET"),
+    ),
+    "boxd": (
+        Setting("boxd", "base_url", "BOXD_BASE_URL"),
+        Setting("boxd", "api_key", "BOXD_API_KEY", secret=True),
+        Setting("boxd", "org", "BOXD_ORG"),
+    ),
+}
+# The providers whose engine is an SSH destination, with the SSH settings of the modules and plugins.
+SSH_ENGINE_PROVIDERS = ("docker_ssh",)
+
+
+def cloud_settings(provider: str, given: Callable[[Setting], Any]) -> dict[str, Any]:
+    """{keyword: value} of a cloud provider's settings: what `given` answers for each (a module's parameter,
+    a plugin's option), else its environment variable. {} for the Docker providers."""
+    return {s.keyword: given(s) or os.environ.get(s.env) for s in CLOUD_SETTINGS.get(provider, ())}
+
+
+def ssh_engine_options(key_file: str | None, strict_host_key_checking: bool | None) -> dict[str, Any]:
+    """The `ssh_options` of a docker_ssh provider from the modules' and plugins' SSH settings (only what is set)."""
+    options: dict[str, Any] = {}
+    if key_file:
+        options["private_key_file"] = key_file
+    if strict_host_key_checking is False:
+        options["strict_host_key_checking"] = False
+    return options
+
+
+def provider_settings(provider: str, option: Callable[[str], Any]) -> dict[str, Any]:
+    """The provider's keyword arguments from an entry point's options by name (`ssh_private_key_file`,
+    `daytona_api_url`...; a module's params.get, a plugin's get_option), with the environment fallbacks.
+    The engine of an SSH engine is not among them: it comes with the box or the task."""
+    if provider in SSH_ENGINE_PROVIDERS:
+        ssh = ssh_engine_options(option("ssh_private_key_file"), option("ssh_strict_host_key_checking"))
+        return {"ssh_options": ssh} if ssh else {}
+    return cloud_settings(provider, lambda setting: option(setting.option))
 
 
 def get_provider(provider: str, **options: Any) -> Provider:

@@ -27,10 +27,6 @@ from ansible_collections.agentbox.box.plugins.module_utils._registry import get_
 VAR_BOX = "agentbox_box"
 VAR_PROVIDER = "agentbox_provider"
 VAR_ENGINE = "agentbox_engine"
-VAR_DAYTONA_API_URL = "agentbox_daytona_api_url"
-VAR_DAYTONA_TARGET = "agentbox_daytona_target"
-VAR_BOXD_BASE_URL = "agentbox_boxd_base_url"
-VAR_BOXD_ORG = "agentbox_boxd_org"
 CONNECTION_PLUGIN = "agentbox.box.box"
 BOX_PYTHON = "/usr/bin/python3"  # the box image's (Debian's) interpreter
 LOCAL_ENGINE = "local"
