@@ -23,8 +23,6 @@ from ._engine_api import (
     EngineAPI,
     EngineAPIError,
     EngineUnanswered,
-    exec_exit_code,
-    feed_stdin,
     local_engine,
     pause_patiently,
 )
@@ -48,40 +46,26 @@ from ._provider import (
 
 # The docker SDK is imported on first use: the per-task calls (list, find, exec, archives), a box's
 # create, removal and state changes, and checkpoints go through _engine_api on engines it reaches,
-# and must not pay for it. Until _sdk() rebinds them, the SDK's exception
-# names below are stand-ins (same hierarchy) that nothing raises: no SDK exception can exist
-# before the SDK is loaded, so an `except` clause naming a stand-in never catches anything.
+# and must not pay for it. Until _sdk() rebinds it, the SDK's exception name below is a stand-in
+# that nothing raises: no SDK exception can exist before the SDK is loaded, so an `except` clause
+# naming it never catches anything.
 class _DockerExceptionStandIn(Exception):
-    pass
-
-
-class _APIErrorStandIn(_DockerExceptionStandIn):
-    pass
-
-
-class _NotFoundStandIn(_APIErrorStandIn):
-    pass
+    """Caught before the SDK is loaded: nothing raises it."""
 
 
 docker: Any = None
 DockerException: Any = _DockerExceptionStandIn
-APIError: Any = _APIErrorStandIn
-NotFound: Any = _NotFoundStandIn
-frames_iter: Any = None
 
 
 def _sdk() -> Any:
-    global docker, APIError, DockerException, NotFound, frames_iter
+    global docker, DockerException
     if docker is None:
         try:
             import docker as sdk
             from docker import errors
-            from docker.utils.socket import frames_iter as sdk_frames_iter
         except ImportError as exc:
             raise ProviderError(f"the Python 'docker' package is required on the controller: {exc}") from exc
-        APIError, DockerException = errors.APIError, errors.DockerException
-        NotFound = errors.NotFound
-        frames_iter = sdk_frames_iter
+        DockerException = errors.DockerException
         docker = sdk
     return docker
 
@@ -262,12 +246,11 @@ class DockerProvider(Provider):
         return self.client.api
 
     @contextlib.contextmanager
-    def _direct_call(self, name: str, operation: str, missing: str | None = None) -> Iterator[EngineAPI]:
-        """The direct client, with its failures turned into the provider's errors."""
-        if self._direct is None:
-            raise AssertionError("_direct_call needs the direct client; check self._direct first")
+    def _engine_call(self, name: str, operation: str, missing: str | None = None) -> Iterator[EngineAPI | SDKEngine]:
+        """The engine's client (_calls), with its failures turned into the provider's errors: a box that is
+        paused, stopped or gone, and `missing` for a 404 about something else (a path in the box)."""
         try:
-            yield self._direct
+            yield self._calls()
         except EngineUnanswered as exc:
             raise engine_unreachable(self._engine, exc) from exc
         except EngineAPIError as exc:
@@ -302,17 +285,11 @@ class DockerProvider(Provider):
 
     # -- discovery ------------------------------------------------------------------------------
     def find(self, name: str) -> BoxFacts | None:
-        if self._direct is not None:
-            with self._direct_call(name, "find") as engine:
-                attrs = engine.inspect_container(container_name(name))
-            if attrs is None:
-                return None
-            container: Any = _Summary(str(attrs.get("Name", "")).lstrip("/"), attrs)
-        else:
-            try:
-                container = self.client.containers.get(container_name(name))
-            except NotFound:
-                return None
+        with self._engine_call(name, "find") as engine:
+            attrs = engine.inspect_container(container_name(name))
+        if attrs is None:
+            return None
+        container = _Summary(str(attrs.get("Name", "")).lstrip("/"), attrs)
         if label("box") not in (container.attrs.get("Config", {}).get("Labels") or {}):
             raise ProviderError(
                 f"container {container.name!r} exists but was not made by agentbox (no io.agentbox.box label); "
@@ -326,14 +303,8 @@ class DockerProvider(Provider):
         if project:
             filters["label"].append(f"{label('project')}={project}")
         # One request: /containers/json already carries labels, state and ports.
-        if self._direct is not None:
-            with self._direct_call("", "list boxes") as engine:
-                summaries = engine.containers(filters["label"])
-        else:
-            try:
-                summaries = self.api.containers(all=True, filters=filters)
-            except APIError as exc:
-                raise ProviderError(str(exc.explanation or exc), operation="list boxes") from exc
+        with self._engine_call("", "list boxes") as engine:
+            summaries = engine.containers(filters["label"])
         return sorted((self._facts_from_summary(s) for s in summaries), key=lambda f: f.name)
 
     def _facts_from_summary(self, summary: dict[str, Any]) -> BoxFacts:
@@ -607,85 +578,30 @@ class DockerProvider(Provider):
     def run_command(self, name: str, command: Command) -> ExecResult:
         cname = container_name(name)
         argv, user, workdir, env, stdin = command.argv, command.user, command.workdir, command.env, command.stdin
-        if self._direct is not None:
-            with self._direct_call(name, "exec") as engine:
-                rc, stdout, stderr = engine.exec(cname, argv, user=user, workdir=workdir, env=env, stdin=stdin)
-            return ExecResult(rc=rc, stdout=stdout, stderr=stderr)
-        try:
-            exec_id = self.api.exec_create(
-                cname,
-                argv,
-                stdout=True,
-                stderr=True,
-                stdin=stdin is not None,
-                user=user,
-                workdir=workdir,
-                environment=env,
-            )["Id"]
-        except NotFound as exc:
-            raise BoxNotFound(f"no box called {name!r} on engine {self._engine}", box=name, operation="exec") from exc
-        except APIError as exc:
-            raise _engine_error(exc.status_code, str(exc.explanation or exc), name, "exec", self._engine) from exc
-        if stdin is None:
-            out, err = self.api.exec_start(exec_id, demux=True)
-            stdout, stderr = out or b"", err or b""
-        else:
-            stdout, stderr = self._exec_with_stdin(exec_id, stdin)
-        return ExecResult(rc=exec_exit_code(lambda: self.api.exec_inspect(exec_id)), stdout=stdout, stderr=stderr)
+        with self._engine_call(name, "exec") as engine:
+            rc, stdout, stderr = engine.exec(cname, argv, user=user, workdir=workdir, env=env, stdin=stdin)
+        return ExecResult(rc=rc, stdout=stdout, stderr=stderr)
 
     def exec_bounded(self, name: str, argv: list[str], limit: int, *, user: str = BOX_USER) -> ExecResult:
         """exec reading at most `limit` bytes of output on the direct client (the local engine)."""
         if self._direct is None:
             return super().exec_bounded(name, argv, limit, user=user)
         try:
-            with self._direct_call(name, "exec") as engine:
+            with self._engine_call(name, "exec") as engine:
+                if not isinstance(engine, EngineAPI):
+                    raise AssertionError("exec_bounded reads through the direct client only")
                 rc, stdout, stderr = engine.exec(container_name(name), argv, user=user, max_output=limit)
         except OutputTooLarge as exc:
             raise OutputTooLarge(str(exc), box=name) from exc
         return ExecResult(rc=rc, stdout=stdout, stderr=stderr)
 
-    def _exec_with_stdin(self, exec_id: str, stdin: bytes | IO[bytes]) -> tuple[bytes, bytes]:
-        """Feed stdin from a thread while reading the multiplexed output (no deadlock on big I/O)."""
-        sock = self.api.exec_start(exec_id, socket=True)
-        raw = getattr(sock, "_sock", sock)
-
-        feeder = threading.Thread(target=feed_stdin, args=(raw, stdin), daemon=True)
-        feeder.start()
-        chunks: dict[int, list[bytes]] = {1: [], 2: []}
-        try:
-            for stream, data in frames_iter(sock, tty=False):
-                chunks.setdefault(stream, []).append(data)
-        finally:
-            feeder.join(timeout=5)
-            try:
-                sock.close()
-            except OSError:
-                pass
-        return b"".join(chunks[1]), b"".join(chunks[2])
-
     def put_archive(self, name: str, path: str, tar_stream: Iterable[bytes] | IO[bytes]) -> None:
-        if self._direct is not None:
-            with self._direct_call(name, f"copy into {path}") as engine:
-                engine.put_archive(container_name(name), path, tar_stream)
-            return
-        try:
-            ok = self.api.put_archive(container_name(name), path, tar_stream)
-        except APIError as exc:
-            raise ProviderError(str(exc.explanation or exc), box=name, operation=f"copy into {path}") from exc
-        if not ok:
-            raise ProviderError("the engine refused the archive", box=name, operation=f"copy into {path}")
+        with self._engine_call(name, f"copy into {path}") as engine:
+            engine.put_archive(container_name(name), path, tar_stream)
 
     def get_archive(self, name: str, path: str) -> Iterator[bytes]:
-        missing = f"{path} does not exist in the box"
-        if self._direct is not None:
-            with self._direct_call(name, "copy out", missing) as engine:
-                return engine.get_archive(container_name(name), path)
-        try:
-            stream, _stat = self.api.get_archive(container_name(name), path, chunk_size=1 << 16)
-        except APIError as exc:
-            text = str(exc.explanation or exc)
-            raise _engine_error(exc.status_code, text, name, "copy out", self._engine, missing) from exc
-        return stream
+        with self._engine_call(name, "copy out", f"{path} does not exist in the box") as engine:
+            return engine.get_archive(container_name(name), path)
 
     # -- images and checkpoints -----------------------------------------------------------------
     def checkpoint_store(self) -> Any:

@@ -13,10 +13,11 @@ Note that this module_utils is PRIVATE to the collection: it can change at any t
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import IO, Any
 
-from ._engine_api import EngineAPIError, EngineUnanswered
+from ._engine_api import EngineAPIError, EngineUnanswered, exec_exit_code, feed_stdin
 
 
 @contextlib.contextmanager
@@ -143,3 +144,54 @@ class SDKEngine:
     def export_container(self, container: str) -> Iterator[bytes]:
         with _errors():
             return _typed(self._api.export(container, chunk_size=1 << 20))
+
+    # -- inside a container -------------------------------------------------------------------
+    def exec(
+        self,
+        container: str,
+        argv: list[str],
+        *,
+        user: str,
+        workdir: str | None = None,
+        env: dict[str, str] | None = None,
+        stdin: bytes | IO[bytes] | None = None,
+    ) -> tuple[int, bytes, bytes]:
+        """Run argv in the container; (exit code, stdout, stderr), stdin fed while the output is read."""
+        with _errors():
+            exec_id = self._api.exec_create(
+                container, argv, stdout=True, stderr=True, stdin=stdin is not None, user=user, workdir=workdir,
+                environment=env,
+            )["Id"]  # fmt: skip
+            if stdin is None:
+                out, err = self._api.exec_start(exec_id, demux=True)
+                stdout, stderr = out or b"", err or b""
+            else:
+                stdout, stderr = self._exec_with_stdin(exec_id, stdin)
+            return exec_exit_code(lambda: self._api.exec_inspect(exec_id)), stdout, stderr
+
+    def _exec_with_stdin(self, exec_id: str, stdin: bytes | IO[bytes]) -> tuple[bytes, bytes]:
+        """Feed stdin from a thread while reading the multiplexed output (no deadlock on big I/O)."""
+        from docker.utils.socket import frames_iter  # the client exists, so the SDK is already loaded
+
+        sock = self._api.exec_start(exec_id, socket=True)
+        feeder = threading.Thread(target=feed_stdin, args=(getattr(sock, "_sock", sock), stdin), daemon=True)
+        feeder.start()
+        chunks: dict[int, list[bytes]] = {1: [], 2: []}
+        try:
+            for stream, data in frames_iter(sock, tty=False):
+                chunks.setdefault(stream, []).append(data)
+        finally:
+            feeder.join(timeout=5)
+            with contextlib.suppress(OSError):
+                sock.close()
+        return b"".join(chunks[1]), b"".join(chunks[2])
+
+    def put_archive(self, container: str, path: str, tar_stream: Iterable[bytes] | IO[bytes]) -> None:
+        with _errors():
+            if not self._api.put_archive(container, path, tar_stream):
+                raise EngineAPIError(0, "the engine refused the archive")
+
+    def get_archive(self, container: str, path: str) -> Iterator[bytes]:
+        with _errors():
+            stream, _stat = self._api.get_archive(container, path, chunk_size=1 << 16)
+        return _typed(stream)
