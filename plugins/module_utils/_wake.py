@@ -43,7 +43,8 @@ def wake(provider_name: str, engine: str, box: str, options: dict[str, Any]) -> 
     """Resume or start the box: its state before ('running' when there was nothing to do), and its web URL
     when a start moved it (a stopped box's published port is gone, and the start publishes a new one).
     `options` are the provider's reopen_options, written into the alias; API keys come from the environment."""
-    provider = get_provider(provider_name, **options)
+    # ENGINE first: an alias written before OPTIONS carried the engine still names it there.
+    provider = get_provider(provider_name, **{"engine": engine, **options})
     try:
         facts = provider.find(box)
         if facts is None:
