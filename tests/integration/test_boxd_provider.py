@@ -141,11 +141,19 @@ def test_box_state_and_inventory_connection(world: World, created: dict) -> None
     listed = subprocess.run([str(VENV_BIN / "ansible-inventory"), "-i", str(inventory), "--list"], cwd=REPO,
                             env=world.env(), capture_output=True, text=True, check=True).stdout
     assert world.box in listed and '"boxd"' in listed
-    ran = subprocess.run([str(VENV_BIN / "ansible"), "-i", str(inventory), world.box, "-m", "ansible.builtin.shell",
-                          "-a", "cd /workspace && git rev-parse --abbrev-ref HEAD && sudo -n id -un", "-b"],
+    ran = subprocess.run([str(VENV_BIN / "ansible"), "-i", str(inventory), world.box, "-m", "ansible.builtin.command",
+                          "-a", "git -C /workspace rev-parse --abbrev-ref HEAD"],
                          cwd=REPO, env=world.env(), capture_output=True, text=True, check=False)  # fmt: skip
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-2000:]
-    assert f"agentbox/{world.box}" in ran.stdout and "root" in ran.stdout
+    assert f"{world.box} | CHANGED | rc=0 >>\nagentbox/{world.box}\n" in ran.stdout, ran.stdout
+    # become through the connection: root only with -b, the box's user without it; module copied in or piped.
+    for pipelining in ("false", "true"):
+        for become, user in ((["-b"], "root"), ([], "vscode")):
+            ran = subprocess.run([str(VENV_BIN / "ansible"), "-i", str(inventory), world.box, "-m", "ansible.builtin.command",
+                                  "-a", "id -un", *become, "-e", f"ansible_pipelining={pipelining}"],
+                                 cwd=REPO, env=world.env(), capture_output=True, text=True, check=False)  # fmt: skip
+            assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-2000:]
+            assert f"{world.box} | CHANGED | rc=0 >>\n{user}\n" in ran.stdout, (pipelining, become, ran.stdout)
     status = subprocess.run([str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), "playbooks/fleet_status.yml",
                              "-e", f"fleet_status_html={world.root / 'fleet.html'}"],
                             cwd=REPO, env=world.env(), capture_output=True, text=True, check=False)  # fmt: skip
