@@ -38,6 +38,7 @@ from ._boxd_api import (
     call,
     client_for,
     forget_client,
+    is_already_exists,
     is_ambiguous,
     is_sdk_error,
     translate,
@@ -332,7 +333,8 @@ class BoxdProvider(Provider):
             if not is_sdk_error(exc):
                 raise
             failure = translate(exc, self.engine, spec.name, "create")
-            if isinstance(failure, BoxdConflict):
+            # Only ALREADY_EXISTS means the name is in use; FAILED_PRECONDITION/ABORTED say why boxd refused.
+            if is_already_exists(exc):
                 adopted = self._adopt(spec, wait=0)
                 if adopted is not None:
                     return adopted

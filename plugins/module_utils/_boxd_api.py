@@ -148,6 +148,11 @@ def is_ambiguous(exc: BaseException) -> bool:
     return HAS_BOXD and isinstance(exc, (APIConnectionError, APIStatusError))
 
 
+def is_already_exists(exc: BaseException) -> bool:
+    """The conflict that means the name is in use (ALREADY_EXISTS), not a state or precondition refusal."""
+    return HAS_BOXD and isinstance(exc, ConflictError) and getattr(exc, "code", None) == "already_exists"
+
+
 def is_sdk_error(exc: BaseException) -> bool:
     return HAS_BOXD and isinstance(exc, BoxdError)
 

@@ -254,6 +254,15 @@ def test_bad_input_says_what_to_do_and_makes_nothing(world: World, monkeypatch: 
         world.provider(token="not-the-token").create(_spec(world, f"bk-{secrets.token_hex(3)}"))
     with pytest.raises(EngineUnreachable, match="did not answer"):
         BoxdProvider(token=world.token, base_url="http://127.0.0.1:9").list_boxes()
+    # A create refused for another reason than the name (FAILED_PRECONDITION): boxd's reason, not "name taken".
+    world.emu.control.add_fault(method="CreateVm", action="error", code="FAILED_PRECONDITION",
+                                message="org machine quota reached")  # fmt: skip
+    try:
+        with pytest.raises(ProviderError, match="org machine quota reached") as refused:
+            world.provider().create(_spec(world, f"bq-{secrets.token_hex(3)}"))
+    finally:
+        world.emu.control.clear_faults()
+    assert "taken" not in str(refused.value), refused.value
     assert len(world.machines()) == before
 
     # A machine deleted behind our back: the cached id is not trusted, the box is reported missing.
