@@ -12,7 +12,7 @@ import sys
 import threading
 from typing import Any
 
-from .config import DEFAULT_IMAGE, EmulatorConfig
+from .config import DEFAULT_IMAGE, DESIRED_STATE_SECONDS, LIST_LAG_SECONDS, EmulatorConfig
 from .faults import FaultInjector, FaultRuleError
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -39,10 +39,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--instance-id", default=None, help="value of the io.agentbox.emulator label (random)")
     parser.add_argument("--transition-seconds", type=float, default=0.0,
                         help="hold starting/stopping/archiving/... this long (0: answer with the final state)")
-    parser.add_argument("--desired-state-seconds", type=float, default=0.0,
+    parser.add_argument("--desired-state-seconds", type=float, default=DESIRED_STATE_SECONDS,
                         help="create/start/stop/archive first only set the desired state; the state moves this "
                              "many seconds later (a create sits in `unknown`), as on Daytona (0: at once)")
-    parser.add_argument("--list-lag", type=float, default=0.0,
+    parser.add_argument("--list-lag", type=float, default=LIST_LAG_SECONDS,
                         help="seconds before list() shows a new sandbox and after it drops a deleted one")
     parser.add_argument("--proxy-timeout", type=float, default=300.0,
                         help="cut toolbox calls that run longer than this many seconds (default 300)")

@@ -11,6 +11,11 @@ EMULATOR_LABEL = "io.agentbox.emulator"
 SANDBOX_LABEL = "io.agentbox.emulator.sandbox"
 SNAPSHOT_LABEL = "io.agentbox.emulator.snapshot"
 
+# On by default, as Daytona always behaves so (the real lags vary; these keep the suite quick): a lifecycle call
+# first sets the desired state and the state follows, and list() catches up after a create or delete.
+DESIRED_STATE_SECONDS = 0.5
+LIST_LAG_SECONDS = 0.5
+
 # Settings a running emulator accepts through POST /_emulator/config.
 RUNTIME_SETTINGS = (
     "transition_seconds",
@@ -59,7 +64,7 @@ class EmulatorConfig:
     build_cache: bool = True
     # >0: create, start, stop and archive (auto-stop too) first only set the desired state, and the state
     # moves this long later, as on Daytona (the runner acts on the desired state); a create sits in `unknown`.
-    desired_state_seconds: float = 0.0
+    desired_state_seconds: float = DESIRED_STATE_SECONDS
     # An activated snapshot is `pending` this long before it is `active` again (the runners pull it back).
     snapshot_activation_seconds: float = 1.0
     # Daytona's named rate limits, e.g. {"sandbox-lifecycle": 2}: calls per window, counted across the routes
@@ -70,7 +75,7 @@ class EmulatorConfig:
     # of the sandbox but not by its insert (lookup_cache.py). 0: every get reads the current sandbox.
     lookup_cache_seconds: float = 10.0
     # A sandbox shows up in list() this long after create, and lingers there this long after delete.
-    list_lag_seconds: float = 0.0
+    list_lag_seconds: float = LIST_LAG_SECONDS
     # Toolbox calls running longer than this are cut by the "proxy", like Daytona's ~5 minute cut.
     proxy_timeout_seconds: float = 300.0
     # "504": answer 504 from the proxy; "drop": close the connection.

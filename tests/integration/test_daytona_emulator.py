@@ -82,7 +82,9 @@ def sandbox_image(docker_client):
 
 @pytest.fixture(scope="module")
 def emulator_instance(sandbox_image, docker_client):
-    with running_emulator(image=sandbox_image) as running:
+    # These tests pin each call's answer, so they start from the immediate mode (no desired-state or list lag,
+    # on by default as on Daytona); a test of a habit turns it on (and the reset below turns it off again).
+    with running_emulator(image=sandbox_image, desired_state_seconds=0, list_lag_seconds=0) as running:
         yield running
     label = f"{EMULATOR_LABEL}={running.admin.instance_id}"
     assert docker_client.containers.list(all=True, filters={"label": label}) == []
@@ -93,7 +95,8 @@ def emulator_instance(sandbox_image, docker_client):
 def emu(emulator_instance):
     """The shared emulator, put back to a clean state (no sandboxes, faults or changed settings) after each test."""
     yield emulator_instance
-    emulator_instance.admin.set_config(transition_seconds=0, list_lag_seconds=0, proxy_timeout_seconds=300,
+    emulator_instance.admin.set_config(transition_seconds=0, list_lag_seconds=0, desired_state_seconds=0,
+                                       proxy_timeout_seconds=300,
                                        proxy_cut_mode="504", minute_seconds=60)
     emulator_instance.admin.reset()
 

@@ -21,6 +21,7 @@ import docker
 import pytest
 
 from tests.daytona_emulator import running_emulator
+from tests.daytona_emulator.config import DESIRED_STATE_SECONDS
 
 pytestmark = pytest.mark.integration
 
@@ -135,7 +136,7 @@ def desired_state_lag(emu: Emu) -> Iterator[None]:
     try:
         yield
     finally:
-        emu.admin.set_config(desired_state_seconds=0)
+        emu.admin.set_config(desired_state_seconds=DESIRED_STATE_SECONDS)
 
 
 def test_start_waits_out_a_stop_under_way(emu: Emu, desired_state_lag: None) -> None:
