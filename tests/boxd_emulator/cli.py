@@ -13,6 +13,8 @@ from typing import Any
 
 from tests.daytona_emulator.config import DEFAULT_IMAGE
 
+from .machines import PRODUCTION_START_SECONDS, PRODUCTION_STOP_SECONDS
+
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="boxd-emulator", description="A local emulator of the boxd gRPC API: "
@@ -22,6 +24,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--instance-id", default="", help="label value on every container and image (default: random)")
     p.add_argument("--start-seconds", type=float, default=0.3, help="how long a machine stays 'starting'")
     p.add_argument("--stop-seconds", type=float, default=0.2, help="how long a stop takes")
+    p.add_argument("--production-timings", action="store_true",
+                   help=f"a start takes {PRODUCTION_START_SECONDS:g} s and a stop {PRODUCTION_STOP_SECONDS:g} s, as "
+                        "measured on the production cluster (overrides the two above)")
     p.add_argument("--no-box-capabilities", action="store_true",
                    help="plain containers (no SYS_ADMIN/NET_ADMIN, /dev/fuse, unconfined seccomp)")
     p.add_argument("--fault", action="append", default=[], metavar="JSON",
@@ -31,6 +36,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.production_timings:
+        args.start_seconds, args.stop_seconds = PRODUCTION_START_SECONDS, PRODUCTION_STOP_SECONDS
     token = os.environ.get("BOXD_TOKEN", "")
     if not token:
         print("boxd-emulator: set BOXD_TOKEN to the token clients must send (any string)", file=sys.stderr)
