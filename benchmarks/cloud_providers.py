@@ -91,8 +91,8 @@ def main() -> int:
         figures["boxd"] = measure(provider, args.runs, args.execs, lambda i: f"bench-{tag}-{i}")
     # The emulator's desired-state and list lags (on by default, as on Daytona) are fixed waits, not client
     # cost: off here, as for the figures in docs/performance.md.
-    with daytona_emulator.running_emulator(image=IMAGE, desired_state_seconds=0, list_lag_seconds=0) as (
-        api_url, api_key, _admin):  # fmt: skip
+    quick = {"desired_state_seconds": 0, "list_lag_seconds": 0}
+    with daytona_emulator.running_emulator(image=IMAGE, **quick) as (api_url, api_key, _admin):
         provider = DaytonaProvider(api_key=api_key, api_url=api_url)
         figures["daytona"] = measure(provider, args.runs, args.execs,
                                      lambda i: snapshot_name("b" * 16, f"bench{i}", secrets.token_hex(4)))

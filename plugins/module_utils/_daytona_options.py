@@ -1,7 +1,8 @@
 # Copyright (c) agentbox.box contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""agentbox_box's Daytona-only create options: disk, network, ephemeral, auto_delete (the region is
-daytona_target), and what Daytona's rules on them mean for a box.
+"""agentbox_box's cloud create options: disk, network, ephemeral, auto_delete for Daytona (the region is
+daytona_target), disk and network (its egress allow list) for boxd, and what Daytona's rules on them mean
+for a box.
 
 All of it is checked before anything is made: a bad value, or an option given to a provider that cannot
 honour it, fails naming the option and what to do.
@@ -9,7 +10,9 @@ honour it, fails naming the option and what to do.
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 from typing import Any
 
 from ._daytona_state import network_settings
@@ -37,16 +40,24 @@ def network_text(value: Any) -> str | None:
     return value
 
 
+# The options boxd honours too: its disk, and its egress allow list as `network`.
+BOXD_OPTIONS = ("disk", "network")
+
+
 def provider_options(params: dict[str, Any]) -> dict[str, Any]:
-    """The DaytonaProvider keyword arguments for agentbox_box's Daytona options; ValueError when one is bad
-    or given for another provider."""
+    """The provider keyword arguments for agentbox_box's cloud options (Daytona's, and boxd's disk and network);
+    ValueError when one is bad or given for a provider that cannot honour it."""
     given = sorted(key for key in BOX_OPTIONS if params.get(key) is not None)
     if not given:
         return {}
+    if params.get("provider") == "boxd" and set(given) <= set(BOXD_OPTIONS):
+        return boxd_options(params)
     if params.get("provider") != "daytona":
+        cannot = [key for key in given if params.get("provider") != "boxd" or key not in BOXD_OPTIONS]
         raise ValueError(
-            f"{', '.join(given)} can only be set for Daytona boxes (provider: daytona); "
-            f"drop {'them' if len(given) > 1 else 'it'} for provider {params.get('provider')}"
+            f"{', '.join(cannot)} can only be set for Daytona boxes (provider: daytona)"
+            f"{'' if set(cannot) - set(BOXD_OPTIONS) else ' and boxd boxes (provider: boxd)'}; "
+            f"drop {'them' if len(cannot) > 1 else 'it'} for provider {params.get('provider')}"
         )
     options: dict[str, Any] = {}
     if params.get("network") is not None:
@@ -74,6 +85,40 @@ def provider_options(params: dict[str, Any]) -> dict[str, Any]:
         auto_delete = 0
     if auto_delete is not None:
         options["auto_delete"] = auto_delete
+    return options
+
+
+_HOST_NAME = re.compile(r"([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)*[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+def egress_entry_ok(item: str) -> bool:
+    """A host name (github.com) or an IP network (10.1.0.0/16, 2001:db8::/32)."""
+    try:
+        ipaddress.ip_network(item, strict=False)
+        return True
+    except ValueError:
+        return bool(_HOST_NAME.fullmatch(item)) and len(item) <= 253
+
+
+def boxd_options(params: dict[str, Any]) -> dict[str, Any]:
+    """BoxdProvider's keyword arguments for `disk` (GiB) and `network` (boxd's egress allow list: host names
+    and CIDRs; boxd offers no block_all, so an empty list leaves the machine open as boxd's default does)."""
+    options: dict[str, Any] = {}
+    disk = params.get("disk")
+    if disk is not None:
+        if disk < 1:
+            raise ValueError(f"disk must be a whole number of GiB, at least 1 (got {disk})")
+        options["disk"] = disk
+    text = network_text(params.get("network"))
+    if text is not None:
+        allowed = [item.strip() for item in text.split(",") if item.strip()]
+        if "block_all" in allowed:
+            raise ValueError("network: boxd has no block_all; give the hosts and CIDRs the box may reach "
+                             "(an allow list such as [github.com, pypi.org])")  # fmt: skip
+        bad = [item for item in allowed if not egress_entry_ok(item)]
+        if bad:
+            raise ValueError(f"network: {', '.join(bad)} is neither a host name nor a CIDR")
+        options["egress_allow"] = allowed
     return options
 
 

@@ -132,15 +132,19 @@ options:
     default: []
   disk:
     description:
-      - Disk of a new Daytona box in GiB (Daytona's default is 3; Docker in the box wants more). O(provider=daytona)
-        only, and only for a box made from a registry image (a Daytona snapshot fixes its own disk). Default
-        C(AGENTBOX_DAYTONA_DISK).
+      - Disk of a new Daytona box in GiB (Daytona's default is 3; Docker in the box wants more), only for a box
+        made from a registry image (a Daytona snapshot fixes its own disk). Default C(AGENTBOX_DAYTONA_DISK).
+      - Disk of a new boxd machine in GiB (O(provider=boxd)). Default C(AGENTBOX_BOXD_DISK), else boxd's.
+      - Other providers refuse it.
     type: int
   network:
     description:
-      - Outbound network of a new Daytona box (O(provider=daytona) only). V(block_all) seals it (loopback only);
-        an IPv4 CIDR or a list of up to 10 (V(10.0.0.0/8)) is an allow list; an empty string leaves it open.
-        Default C(AGENTBOX_DAYTONA_NETWORK), else open.
+      - Outbound network of a new Daytona box. V(block_all) seals it (loopback only); an IPv4 CIDR or a list of
+        up to 10 (V(10.0.0.0/8)) is an allow list; an empty string leaves it open. Default
+        C(AGENTBOX_DAYTONA_NETWORK), else open.
+      - On O(provider=boxd), the machine's egress allow list of host names and CIDRs (V([github.com, 10.0.0.0/8]));
+        boxd has no V(block_all). Default C(AGENTBOX_BOXD_EGRESS_ALLOW) (comma-separated), else open.
+      - Other providers refuse it.
     type: raw
   ephemeral:
     description:

@@ -25,8 +25,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--start-seconds", type=float, default=0.3, help="how long a machine stays 'starting'")
     p.add_argument("--stop-seconds", type=float, default=0.2, help="how long a stop takes")
     p.add_argument("--production-timings", action="store_true",
-                   help=f"a start takes {PRODUCTION_START_SECONDS:g} s and a stop {PRODUCTION_STOP_SECONDS:g} s, as "
-                        "measured on the production cluster (overrides the two above)")
+                   help=f"a start takes {PRODUCTION_START_SECONDS:g} s, as measured on the production cluster, and a "
+                        f"stop {PRODUCTION_STOP_SECONDS:g} s (overrides the two above)")
     p.add_argument("--no-box-capabilities", action="store_true",
                    help="plain containers (no SYS_ADMIN/NET_ADMIN, /dev/fuse, unconfined seccomp)")
     p.add_argument("--fault", action="append", default=[], metavar="JSON",

@@ -39,6 +39,7 @@ __all__ = ["EMULATOR_LABEL", "Fleet", "Machine", "Refused", "Snapshot"]
 PRODUCTION_START_SECONDS = 12.0
 PRODUCTION_STOP_SECONDS = 2.0
 
+
 class Refused(Exception):
     """A request the service answers with a gRPC status (code is the StatusCode's name)."""
 
