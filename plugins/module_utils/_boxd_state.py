@@ -60,9 +60,3 @@ def machine_name(box: str, prefix: str = NAME_PREFIX) -> str:
         return base
     digest = hashlib.sha1(box.encode()).hexdigest()[:6]
     return f"{base[:55].rstrip('-')}-{digest}"
-
-
-def snapshot_name(project: str, checkpoint: str, nonce: str) -> str:
-    """A boxd snapshot name for a checkpoint: unique per capture (the name of a deleted one may linger)."""
-    clean = re.sub(r"[^a-z0-9-]", "-", checkpoint.lower()).strip("-")[:24] or "ckpt"
-    return f"agentbox-{project[:16]}-{clean}-{nonce}"

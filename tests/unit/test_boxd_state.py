@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 import pytest
 
 from ansible_collections.agentbox.box.plugins.module_utils import _boxd_state as st
+from ansible_collections.agentbox.box.plugins.module_utils._boxd_store import BoxdCheckpoints
+from ansible_collections.agentbox.box.plugins.module_utils._snapshot_store import parse_snapshot_name
 
 # The table in _boxd_state's docstring and docs/providers/boxd.md, row by row:
 # status -> (box state, needs a start, ready for an exec without waiting).
@@ -83,7 +86,17 @@ def test_two_boxes_never_share_a_machine_name() -> None:
     assert len(set(names)) == len(boxes), dict(zip(boxes, names, strict=True))
 
 
-def test_snapshot_names_are_valid_machine_style_names() -> None:
-    made = st.snapshot_name("0123456789abcdef0123", "Warm Cache/Day 1", "n0nce")
-    assert made == "agentbox-0123456789abcdef-warm-cache-day-1-n0nce"
-    assert st.snapshot_name("p", "///", "n") == "agentbox-p-ckpt-n"
+def test_a_checkpoint_snapshot_name_is_a_boxd_name_of_at_most_63_characters() -> None:
+    store = BoxdCheckpoints(SimpleNamespace(settings=None))  # snapshot_name reads neither SDK nor settings
+    project = "0123456789abcdef"
+    made = store.snapshot_name(project, "warm-1")
+    assert parse_snapshot_name(made) == (project, "warm-1")
+    assert store.snapshot_name(project, "warm-1") != made  # a fresh nonce: a deleted name may linger on boxd
+    for checkpoint in ("Warm Cache/Day 1 of a long checkpoint name", "x" * 200, "a" * 22 + "-b", "///", "Ü.ß"):
+        made = store.snapshot_name(project, checkpoint)
+        assert len(made) <= 63 and st.MACHINE_NAME.fullmatch(made), (checkpoint, made)
+    # The checkpoint part is lowercased, cleaned, cut to 23 and never ends in '-'; nothing left reads 'ckpt'.
+    longest = store.snapshot_name(project, "Warm Cache/Day 1 of a long checkpoint name")
+    assert len(longest) == 63 and parse_snapshot_name(longest) == (project, "warm-cache-day-1-of-a-l")
+    assert parse_snapshot_name(store.snapshot_name(project, "a" * 22 + "-b")) == (project, "a" * 22)
+    assert parse_snapshot_name(store.snapshot_name(project, "///")) == (project, "ckpt")
