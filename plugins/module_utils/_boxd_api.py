@@ -10,6 +10,7 @@ are retried here, a bounded number of times; nothing that changes a machine is r
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -48,6 +49,10 @@ DEFAULT_BASE_URL = "https://boxd.sh"
 API_TIMEOUT = 60.0
 READ_RETRIES = 3
 BACKOFF = (0.3, 0.8, 2.0)
+
+# gRPC's words (grpc-core) for a host that does not resolve, and for a peer that is not an HTTP/2 server.
+NAME_UNRESOLVED = re.compile(r"errors resolving|DNS resolution failed|Domain name not found", re.I)
+NOT_GRPC = re.compile(r"Failed parsing HTTP/2|Expected SETTINGS frame|Trying to connect an http1\.x server", re.I)
 
 
 class BoxdConflict(ProviderError):
@@ -137,6 +142,12 @@ def translate(exc: BaseException, base_url: str, box: str | None, operation: str
     if HAS_BOXD and isinstance(exc, RateLimitError):
         return ProviderError(f"boxd's rate limit or quota refused the call ({detail}); try again later",
                              box=box, operation=operation)
+    if HAS_BOXD and isinstance(exc, APIConnectionError) and NAME_UNRESOLVED.search(detail):
+        return EngineUnreachable(f"boxd base URL {base_url}: its host name does not resolve ({detail}): check "
+                                 "BOXD_BASE_URL or boxd_base_url", box=box, operation=operation)
+    if HAS_BOXD and isinstance(exc, APIConnectionError) and NOT_GRPC.search(detail):
+        return EngineUnreachable(f"something answered at {base_url}, but not boxd's API (no gRPC over HTTP/2: "
+                                 f"{detail}): check BOXD_BASE_URL or boxd_base_url", box=box, operation=operation)
     if HAS_BOXD and isinstance(exc, APIConnectionError):
         return EngineUnreachable(f"boxd at {base_url} did not answer ({detail}): check the network and "
                                  "BOXD_BASE_URL, then try again", box=box, operation=operation)

@@ -17,8 +17,10 @@ import sys
 import tarfile
 import tempfile
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -239,6 +241,15 @@ def test_faults_never_duplicate_a_machine(world: World) -> None:
     assert not [m for m in world.machines() if m["labels"].get("io.agentbox.id") == spec.box_id]
 
 
+class _NotBoxd(SimpleHTTPRequestHandler):
+    """A plain HTTP/1 web server: what a wrong base URL may point at."""
+
+    seen: list[str] = []
+
+    def log_message(self, format: str, *args: object) -> None:
+        self.seen.append(format % args)
+
+
 def test_bad_input_says_what_to_do_and_makes_nothing(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
     from boxd import Boxd
 
@@ -254,6 +265,19 @@ def test_bad_input_says_what_to_do_and_makes_nothing(world: World, monkeypatch: 
         world.provider(token="not-the-token").create(_spec(world, f"bk-{secrets.token_hex(3)}"))
     with pytest.raises(EngineUnreachable, match="did not answer"):
         BoxdProvider(token=world.token, base_url="http://127.0.0.1:9").list_boxes()
+    # A base URL whose host never resolves, and one where a web server that is not boxd answers.
+    with pytest.raises(EngineUnreachable, match=r"does not resolve.*check BOXD_BASE_URL"):
+        BoxdProvider(token=world.token, base_url="https://nosuch.invalid").create(_spec(world, "bu-nohost"))
+    web = ThreadingHTTPServer(("127.0.0.1", 0), _NotBoxd)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(EngineUnreachable, match=r"not boxd's API.*check BOXD_BASE_URL"):
+            BoxdProvider(token=world.token, base_url=f"http://127.0.0.1:{web.server_address[1]}").create(
+                _spec(world, "bu-web"))  # fmt: skip
+    finally:
+        web.shutdown()
+        web.server_close()
+    assert _NotBoxd.seen, "the web server was never asked"
     # A create refused for another reason than the name (FAILED_PRECONDITION): boxd's reason, not "name taken".
     world.emu.control.add_fault(method="CreateVm", action="error", code="FAILED_PRECONDITION",
                                 message="org machine quota reached")  # fmt: skip
