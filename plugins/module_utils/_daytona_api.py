@@ -42,6 +42,8 @@ try:
         Image,
         ListSandboxesQuery,
         Resources,
+        SandboxListSortDirection,
+        SandboxListSortField,
         SessionExecuteRequest,
     )
 
@@ -57,6 +59,7 @@ except ImportError as exc:  # pragma: no cover - reported when the provider is u
     DaytonaAuthenticationError = DaytonaConflictError = DaytonaConnectionError = None  # type: ignore[assignment,misc]
     DaytonaNotFoundError = DaytonaSessionEndedError = FileUpload = Image = None  # type: ignore[assignment,misc]
     ListSandboxesQuery = Resources = SessionExecuteRequest = None  # type: ignore[assignment,misc]
+    SandboxListSortDirection = SandboxListSortField = None  # type: ignore[assignment,misc]
 
 try:
     import httpx

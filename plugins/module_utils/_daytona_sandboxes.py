@@ -34,6 +34,8 @@ from ._daytona_api import (
     Image,
     ListSandboxesQuery,
     Resources,
+    SandboxListSortDirection,
+    SandboxListSortField,
     backoff_delay,
     is_api_error,
     is_retryable,
@@ -221,8 +223,13 @@ class DaytonaSandboxes(DaytonaSnapshots):
         wanted = {label("kind"): "box"}
         if project:
             wanted[label("project")] = project
+        # Oldest first by creation: the service's default order (last activity, newest first) moves a box used
+        # while the pages are fetched ahead of the keyset cursor, and the listing would miss it. A creation
+        # time never changes; a box made meanwhile comes on the last page.
+        query = ListSandboxesQuery(labels=wanted, sort=SandboxListSortField.CREATEDAT,
+                                   order=SandboxListSortDirection.ASC)  # fmt: skip
         found = self.api_call(
-            lambda: list(self.sdk.list(ListSandboxesQuery(labels=wanted), request_timeout=API_TIMEOUT)),
+            lambda: list(self.sdk.list(query, request_timeout=API_TIMEOUT)),
             box=None,
             operation="list boxes",
         )

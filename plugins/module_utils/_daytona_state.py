@@ -129,8 +129,9 @@ def snapshot_usable(snapshot: Any) -> bool:
 
 def live_sandboxes(items: Any) -> list[Any]:
     """The sandboxes of a listing that are boxes: ghosts dropped, each id once. Daytona's list is eventually
-    consistent and paged by a keyset cursor over last activity, so a sandbox whose activity moved while the
-    pages were fetched can come twice; the later reading is kept."""
+    consistent and paged by a keyset cursor; a sandbox whose sort value moved while the pages were fetched can
+    come twice (the provider lists by creation time, which does not move; this is the guard); the later
+    reading is kept."""
     by_id: dict[str, Any] = {}
     for item in items:
         if is_ghost(item):

@@ -31,6 +31,7 @@ RUNTIME_SETTINGS = (
     "throttle_window_seconds",
     "toolbox_as_image_user",
     "lookup_cache_seconds",
+    "list_page_size",
 )
 
 
@@ -74,6 +75,9 @@ class EmulatorConfig:
     # As Daytona: GET /sandbox/{idOrName} answers from a lookup cache kept this long (10 s), cleared by an update
     # of the sandbox but not by its insert (lookup_cache.py). 0: every get reads the current sandbox.
     lookup_cache_seconds: float = 10.0
+    # Sandboxes a list page holds when the client names no limit (Daytona: 100). A small page makes a few
+    # sandboxes span pages, as an account with more than a page of them does.
+    list_page_size: int = 100
     # A sandbox shows up in list() this long after create, and lingers there this long after delete.
     list_lag_seconds: float = LIST_LAG_SECONDS
     # Toolbox calls running longer than this are cut by the "proxy", like Daytona's ~5 minute cut.
@@ -118,6 +122,10 @@ def validate_runtime_setting(name: str, value: Any) -> Any:
     if name in ("toolbox_as_image_user", "rename_deleted", "build_cache"):
         if not isinstance(value, bool):
             raise ValueError(f"{name} must be true or false")
+        return value
+    if name == "list_page_size":
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 200:
+            raise ValueError("list_page_size must be a whole number from 1 to 200")
         return value
     if name == "proxy_cut_mode":
         if value not in ("504", "drop"):

@@ -901,7 +901,7 @@ class Emulator:
                 raise ApiError(400, f"labels must be a JSON object: {exc}") from exc
             if not isinstance(labels, dict):
                 raise ApiError(400, "labels must be a JSON object")
-        limit = min(_query_int(query, "limit", 100, minimum=1), 200)
+        limit = min(_query_int(query, "limit", self.config.list_page_size, minimum=1), 200)
         # Keyset pages, as Daytona's search does: sorted by a field (default: last activity, newest first) and
         # the id, the cursor is the (value, id) of the last item sent. A sandbox whose sort value changes
         # between two pages moves: it can be missed, or come twice.

@@ -8,6 +8,8 @@ A rule (JSON) has:
            "drop_after"  do the work, then close the connection without answering (an ambiguous failure)
            "truncate"    do the work, send the headers and half of the body, then close (a drop mid-call)
            "delay"       only wait `delay` seconds, then answer normally
+           "hold"        wait until the rule is released (POST /_emulator/faults/{id}/release, or its removal),
+                         then answer normally: a test acts while a client's call is in flight, on an event
   status   for "status" (default 500); body defaults to the API's error envelope
   delay    seconds to wait before the action (any action)
   times    how many matching calls the rule fires for (default 1; 0 means every call)
@@ -22,7 +24,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-ACTIONS = ("status", "drop", "drop_after", "truncate", "delay")
+ACTIONS = ("status", "drop", "drop_after", "truncate", "delay", "hold")
+# A held request is let go after this long even if nobody releases it (a test that failed first).
+HOLD_LIMIT_SECONDS = 300.0
 
 
 class FaultRuleError(ValueError):
@@ -43,6 +47,7 @@ class FaultRule:
     skip: int = 0
     matched: int = 0
     fired: int = 0
+    released: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._path_re = re.compile(self.path)
@@ -62,6 +67,7 @@ class FaultRule:
             "id": self.rule_id, "method": self.method, "path": self.path, "action": self.action,
             "status": self.status, "body": self.body, "headers": self.headers, "delay": self.delay,
             "times": self.times, "skip": self.skip, "matched": self.matched, "fired": self.fired,
+            "released": self.released.is_set(),
             "remaining": None if self.times == 0 else max(0, self.times - self.fired),
         }
 
@@ -123,15 +129,29 @@ class FaultInjector:
                 return rule
         return None
 
+    def release(self, rule_id: int) -> bool:
+        """Let the requests a "hold" rule holds (and any it would hold later) go on."""
+        with self._lock:
+            rule = next((rule for rule in self._rules if rule.rule_id == rule_id), None)
+        if rule is None:
+            return False
+        rule.released.set()
+        return True
+
     def remove(self, rule_id: int) -> bool:
         with self._lock:
-            before = len(self._rules)
-            self._rules = [rule for rule in self._rules if rule.rule_id != rule_id]
-            return len(self._rules) != before
+            kept = [rule for rule in self._rules if rule.rule_id != rule_id]
+            gone = [rule for rule in self._rules if rule.rule_id == rule_id]
+            self._rules = kept
+        for rule in gone:
+            rule.released.set()  # a removed rule holds nothing any more
+        return bool(gone)
 
     def clear(self) -> None:
         with self._lock:
-            self._rules.clear()
+            gone, self._rules = self._rules, []
+        for rule in gone:
+            rule.released.set()
 
     def to_json(self) -> list[dict[str, Any]]:
         with self._lock:

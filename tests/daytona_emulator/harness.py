@@ -87,6 +87,10 @@ class EmulatorAdmin:
     def add_fault(self, **rule: Any) -> dict[str, Any]:
         return self._call("POST", "/faults", rule)[0]
 
+    def release_fault(self, rule_id: int) -> None:
+        """The requests a "hold" rule holds go on."""
+        self._call("POST", f"/faults/{rule_id}/release")
+
     def remove_fault(self, rule_id: int) -> None:
         self._call("DELETE", f"/faults/{rule_id}")
 

@@ -24,7 +24,7 @@ from . import habits
 from .core import Emulator
 from .errors import SOURCE_PROXY, ApiError, Reply, error_body, reason_phrase
 from .events import SocketIOSession, accept_key
-from .faults import FaultRule, FaultRuleError
+from .faults import HOLD_LIMIT_SECONDS, FaultRule, FaultRuleError
 
 LOG = logging.getLogger("daytona_emulator.http")
 PREVIEW_FETCH = (
@@ -222,6 +222,8 @@ class RequestHandler(BaseHTTPRequestHandler):
                 return Reply(rule.status, fault_body, headers=rule.headers)
             if rule.action == "drop":
                 raise _Dropped()
+            if rule.action == "hold":
+                rule.released.wait(HOLD_LIMIT_SECONDS)
 
         def work() -> Reply:
             if path.startswith("/api/"):
@@ -434,6 +436,11 @@ def admin(emulator: Emulator, method: str, path: str, query: dict[str, list[str]
         if method == "DELETE":
             emulator.faults.clear()
             return Reply(204)
+    match = re.fullmatch(r"/faults/(\d+)/release", route)
+    if match and method == "POST":
+        if not emulator.faults.release(int(match.group(1))):
+            raise ApiError(404, f"no fault rule {match.group(1)}")
+        return Reply(204)
     match = re.fullmatch(r"/faults/(\d+)", route)
     if match and method == "DELETE":
         if not emulator.faults.remove(int(match.group(1))):

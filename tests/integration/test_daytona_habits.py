@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
 import tarfile
+import textwrap
+import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import docker
 import pytest
@@ -26,6 +31,8 @@ from tests.daytona_emulator.config import DESIRED_STATE_SECONDS
 pytestmark = pytest.mark.integration
 
 IMAGE = "agentbox/box:latest"
+REPO = Path(__file__).resolve().parents[2]
+VENV_BIN = REPO / ".venv" / "bin"
 
 
 class Emu:
@@ -43,12 +50,11 @@ class Emu:
         return Daytona(DaytonaConfig(api_key=self.api_key, api_url=self.api_url))
 
 
-def spec(name: str, box_id: str | None = None, image: str = IMAGE):
+def spec(name: str, box_id: str | None = None, image: str = IMAGE, project: str = "c" * 16):
     from ansible_collections.agentbox.box.plugins.module_utils import _naming
     from ansible_collections.agentbox.box.plugins.module_utils._provider import BoxSpec
 
     box_id = box_id or uuid.uuid4().hex[:8]
-    project = "c" * 16
     labels = _naming.box_labels(box=name, box_id=box_id, project=project, workspace="/nowhere", branch="",
                                 image_fingerprint="", provider="daytona", engine="test")  # fmt: skip
     return BoxSpec(name=name, box_id=box_id, project=project, workspace="/nowhere", image=image, labels=labels)
@@ -323,6 +329,108 @@ def test_deleted_sandboxes_linger_as_ghosts_that_are_no_boxes(emu: Emu, desired_
         ]
     finally:
         provider.destroy(name)
+
+
+@pytest.fixture
+def small_pages(emu: Emu) -> Iterator[None]:
+    """A list page holds one sandbox, so a few boxes span pages as more than 100 do on Daytona."""
+    emu.admin.set_config(list_page_size=1)
+    try:
+        yield
+    finally:
+        emu.admin.set_config(list_page_size=100)
+
+
+def _service_order(emu: Emu, project: str) -> list[str]:
+    """The project's boxes in the service's own order (its default sort, by last activity), in one page."""
+    from ansible_collections.agentbox.box.plugins.module_utils._naming import label
+
+    query = urllib.parse.urlencode({"labels": json.dumps({label("project"): project}), "limit": 100})
+    return [item["name"] for item in _api(emu, "GET", f"/sandbox?{query}")["items"]]
+
+
+def _list_while_boxes_move(emu: Emu, listing: Callable[[], object], busy: Callable[[], None]) -> object:
+    """listing() in a thread; its second page request is held until busy() has run, then let go."""
+    rule = emu.admin.add_fault(method="GET", path="^/api/sandbox$", action="hold", skip=1, times=1)
+    answer: dict[str, object] = {}
+    worker = threading.Thread(target=lambda: answer.update(result=listing()), daemon=True)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not next(r for r in emu.admin.faults() if r["id"] == rule["id"])["fired"]:
+            assert worker.is_alive() and time.monotonic() < deadline, "the listing never asked for a second page"
+            time.sleep(0.1)  # polling the rule's count, not synchronising on time
+        busy()  # between the first page and the second
+    finally:
+        emu.admin.release_fault(rule["id"])
+    worker.join(300)
+    assert "result" in answer, "the listing did not finish"
+    return answer["result"]
+
+
+def test_boxes_moving_between_pages_mid_listing_are_listed_once(emu: Emu, small_pages: None, tmp_path) -> None:
+    """Daytona pages its sandbox list by a keyset cursor over last activity; activity while the pages are
+    fetched moves a box across the cursor, so a listing that follows the cursor naively misses it (or meets
+    it twice). Every box is used between the first page and the next: the provider's listing and the
+    inventory still show each box exactly once."""
+    provider = emu.provider()
+    project = uuid.uuid4().hex[:16]
+    names = [unique(f"pg{n}") for n in range(3)]
+    try:
+        for name in names:
+            provider.create(spec(name, project=project))
+        deadline = time.monotonic() + 60
+        while sorted(before := _service_order(emu, project)) != sorted(names):  # the list catches up
+            assert time.monotonic() < deadline, f"the list never showed all three boxes: {before}"
+            time.sleep(0.2)  # polling the list, not synchronising on time
+
+        def use_every_box() -> None:  # in the service's order: the order turns round
+            for name in before:
+                assert provider.exec(name, ["true"]).rc == 0
+
+        since = emu.admin.requests()[-1]["seq"]
+        listed = _list_while_boxes_move(emu, lambda: emu.provider().list_boxes(project=project), use_every_box)
+        assert _service_order(emu, project) == list(reversed(before))  # the boxes did move
+        pages = [r for r in emu.admin.requests(since) if r["method"] == "GET" and r["path"] == "/api/sandbox"]
+        assert len(pages) >= len(names)  # one box a page: the listing really spanned pages
+        assert sorted(box.name for box in listed) == sorted(names)
+
+        # The inventory, its raw listing read back from its cache: each box once there too.
+        cache = tmp_path / "cache"
+        inventory = tmp_path / "fleet.agentbox.yml"
+        inventory.write_text(textwrap.dedent(f"""\
+            plugin: agentbox.box.boxes
+            local: false
+            agent_state: false
+            cache: true
+            cache_plugin: ansible.builtin.jsonfile
+            cache_connection: {cache}
+            daytona:
+              api_url: {emu.api_url}
+            """))
+        env = {"PATH": f"{VENV_BIN}:/usr/bin:/bin", "HOME": str(tmp_path), "DAYTONA_API_KEY": emu.api_key,
+               "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "AGENTBOX_IDLE_INTERVAL": "0"}
+
+        def run_inventory() -> subprocess.CompletedProcess:
+            return subprocess.run([str(VENV_BIN / "ansible-inventory"), "-i", str(inventory), "--list"], cwd=REPO,
+                                  env=env, capture_output=True, text=True, check=False)  # fmt: skip
+
+        def use_every_box_again() -> None:
+            for name in _service_order(emu, project):
+                assert provider.exec(name, ["true"]).rc == 0
+
+        done = _list_while_boxes_move(emu, run_inventory, use_every_box_again)
+        assert done.returncode == 0, done.stderr[-3000:]
+        hosts = json.loads(done.stdout)["_meta"]["hostvars"]
+        assert set(names) <= set(hosts)
+        (cached,) = [json.loads(path.read_text()) for path in cache.iterdir()]
+        if isinstance(cached.get("__payload__"), str):  # ansible-core 2.19 wraps the value it caches
+            cached = json.loads(cached["__payload__"])
+        raw = [box["name"] for source in cached["sources"] for box in source["boxes"]]
+        assert sorted(name for name in raw if name in names) == sorted(names)
+    finally:
+        for name in names:
+            provider.destroy(name)
 
 
 @pytest.fixture
