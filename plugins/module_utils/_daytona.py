@@ -98,7 +98,7 @@ class DaytonaProvider(DaytonaSandboxes, Provider):
         **options: Any,
     ):
         """`options`: the sandbox settings DaytonaSandboxes takes (retries, exec_slice, idle_timeout,
-        auto_stop, auto_archive, disk, network, auto_delete), passed on as given: one list, there."""
+        auto_stop, auto_archive, disk, network, auto_delete, retry_deadline), passed on as given: one list, there."""
         self._api_key = api_key or os.environ.get("DAYTONA_API_KEY") or None
         super().__init__(api_url, target, **options)
 

@@ -244,6 +244,8 @@ class DaytonaAPI:
     def __init__(self, api_url: str, retries: int):
         self.api_url = api_url
         self.retries = retries
+        # All the retries of one call end within this many seconds (lowered by tests through the provider).
+        self.retry_deadline = RETRY_DEADLINE_SECONDS
         self.sandboxes: dict[str, Any] = {}
 
     @property
@@ -251,11 +253,16 @@ class DaytonaAPI:
         """The SDK client; the provider keeps one per process."""
         raise NotImplementedError
 
-    def api_error(self, exc: BaseException, box: str | None, operation: str, attempts: int = 1) -> ProviderError:
-        """A ProviderError that says what failed, for which box, and what to do."""
+    def api_error(
+        self, exc: BaseException, box: str | None, operation: str, attempts: int = 1, deadline: float | None = None
+    ) -> ProviderError:
+        """A ProviderError that says what failed, for which box, and what to do; `deadline`: the retries
+        stopped because the next wait would have passed the overall retry deadline (seconds)."""
         status = status_of(exc)
         detail = str(exc).strip() or type(exc).__name__
         tries = f" after {attempts} attempts" if attempts > 1 else ""
+        if deadline is not None:
+            tries += f" (retrying would pass the {deadline:g} s retry deadline)"
         if (HAS_DAYTONA and isinstance(exc, DaytonaAuthenticationError)) or status == 401:
             return DaytonaCallError(
                 f"the Daytona API at {self.api_url} refused the API key (401): check DAYTONA_API_KEY "
@@ -307,7 +314,7 @@ class DaytonaAPI:
     ) -> Any:
         """fn() with bounded retries (idempotent calls only) and errors turned into ProviderError."""
         attempt = 0
-        deadline = time.monotonic() + RETRY_DEADLINE_SECONDS
+        deadline = time.monotonic() + self.retry_deadline
         while True:
             try:
                 return fn()
@@ -318,10 +325,12 @@ class DaytonaAPI:
                     raise
                 retry = (retry_on or is_retryable)(exc) and idempotent
                 delay = backoff_delay(attempt, exc)
-                if retry and attempt < self.retries and time.monotonic() + delay <= deadline:
-                    time.sleep(delay)
-                    attempt += 1
-                    continue
+                if retry and attempt < self.retries:
+                    if time.monotonic() + delay <= deadline:
+                        time.sleep(delay)
+                        attempt += 1
+                        continue
+                    raise self.api_error(exc, box, operation, attempt + 1, self.retry_deadline) from exc
                 raise self.api_error(exc, box, operation, attempt + 1) from exc
 
     # -- sandboxes ------------------------------------------------------------------------------

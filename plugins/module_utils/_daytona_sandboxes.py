@@ -111,6 +111,7 @@ class DaytonaSandboxes(DaytonaSnapshots):
         disk: int | None = None,
         network: str | None = None,
         auto_delete: int | None = None,
+        retry_deadline: float | None = None,
         **_ignored: Any,
     ):
         slice_env = env_minutes("AGENTBOX_DAYTONA_EXEC_SLICE", None, "seconds")
@@ -140,6 +141,8 @@ class DaytonaSandboxes(DaytonaSnapshots):
             source = "network" if network is not None else "AGENTBOX_DAYTONA_NETWORK"
             raise ProviderError(f"{source}={raw_network!r}: {exc}") from exc
         self._auto_delete = auto_delete  # minutes stopped before Daytona deletes the box; 0: ephemeral
+        if retry_deadline is not None:  # the tests' shorter deadline; the collection keeps the default
+            self.retry_deadline = float(retry_deadline)
 
     def _facts(self, sandbox: Any, web_url: str | None = None) -> BoxFacts:
         labels = strip_labels(dict(sandbox.labels or {}))

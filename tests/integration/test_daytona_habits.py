@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import tarfile
 import textwrap
@@ -285,6 +286,32 @@ def test_rate_limits_are_waited_out_as_the_throttler_asks(emu: Emu) -> None:
     finally:
         emu.admin.set_config(throttle_limits={})
         provider.destroy(name)
+
+
+def test_retries_stop_at_the_retry_deadline_when_rate_limits_never_end(emu: Emu) -> None:
+    """Every answer is a 429 asking, as Daytona's throttler does, for a 2 s wait (`Retry-After-<throttler>`
+    only): the retries stop at the overall deadline (10 s here) whatever the retry count allows, and the error
+    says so, with the attempts made and the wait asked for."""
+    from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
+
+    provider = emu.provider(retries=1000, retry_deadline=10)
+    name = unique("ddl")
+    emu.admin.add_fault(method="GET", path=f"^/api/sandbox/{name}$", action="status", status=429, times=0,
+                        headers={"Retry-After-authenticated": "2", "X-RateLimit-Remaining-authenticated": "0"})  # fmt: skip
+    since = max((entry["seq"] for entry in emu.admin.requests()), default=0)
+    began = time.monotonic()
+    with pytest.raises(ProviderError) as refused:
+        provider.find(name)
+    spent = time.monotonic() - began
+    message = str(refused.value)
+    found = re.search(r"Daytona answered 429 after (\d+) attempts \(retrying would pass the 10 s retry deadline\)",
+                      message)  # fmt: skip
+    assert found and "it asks to wait 2 s" in message, message
+    attempts = int(found.group(1))
+    assert 2 <= attempts <= 6, message  # each retry waited the 2 s asked: at most 1 + 10 / 2 attempts fit
+    served = [r for r in emu.admin.requests(since) if r["path"] == f"/api/sandbox/{name}"]
+    assert len(served) == attempts and all(r["status"] == 429 for r in served)
+    assert spent < 10 + 90  # the deadline and the last call's own time, not 1000 retries
 
 
 def test_configuration_ignores_dotenv_files_in_the_working_directory(emu: Emu, tmp_path, monkeypatch) -> None:
