@@ -257,17 +257,7 @@ def _run_restore(restore: _Restore, jobs: list[dict[str, Any]], host_roots: dict
             provider.put_archive(box, outcome["physical"], tar_of_paths(host_root, missing))
         if existing:
             paths = sorted(existing)
-            hashed = (
-                _git.git(
-                    host_root,
-                    "hash-object",
-                    "--no-filters",
-                    "--stdin-paths",
-                    input_bytes="\n".join(paths).encode(),
-                )
-                .stdout.decode()
-                .split()
-            )
+            hashed = _restore_program.blob_ids(host_root, paths)  # the box's report hashes the same way
             for path, host_hash in zip(paths, hashed, strict=False):
                 if host_hash == existing[path]:
                     identical += 1  # the box already has the host's file: carried, with nothing to copy

@@ -10,6 +10,7 @@ this source with inspect.getsource, which works from Ansiballz's zip too (the lo
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -306,6 +307,27 @@ def stage_host_index(job: dict[str, Any], cwd: str, conflicts: list[dict[str, st
         git(cwd, "update-index", "-z", "--index-info", data=b"".join(entries))
 
 
+def blob_ids(cwd: str, paths: list[str]) -> list[str]:
+    """git's blob id of each path as it stands, raw bytes (as `hash-object --no-filters`), a symlink by its
+    target text as git stores it. Not `hash-object --stdin-paths`: it follows links (a dangling one fails)
+    and splits a name holding a newline."""
+    configured = git(cwd, "config", "--get", "extensions.objectFormat", check=False).stdout.decode().strip()
+    ids = []
+    for path in paths:
+        full = os.path.join(cwd, path)
+        digest = hashlib.new(configured.lower() or "sha1")
+        if os.path.islink(full):
+            target = os.fsencode(os.readlink(full))
+            digest.update(b"blob %d\0" % len(target) + target)
+        else:
+            digest.update(b"blob %d\0" % os.path.getsize(full))
+            with open(full, "rb") as handle:
+                for chunk in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(chunk)
+        ids.append(digest.hexdigest())
+    return ids
+
+
 def untracked_report(job: dict[str, Any], cwd: str) -> tuple[dict[str, str], list[str]]:
     existing, blocked = [], []
     for path in job["untracked"]:
@@ -317,8 +339,7 @@ def untracked_report(job: dict[str, Any], cwd: str) -> tuple[dict[str, str], lis
             existing.append(path)
     hashes = {}
     if existing:
-        out = git(cwd, "hash-object", "--no-filters", "--stdin-paths", data="\n".join(existing).encode()).stdout.split()
-        hashes = dict(zip(existing, (h.decode() for h in out)))  # noqa: B905  (as above)
+        hashes = dict(zip(existing, blob_ids(cwd, existing)))  # noqa: B905  (as above)
     return hashes, blocked
 
 

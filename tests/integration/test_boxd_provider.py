@@ -26,8 +26,9 @@ from pathlib import Path
 import pytest
 
 from tests.boxd_emulator import running_emulator
-from tests.conftest import REPO
-from tests.integration.test_daytona_provider import _box_tree, _make_workspace, _tree
+from tests.conftest import REPO, chown_tree, git
+from tests.integration.test_daytona_provider import _box_tree, _tree
+from tests.unit.test_workflows_seed import torture_workspace
 
 pytestmark = pytest.mark.integration
 
@@ -90,14 +91,30 @@ def world(box_image: str) -> Iterator[World]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+# The carried git state, compared byte for byte: staged (with renames), unstaged, and the status of every path.
+GIT_STATE = {
+    "staged": ("diff", "--cached", "--binary", "-M"),
+    "unstaged": ("diff", "--binary"),
+    "status": ("status", "--porcelain=v1", "-z", "-uall"),
+}
+
+
+def _git_state(run) -> dict[str, str]:
+    return {key: run(*argv) for key, argv in GIT_STATE.items()}
+
+
 @pytest.fixture(scope="module")
 def created(world: World) -> dict:
-    ws = _make_workspace(world)
+    ws = torture_workspace(world.root)  # the seed tests' workspace: odd names, links, staged vs unstaged
+    chown_tree(ws)
+    host_git = _git_state(lambda *argv: git(ws, *argv))
     done = world.playbook("create_box.yml", f"workspace={ws}", f"box={world.box}")
     host = _tree(ws)
     box = _box_tree(world, world.box, world.root / "box-tree")
-    status = world.provider().exec(world.box, ["git", "-C", "/workspace", "status", "--porcelain"]).check("status")
-    return {"workspace": ws, "stdout": done.stdout, "host_tree": host, "box_tree": box, "status": status.text}
+    provider = world.provider()
+    box_git = _git_state(lambda *argv: provider.exec(world.box, ["git", "-C", "/workspace", *argv]).check(argv[0]).text)
+    return {"workspace": ws, "stdout": done.stdout, "host_tree": host, "box_tree": box, "host_git": host_git,
+            "box_git": box_git}  # fmt: skip
 
 
 def _spec(world: World, name: str, **extra):
@@ -117,15 +134,17 @@ def test_create_box_playbook_seeds_a_machine_byte_identically(world: World, crea
     assert len(mine) == 1 and mine[0]["status"] == "running", mine
     assert mine[0]["labels"]["io.agentbox.branch"] == f"agentbox/{world.box}"
     host = dict(created["host_tree"])
-    host.pop("debug.log")  # ignored by git: never carried
+    host.pop("ignored.log")  # ignored by git: never carried
     box = created["box_tree"]
     assert sorted(box) == sorted(host)
     for rel, (kind, mode, content) in host.items():
         assert box[rel][0] == kind and box[rel][2] == content, rel
         if kind == "file":
             assert oct(box[rel][1]) == oct(mode), rel
-    status = created["status"]
-    assert " M README.md" in status and "old.txt" in status and "after.txt" in status and "?? notes/" in status
+    for key in GIT_STATE:
+        assert created["box_git"][key] == created["host_git"][key], key
+    status = created["host_git"]["status"]
+    assert "R  new_name.txt\x00old_name.txt" in status and "MM staged.txt" in status and "?? new/dangling" in status, status
 
 
 def test_box_state_and_inventory_connection(world: World, created: dict) -> None:
@@ -330,8 +349,8 @@ def test_checkpoint_restored_into_a_new_box(world: World, created: dict) -> None
     assert provider.find(world.box).state == "running"  # a live snapshot: the box was never stopped
     snapshots = [s for s in world.emu.control.state()["snapshots"] if f"-{name}-" in s]
     assert len(snapshots) == 1
-    (created["workspace"] / "notes/after-checkpoint.md").write_text("later\n")
-    os.chown(created["workspace"] / "notes/after-checkpoint.md", 1000, 1000)
+    (created["workspace"] / "new/after-checkpoint.md").write_text("later\n")
+    os.chown(created["workspace"] / "new/after-checkpoint.md", 1000, 1000)
     restored = f"{world.box}-r"
     try:
         world.playbook("create_box.yml", f"workspace={created['workspace']}", f"box={restored}", f"checkpoint={name}")
@@ -339,12 +358,12 @@ def test_checkpoint_restored_into_a_new_box(world: World, created: dict) -> None
         assert facts is not None and facts.checkpoint == name and facts.state == "running"
         assert provider.exec(restored, ["cat", "/workspace/warm.txt"]).stdout == b"warm\n"
         assert provider.exec(restored, ["cat", "/home/vscode/.cache/x/c"]).stdout == b"c\n"
-        assert provider.exec(restored, ["cat", "/workspace/notes/after-checkpoint.md"]).stdout == b"later\n"
+        assert provider.exec(restored, ["cat", "/workspace/new/after-checkpoint.md"]).stdout == b"later\n"
         head = provider.exec(restored, ["git", "-C", "/workspace", "symbolic-ref", "--short", "HEAD"]).text.strip()
         assert head == f"agentbox/{restored}"
     finally:
         world.playbook("destroy_box.yml", f"box={restored}", check=False)
-        (created["workspace"] / "notes/after-checkpoint.md").unlink()
+        (created["workspace"] / "new/after-checkpoint.md").unlink()
     assert provider.find(restored) is None
     store = provider.checkpoint_store()
     found = store.find(facts.project, name)

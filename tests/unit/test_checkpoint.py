@@ -438,3 +438,24 @@ def test_restore_registers_nested_repositories_inside_the_baked_root(tmp_path: P
     assert git(home / "new", "symbolic-ref", "--short", "HEAD") == "agentbox/new"
     assert (home / "new" / "lib" / "node_modules" / "x.js").read_text() == "warm\n"
     assert git(source / "lib", "symbolic-ref", "--short", "HEAD") == "agentbox/src"
+
+
+def test_blob_ids_are_gits_own_for_links_dangling_links_and_odd_names(tmp_path: Path) -> None:
+    """Untracked files the box and the host both have are compared by blob id: git's own id of what is
+    there, a symlink by its target text (a dangling one too), a name holding a newline as one path."""
+    from ansible_collections.agentbox.box.plugins.module_utils._restore_program import blob_ids
+
+    repo = tmp_path / "r"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    write(repo / "a.txt", "a\n")
+    (repo / "new\nline.txt").write_bytes(b"\0bin\r\nary")
+    (repo / "dangling").symlink_to("nowhere")
+    (repo / "link").symlink_to("a.txt")
+    paths = ["a.txt", "new\nline.txt", "dangling", "link"]
+    git(repo, "add", "-A")
+    staged = {}  # path -> the blob id git stored for it: "<mode> <id> <stage>\t<path>"
+    for entry in filter(None, git(repo, "ls-files", "-s", "-z").split("\0")):
+        meta, path = entry.split("\t", 1)
+        staged[path] = meta.split(" ")[1]
+    assert blob_ids(str(repo), paths) == [staged[path] for path in paths]
