@@ -257,7 +257,9 @@ def _run_restore(restore: _Restore, jobs: list[dict[str, Any]], host_roots: dict
             provider.put_archive(box, outcome["physical"], tar_of_paths(host_root, missing))
         if existing:
             paths = sorted(existing)
-            hashed = _restore_program.blob_ids(host_root, paths)  # the box's report hashes the same way
+            hash_name = _git.git(host_root, "config", "--get", "extensions.objectFormat", check=False)
+            hashed = _restore_program.blob_ids(  # the box's report hashes the same way
+                host_root, paths, hash_name.stdout.decode().strip().lower() or "sha1")
             for path, host_hash in zip(paths, hashed, strict=False):
                 if host_hash == existing[path]:
                     identical += 1  # the box already has the host's file: carried, with nothing to copy

@@ -307,15 +307,21 @@ def stage_host_index(job: dict[str, Any], cwd: str, conflicts: list[dict[str, st
         git(cwd, "update-index", "-z", "--index-info", data=b"".join(entries))
 
 
-def blob_ids(cwd: str, paths: list[str]) -> list[str]:
+def object_format(cwd: str) -> str:
+    """The repository's hash ('sha1' unless extensions.objectFormat says otherwise), read by the box's git."""
+    configured = git(cwd, "config", "--get", "extensions.objectFormat", check=False).stdout.decode().strip()
+    return configured.lower() or "sha1"
+
+
+def blob_ids(cwd: str, paths: list[str], hash_name: str) -> list[str]:
     """git's blob id of each path as it stands, raw bytes (as `hash-object --no-filters`), a symlink by its
     target text as git stores it. Not `hash-object --stdin-paths`: it follows links (a dangling one fails)
-    and splits a name holding a newline."""
-    configured = git(cwd, "config", "--get", "extensions.objectFormat", check=False).stdout.decode().strip()
+    and splits a name holding a newline. `hash_name`: the repository's object_format (each side asks its
+    own git: the host through its hardened wrapper)."""
     ids = []
     for path in paths:
         full = os.path.join(cwd, path)
-        digest = hashlib.new(configured.lower() or "sha1")
+        digest = hashlib.new(hash_name)
         if os.path.islink(full):
             target = os.fsencode(os.readlink(full))
             digest.update(b"blob %d\0" % len(target) + target)
@@ -339,7 +345,7 @@ def untracked_report(job: dict[str, Any], cwd: str) -> tuple[dict[str, str], lis
             existing.append(path)
     hashes = {}
     if existing:
-        hashes = dict(zip(existing, blob_ids(cwd, existing)))  # noqa: B905  (as above)
+        hashes = dict(zip(existing, blob_ids(cwd, existing, object_format(cwd))))  # noqa: B905  (as above)
     return hashes, blocked
 
 

@@ -443,7 +443,7 @@ def test_restore_registers_nested_repositories_inside_the_baked_root(tmp_path: P
 def test_blob_ids_are_gits_own_for_links_dangling_links_and_odd_names(tmp_path: Path) -> None:
     """Untracked files the box and the host both have are compared by blob id: git's own id of what is
     there, a symlink by its target text (a dangling one too), a name holding a newline as one path."""
-    from ansible_collections.agentbox.box.plugins.module_utils._restore_program import blob_ids
+    from ansible_collections.agentbox.box.plugins.module_utils._restore_program import blob_ids, object_format
 
     repo = tmp_path / "r"
     repo.mkdir()
@@ -458,4 +458,4 @@ def test_blob_ids_are_gits_own_for_links_dangling_links_and_odd_names(tmp_path: 
     for entry in filter(None, git(repo, "ls-files", "-s", "-z").split("\0")):
         meta, path = entry.split("\t", 1)
         staged[path] = meta.split(" ")[1]
-    assert blob_ids(str(repo), paths) == [staged[path] for path in paths]
+    assert blob_ids(str(repo), paths, object_format(str(repo))) == [staged[path] for path in paths]
