@@ -178,7 +178,7 @@ try:
         EngineUnreachable,
         ProviderError,
     )
-    from ansible_collections.agentbox.box.plugins.module_utils._registry import provider_settings
+    from ansible_collections.agentbox.box.plugins.module_utils._registry import provider_settings, where
     from ansible_collections.agentbox.box.plugins.plugin_utils._filetar import (
         NotARegularFile,
         extract_single_file,
@@ -235,9 +235,7 @@ class Connection(ConnectionBase):
         return provider_settings(self._provider_name, self.get_option)  # the registry's one table
 
     def _where(self) -> str:
-        if self._provider_name == "docker":
-            return f"box {self._box!r} (local engine)"
-        return f"box {self._box!r} ({self._provider_name} on {self._engine})"
+        return f"box {self._box!r} ({where(self._provider_name, self._engine)})"
 
     # -- connect ------------------------------------------------------------------------------
     def _connect(self) -> Connection:
@@ -343,7 +341,7 @@ class Connection(ConnectionBase):
         return posixpath.normpath(posixpath.join("/", to_text(path, errors="surrogate_or_strict")))
 
     def _ids(self, user: str) -> tuple[int, int]:
-        if user in KNOWN_IDS and self._provider_name in ("docker", "docker_ssh"):
+        if user in KNOWN_IDS and self._provider.image_user_ids:
             return KNOWN_IDS[user]
         key = (self._provider_name, self._engine, self._box, user)
         if key not in _ID_CACHE:

@@ -188,13 +188,16 @@ def write_wake_launcher() -> bool:
     )
 
 
-def waking_proxy_command(direct: list[str], facts: BoxFacts, options: dict[str, Any]) -> str:
+def waking_proxy_command(
+    direct: list[str], facts: BoxFacts, options: dict[str, Any], environment: dict[str, str] | None = None
+) -> str:
     """The ProxyCommand: `direct` (the box's sshd through the engine), and only when it fails, the wake
-    launcher, which resumes or starts the box and runs `direct` again. A running box pays one `sh`."""
+    launcher, which resumes or starts the box and runs `direct` again. A running box pays one `sh`.
+    `options` and `environment` are the provider's reopen_options and reopen_environment."""
     line = " ".join(shlex.quote(word) for word in direct)
     wake = [wake_launcher_path(), facts.provider, facts.engine, facts.name, json.dumps(options, sort_keys=True), "--"]
-    if facts.provider == "docker" and os.environ.get("DOCKER_HOST"):
-        wake = ["env", f"DOCKER_HOST={os.environ['DOCKER_HOST']}", *wake]  # the engine `direct` names with -H
+    if environment:  # ssh runs the proxy with the user's login environment, which may lack it (a DOCKER_HOST)
+        wake = ["env", *(f"{key}={value}" for key, value in sorted(environment.items())), *wake]
     inner = f"{line} || exec {' '.join(shlex.quote(word) for word in wake)} {line}"
     return " ".join(_config_quote(word) for word in ["sh", "-c", inner])
 
@@ -305,7 +308,7 @@ def box_ready(provider: Provider, facts: BoxFacts) -> Access:
     access.warnings += route.warnings
     access.expires_at = route.expires_at
     write_wake_launcher()
-    proxy = waking_proxy_command(route.argv, facts, provider.reopen_options())
+    proxy = waking_proxy_command(route.argv, facts, provider.reopen_options(), provider.reopen_environment())
     write_known_host(facts.name, host_key)
     write_entry(facts.name, entry_text(facts, proxy, [path for path, _line in keys]))
     access.keys = [path for path, _line in keys]
@@ -403,9 +406,9 @@ def remote_ssh_uri(box: str, folder: str = "/workspace") -> str:
     return f"vscode-remote://ssh-remote+{alias(box)}{folder}"
 
 
-def attach_uri(facts: BoxFacts, ide: str) -> str:
-    """The Dev Containers URI for a local box in VS Code or Cursor; Remote-SSH for the others."""
-    if ide in EDITORS and facts.provider == "docker":
+def attach_uri(provider: Provider, facts: BoxFacts, ide: str) -> str:
+    """The Dev Containers URI for a box on this machine's engine in VS Code or Cursor; Remote-SSH otherwise."""
+    if ide in EDITORS and provider.attaches_dev_containers:
         return dev_container_uri(facts)
     return remote_ssh_uri(facts.name)
 

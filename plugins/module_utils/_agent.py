@@ -287,13 +287,9 @@ def current(states: list[dict[str, Any]]) -> dict[str, Any] | None:
     return max(sessions, key=lambda entry: entry.get("since") or "")
 
 
-def attach_command(facts: BoxFacts, session: str) -> str:
-    inner = f"tmux attach -t {shlex.quote(session)}"
-    if facts.provider == "docker":
-        return f"docker exec -it -u vscode {facts.container} {inner}"
-    if facts.provider == "docker_ssh":
-        return f"docker -H ssh://{facts.engine} exec -it -u vscode {facts.container} {inner}"
-    return f"ssh -t agentbox-{facts.name} {inner}"
+def attach_command(provider: Provider, facts: BoxFacts, session: str) -> str:
+    """The line a user types on this machine to watch the agent's tmux session."""
+    return provider.terminal_command(facts, f"tmux attach -t {shlex.quote(session)}")
 
 
 def agents_of(provider: Provider, names: list[str]) -> dict[str, dict[str, Any] | None]:

@@ -38,7 +38,7 @@ def run_agent_task(params: dict[str, Any], provider: Provider, check_mode: bool)
             f"no box called {name!r} on engine {provider.engine}: create it first "
             f"(ansible-playbook playbooks/create_box.yml -e box={name})"
         )
-    result: dict[str, Any] = {"changed": False, "session": session, "attach": _agent.attach_command(facts, session)}
+    result: dict[str, Any] = {"changed": False, "session": session, "attach": _agent.attach_command(provider, facts, session)}
     if params["state"] == "stopped":
         states = _agent.read_states(provider, name) if facts.state == "running" else []
         mine = next((s for s in states if s["session"] == session), None)

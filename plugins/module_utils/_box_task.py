@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _box, _carry_env, _daytona_options, _git, _gitlayer, _journal, _naming, _rollback, _seed
+from . import _box, _carry_env, _daytona_options, _git, _gitlayer, _journal, _naming, _registry, _rollback, _seed
 from ._module import PROVIDER_ARGUMENT_SPEC, provider_from_params
 
 BOX_ARGUMENT_SPEC: dict[str, Any] = {
@@ -68,7 +68,7 @@ def run_box_task(params: dict[str, Any], check_mode: bool) -> tuple[dict[str, An
         _naming.validate_box_name(name)
     elif state not in ("present", "started"):
         raise ValueError(f"'name' is required with state={state}")
-    provider = provider_from_params(params, **_daytona_options.provider_options(params))
+    provider = provider_from_params(params, **_registry.box_options(params))
     if not name or state in ("stopped", "paused"):
         return _run(provider, params, name, state, check_mode, None, warnings)
     # Create and destroy of a named box hold its journal's lock: a run killed half-way is found

@@ -26,9 +26,6 @@ import sys
 import threading
 from typing import Any
 
-from ._boxd_pipe import PIPE_MODULE as PIPE_MODULE  # pylint: disable=useless-import-alias,unused-import
-from ._boxd_pipe import launcher_path as launcher_path  # pylint: disable=useless-import-alias,unused-import
-from ._boxd_pipe import write_launcher as write_launcher  # pylint: disable=useless-import-alias,unused-import
 from ._registry import get_provider
 from ._shell_line import command_line
 from ._ssh_proxy import SSHD

@@ -44,21 +44,8 @@ def network_text(value: Any) -> str | None:
 BOXD_OPTIONS = ("disk", "network")
 
 
-def provider_options(params: dict[str, Any]) -> dict[str, Any]:
-    """The provider keyword arguments for agentbox_box's cloud options (Daytona's, and boxd's disk and network);
-    ValueError when one is bad or given for a provider that cannot honour it."""
-    given = sorted(key for key in BOX_OPTIONS if params.get(key) is not None)
-    if not given:
-        return {}
-    if params.get("provider") == "boxd" and set(given) <= set(BOXD_OPTIONS):
-        return boxd_options(params)
-    if params.get("provider") != "daytona":
-        cannot = [key for key in given if params.get("provider") != "boxd" or key not in BOXD_OPTIONS]
-        raise ValueError(
-            f"{', '.join(cannot)} can only be set for Daytona boxes (provider: daytona)"
-            f"{'' if set(cannot) - set(BOXD_OPTIONS) else ' and boxd boxes (provider: boxd)'}; "
-            f"drop {'them' if len(cannot) > 1 else 'it'} for provider {params.get('provider')}"
-        )
+def daytona_options(params: dict[str, Any]) -> dict[str, Any]:
+    """DaytonaProvider's keyword arguments for agentbox_box's cloud options; ValueError when one is bad."""
     options: dict[str, Any] = {}
     if params.get("network") is not None:
         text = network_text(params["network"])

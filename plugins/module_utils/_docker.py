@@ -193,6 +193,7 @@ class DockerProvider(Provider):
     """Boxes as containers. `engine` is 'local' or an SSH destination (provider docker_ssh)."""
 
     shares_host_filesystem = True
+    image_user_ids = True
 
     def __init__(self, engine: str | None = None, ssh_options: dict[str, Any] | None = None, **_ignored: Any):
         self._engine = engine or "local"
@@ -202,6 +203,9 @@ class DockerProvider(Provider):
         self.relay_channel = "socket" if self._engine == "local" else "tunnel"
         self.transfers_images = self._engine != "local"  # a remote engine gets the local engine's images
         self.thread_safe_client = self._engine == "local"
+        # A remote engine publishes on its own 127.0.0.1; an editor attaches to this machine's engine only.
+        self.port_urls = "published" if self._engine == "local" else "forwarded"
+        self.attaches_dev_containers = self._engine == "local"
         self._ssh_options = ssh_options or {}
         # The per-task calls go straight to the engine's socket when the standard library can
         # reach it (the local engine without TLS); otherwise the SDK makes them too.
@@ -228,6 +232,25 @@ class DockerProvider(Provider):
         # The relay and the wake may run with another environment: keep the SSH settings this one used.
         config_file = ssh_config_file(self._ssh_options.get("config_file"))
         return {"engine": self._engine, "ssh_options": {**self._ssh_options, "config_file": config_file}}
+
+    def reopen_environment(self) -> dict[str, str]:
+        docker_host = os.environ.get("DOCKER_HOST")
+        return {"DOCKER_HOST": docker_host} if self._engine == "local" and docker_host else {}
+
+    def terminal_command(self, facts: BoxFacts, command: str) -> str:
+        engine = "" if self._engine == "local" else f"-H ssh://{self._engine} "
+        return f"docker {engine}exec -it -u vscode {facts.container} {command}"
+
+    def forward_port(self, name: str, published: int, local_port: int | None) -> tuple[int, int]:
+        if self._engine == "local":
+            return super().forward_port(name, published, local_port)  # published on this machine already
+        from . import _ssh  # the SSH transport is loaded only for boxes on remote engines
+
+        return _ssh.start_forward_daemon(self._engine, published, local_port or 0, **self._ssh_options)
+
+    def discard(self) -> None:
+        self.close()
+        forget_client(self._engine)
 
     def ssh_proxy(self, name: str) -> SshProxy:
         from . import _ssh_proxy
@@ -584,13 +607,12 @@ class DockerProvider(Provider):
 
     def exec_bounded(self, name: str, argv: list[str], limit: int, *, user: str = BOX_USER) -> ExecResult:
         """exec reading at most `limit` bytes of output on the direct client (the local engine)."""
-        if self._direct is None:
+        direct = self._direct
+        if direct is None:
             return super().exec_bounded(name, argv, limit, user=user)
         try:
-            with self._engine_call(name, "exec") as engine:
-                if not isinstance(engine, EngineAPI):
-                    raise AssertionError("exec_bounded reads through the direct client only")
-                rc, stdout, stderr = engine.exec(container_name(name), argv, user=user, max_output=limit)
+            with self._engine_call(name, "exec"):  # its error mapping; the read itself stops at `limit`
+                rc, stdout, stderr = direct.exec(container_name(name), argv, user=user, max_output=limit)
         except OutputTooLarge as exc:
             raise OutputTooLarge(str(exc), box=name) from exc
         return ExecResult(rc=rc, stdout=stdout, stderr=stderr)

@@ -157,10 +157,16 @@ class Provider(abc.ABC):
     snapshot_stops_box: bool = False
     #: The provider's client may serve several threads at once (the local engine): per-box probes run side by side.
     thread_safe_client: bool = False
-    #: How a port of a box is reached from this machine: 'published' (a port on the engine's 127.0.0.1, listed in
-    #: BoxFacts.ports), 'signed' (preview_url signs a URL that expires) or 'exposed' (preview_url answers the
-    #: public URL of a port the box exposed at create, which does not expire).
+    #: How a port of a box is reached from this machine: 'published' (a port on this machine's 127.0.0.1, listed
+    #: in BoxFacts.ports), 'forwarded' (a port on a remote engine's 127.0.0.1, listed in BoxFacts.ports and reached
+    #: through forward_port), 'signed' (preview_url signs a URL that expires) or 'exposed' (preview_url answers
+    #: the public URL of a port the box exposed at create, which does not expire).
     port_urls: str = "published"
+    #: The box is a container on this machine's Docker engine: an editor's Dev Containers extension attaches to it.
+    attaches_dev_containers: bool = False
+    #: Boxes run the collection's image unchanged, so a user's ids are the image's (vscode 1000:1000, root 0:0)
+    #: and the connection plugin need not ask the box.
+    image_user_ids: bool = False
     #: The SSH access a proxy carries runs out (a Daytona gateway token): when ssh is refused on a running box,
     #: the alias's wake asks the provider for new access instead of starting the box.
     ssh_access_expires: bool = False
@@ -280,6 +286,25 @@ class Provider(abc.ABC):
     def ssh_proxy(self, name: str) -> SshProxy:
         """How `ssh agentbox-<name>` reaches the box's sshd (the box runs and has its host key)."""
         raise ProviderError(f"`ssh agentbox-<box>` does not reach {self.name} boxes", box=name, operation="SSH access")
+
+    def terminal_command(self, facts: BoxFacts, command: str) -> str:
+        """The shell line that runs `command` (shell text) as the box user on this machine's terminal."""
+        return f"ssh -t agentbox-{facts.name} {command}"  # the alias access.yml writes (_ssh_proxy.alias)
+
+    def forward_port(self, name: str, published: int, local_port: int | None) -> tuple[int, int]:
+        """For port_urls 'forwarded': start a forward of the engine's port `published` to this machine's
+        127.0.0.1 (`local_port`, or a free one). Returns (pid of the forward, local port)."""
+        raise ProviderError(f"the {self.name!r} provider forwards no ports", box=name, operation="port forward")
+
+    def reopen_environment(self) -> dict[str, str]:
+        """Environment variables (never a secret) another process needs to reach the same engine, with
+        reopen_options: what this process was told outside its options (a DOCKER_HOST)."""
+        return {}
+
+    def discard(self) -> None:
+        """Drop this provider after its engine failed: close it and any connection shared with other
+        providers of the same engine in this process, so the next one connects afresh."""
+        self.close()
 
     def reopen_options(self) -> dict[str, Any]:
         """The settings with which another process on this machine (the relay, the SSH alias's wake) makes a

@@ -89,6 +89,15 @@ CLOUD_SETTINGS: dict[str, tuple[Setting, ...]] = {
 }
 # The providers whose engine is an SSH destination, with the SSH settings of the modules and plugins.
 SSH_ENGINE_PROVIDERS = ("docker_ssh",)
+# The providers whose boxes live on a Docker engine named by `engine` ('local' or an SSH destination).
+ENGINE_PROVIDERS = ("docker", *SSH_ENGINE_PROVIDERS)
+
+
+def where(provider: str, engine: str | None) -> str:
+    """How a message names where a box lives: 'local engine', or '<provider> on <engine>'."""
+    if provider in ENGINE_PROVIDERS and (engine or "local") == "local":
+        return "local engine"
+    return f"{provider} on {engine}"
 
 
 def cloud_settings(provider: str, given: Callable[[Setting], Any]) -> dict[str, Any]:
@@ -115,6 +124,32 @@ def provider_settings(provider: str, option: Callable[[str], Any]) -> dict[str, 
         ssh = ssh_engine_options(option("ssh_private_key_file"), option("ssh_strict_host_key_checking"))
         return {"ssh_options": ssh} if ssh else {}
     return cloud_settings(provider, lambda setting: option(setting.option))
+
+
+def box_options(params: dict[str, Any]) -> dict[str, Any]:
+    """The provider keyword arguments for agentbox_box's cloud create options (disk, network, ephemeral,
+    auto_delete); ValueError when one is bad or given for a provider that cannot honour it."""
+    from . import _daytona_options as cloud  # the checks of each provider's options (no SDK)
+
+    # provider: (the options it honours, their check, how a message names its boxes)
+    honoured: dict[str, tuple[tuple[str, ...], Callable[[dict[str, Any]], dict[str, Any]], str]] = {
+        "daytona": (tuple(cloud.BOX_OPTIONS), cloud.daytona_options, "Daytona boxes (provider: daytona)"),
+        "boxd": (cloud.BOXD_OPTIONS, cloud.boxd_options, "boxd boxes (provider: boxd)"),
+    }
+    given = sorted(key for key in cloud.BOX_OPTIONS if params.get(key) is not None)
+    if not given:
+        return {}
+    provider = params.get("provider")
+    names, check, _boxes = honoured.get(provider, ((), None, ""))
+    cannot = [key for key in given if key not in names]
+    if check is None or cannot:
+        cannot = cannot or given
+        able = [boxes for names, _check, boxes in honoured.values() if set(cannot) <= set(names)]
+        raise ValueError(
+            f"{', '.join(cannot)} can only be set for {' and '.join(able)}; "
+            f"drop {'them' if len(cannot) > 1 else 'it'} for provider {provider}"
+        )
+    return check(params)
 
 
 def get_provider(provider: str, **options: Any) -> Provider:

@@ -103,8 +103,7 @@ def _seed_record(provider: Provider, facts: BoxFacts) -> dict[str, Any] | None:
 
 
 def _provider_options(registration: dict[str, Any]) -> dict[str, Any]:
-    if registration["provider"] == "docker":
-        return {}
+    # The engine as registered ('local' for this machine's), then the provider's reopen_options.
     return {"engine": registration.get("engine"), **registration.get("options", {})}
 
 

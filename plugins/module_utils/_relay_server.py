@@ -599,22 +599,27 @@ class Relay:
 
 
 def prune_registrations(registrations: dict[str, dict[str, Any]]) -> list[str]:
-    """Forget local boxes removed without destroy_box (docker rm, another HOME): one engine listing.
+    """Forget socket boxes (this machine's engine) removed without destroy_box (docker rm, another HOME):
+    one listing per engine they live on.
 
     A registration younger than REGISTRATION_GRACE may belong to a create in progress; it stays.
     """
-    local = {box_id: r for box_id, r in registrations.items() if r.get("provider") == "docker"}
+    local = {box_id: r for box_id, r in registrations.items() if _relay_state.channel_of(r) == "socket"}
     old = {box_id for box_id, r in local.items()
            if time.time() - float(r.get("registered_at", 0)) > _relay_state.REGISTRATION_GRACE}
-    if not old:
-        return []
-    from ._docker import DockerProvider
-
-    provider = DockerProvider()
-    try:
-        alive = {facts.id for facts in provider.list_boxes()}
-    finally:
-        provider.close()
+    by_engine: dict[str, dict[str, Any]] = {}
+    for box_id in old:
+        registration = local[box_id]
+        key = json.dumps([registration.get("provider"), registration.get("engine"), registration.get("options")],
+                         sort_keys=True)  # fmt: skip
+        by_engine.setdefault(key, registration)
+    alive: set[str] = set()
+    for registration in by_engine.values():
+        provider = _relay_ops.provider_of(registration)
+        try:
+            alive |= {facts.id for facts in provider.list_boxes()}
+        finally:
+            provider.close()
     gone = sorted(old - alive)
     for box_id in gone:
         LOG.info("box %s (%s) no longer exists: forgetting it", local[box_id]["name"], box_id)

@@ -155,7 +155,7 @@ def _task(module: AnsibleModule) -> dict:
         "box": facts.to_dict(),
         "alias": _access.alias(name),
         "ssh_config": _access.ssh_config_path(),
-        "uri": _access.attach_uri(facts, params["ide"]),
+        "uri": _access.attach_uri(provider, facts, params["ide"]),
         "editor": None if params["ide"] == "print" else _access.editor_command(params["ide"]),
         "include_line": _access.include_line(),
         "included": included,

@@ -119,18 +119,14 @@ def _task(module: AnsibleModule) -> dict:
             f"box {name!r} does not publish port {port} (it publishes {', '.join(sorted(facts.ports)) or 'none'}): "
             "ports are published when the box is created (agentbox_box ports: [...])"
         )
-    if provider.name == "docker":
+    if provider.port_urls == "published":  # on this machine's 127.0.0.1 already
         result.update(url=f"http://127.0.0.1:{published}/", local_port=published)
         return result
     result["changed"] = True
     if module.check_mode:
         result["url"] = None
         return result
-    from ansible_collections.agentbox.box.plugins.module_utils import _ssh
-
-    pid, local_port = _ssh.start_forward_daemon(
-        facts.engine, published, params["local_port"], **getattr(provider, "ssh_options", {})
-    )
+    pid, local_port = provider.forward_port(name, published, params["local_port"])
     result.update(url=f"http://127.0.0.1:{local_port}/", local_port=local_port, pid=pid)
     return result
 

@@ -21,7 +21,7 @@ import threading
 from typing import Any
 
 from ansible_collections.agentbox.box.plugins.module_utils._provider import Provider
-from ansible_collections.agentbox.box.plugins.module_utils._registry import get_provider
+from ansible_collections.agentbox.box.plugins.module_utils._registry import ENGINE_PROVIDERS, get_provider
 
 # Host variables the inventory sets and the connection plugin reads (its `vars:` entries).
 VAR_BOX = "agentbox_box"
@@ -52,7 +52,7 @@ def provider_for(provider: str, engine: str | None = None, options: dict[str, An
         if found is not None:
             return found
     kwargs: dict[str, Any] = dict(options or {})
-    if provider in ("docker", "docker_ssh"):
+    if provider in ENGINE_PROVIDERS:
         kwargs["engine"] = None if (engine or LOCAL_ENGINE) == LOCAL_ENGINE else engine
     made = get_provider(provider, **kwargs)
     with _LOCK:
@@ -66,14 +66,7 @@ def forget_provider(provider: str, engine: str | None = None, options: dict[str,
     if found is not None:
         # A broken provider must not hide the error that got us here.
         with contextlib.suppress(Exception):
-            found.close()
-        if provider in ("docker", "docker_ssh"):
-            try:
-                from ansible_collections.agentbox.box.plugins.module_utils._docker import forget_client
-
-                forget_client(found.engine)
-            except ImportError:
-                pass
+            found.discard()
 
 
 def make_unsafe(value: Any) -> Any:

@@ -294,8 +294,9 @@ def test_port_forward_to_a_box_port(fleet, tmp_path):
                     if time.monotonic() > deadline:
                         raise
                     time.sleep(0.3)
-        # A forward that outlives its caller (what a module run would leave for the user).
-        pid, local_port = _ssh.start_forward_daemon(fleet.engines[0].alias, engine_port)
+        # A forward that outlives its caller (what agentbox_forward leaves for the user), as the module asks it.
+        assert provider.port_urls == "forwarded"
+        pid, local_port = provider.forward_port(name, engine_port, None)
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{local_port}/token", timeout=10) as answer:
                 assert answer.read().decode().strip() == token

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.agentbox.box.plugins.module_utils import _access
+from ansible_collections.agentbox.box.plugins.module_utils._docker import DockerProvider
 from ansible_collections.agentbox.box.plugins.module_utils._provider import BoxFacts
 from ansible_collections.agentbox.box.plugins.module_utils._relay_state import code_root, module_argv
 
@@ -138,15 +139,16 @@ def test_proxy_commands(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_attach_uris(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    local = facts("fix-login")
-    uri = _access.attach_uri(local, "vscode")
+    local, here = facts("fix-login"), DockerProvider()
+    uri = _access.attach_uri(here, local, "vscode")
     payload = uri.removeprefix("vscode-remote://attached-container+").removesuffix("/workspace")
     assert json.loads(bytes.fromhex(payload)) == {"containerName": "/agentbox-fix-login"}
-    assert _access.attach_uri(local, "ssh") == "vscode-remote://ssh-remote+agentbox-fix-login/workspace"
+    assert _access.attach_uri(here, local, "ssh") == "vscode-remote://ssh-remote+agentbox-fix-login/workspace"
     remote = facts("fix-login", engine="builder1", provider="docker_ssh")
-    assert _access.attach_uri(remote, "cursor") == "vscode-remote://ssh-remote+agentbox-fix-login/workspace"
+    there = DockerProvider(engine="builder1")
+    assert _access.attach_uri(there, remote, "cursor") == "vscode-remote://ssh-remote+agentbox-fix-login/workspace"
     monkeypatch.setenv("DOCKER_HOST", "tcp://127.0.0.1:2375")
-    payload = _access.attach_uri(local, "cursor").split("+", 1)[1].removesuffix("/workspace")
+    payload = _access.attach_uri(here, local, "cursor").split("+", 1)[1].removesuffix("/workspace")
     assert json.loads(bytes.fromhex(payload))["settings"] == {"host": "tcp://127.0.0.1:2375"}
 
 
@@ -177,6 +179,19 @@ def test_waking_proxy_command_runs_the_wake_only_when_the_direct_command_fails(h
     # No launcher written yet (no box made from this HOME): the wake is tried, and says what is missing.
     tried = as_ssh_runs(failing)
     assert tried.returncode == 127 and "agentbox-wake" in tried.stderr
+
+
+def test_wake_gets_the_engine_this_process_was_pointed_at(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ssh runs the proxy with the login environment: a DOCKER_HOST given to the task reaches the wake."""
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    assert DockerProvider().reopen_environment() == {}
+    monkeypatch.setenv("DOCKER_HOST", "unix:///run/user/1000/docker.sock")
+    environment = DockerProvider().reopen_environment()
+    assert environment == {"DOCKER_HOST": "unix:///run/user/1000/docker.sock"}
+    assert DockerProvider(engine="builder1").reopen_environment() == {}  # its engine is in reopen_options
+    proxy = _access.waking_proxy_command(["false"], facts("b1"), {}, environment)
+    assert "|| exec env DOCKER_HOST=unix:///run/user/1000/docker.sock " in proxy
+    assert "env DOCKER_HOST" not in _access.waking_proxy_command(["false"], facts("b1"), {}, {})
 
 
 def plant(directory: Path) -> Path:
@@ -214,13 +229,13 @@ def test_host_launchers_never_import_from_their_current_directory(home: Path, mo
 
 
 def test_both_host_launchers_are_written_once_0700_and_never_import_from_their_current_directory(home: Path) -> None:
-    from ansible_collections.agentbox.box.plugins.module_utils import _boxd_ssh
+    from ansible_collections.agentbox.box.plugins.module_utils import _boxd_pipe
 
     marker = plant(home / "hostile")
     env = {key: value for key, value in os.environ.items() if not key.startswith("PYTHON")}
     for write_launcher, path, usage in (
         (_access.write_wake_launcher, _access.wake_launcher_path(), "usage: agentbox-wake"),
-        (_boxd_ssh.write_launcher, _boxd_ssh.launcher_path(), "usage: agentbox-boxd-pipe"),
+        (_boxd_pipe.write_launcher, _boxd_pipe.launcher_path(), "usage: agentbox-boxd-pipe"),
     ):
         assert write_launcher()
         assert not write_launcher()  # the same text: left alone

@@ -10,7 +10,10 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.agentbox.box.plugins.module_utils import _agent
+from ansible_collections.agentbox.box.plugins.module_utils._docker import DockerProvider
 from ansible_collections.agentbox.box.plugins.module_utils._provider import BoxFacts
+
+from .fake_provider import FakeProvider
 
 
 def facts(provider: str = "docker", engine: str = "local") -> BoxFacts:
@@ -81,12 +84,15 @@ def test_state_files_from_the_box_are_untrusted() -> None:
     assert _agent.current([good, later]) == later
 
 
-def test_attach_command_per_provider() -> None:
-    assert _agent.attach_command(facts(), "claude") == "docker exec -it -u vscode agentbox-fix-login tmux attach -t claude"
-    remote = _agent.attach_command(facts("docker_ssh", "root@127.0.0.1:2201"), "codex")
+def test_attach_command_per_provider(tmp_path: Path) -> None:
+    local = _agent.attach_command(DockerProvider(), facts(), "claude")
+    assert local == "docker exec -it -u vscode agentbox-fix-login tmux attach -t claude"
+    engine = "root@127.0.0.1:2201"
+    remote = _agent.attach_command(DockerProvider(engine=engine), facts("docker_ssh", engine), "codex")
     assert remote == "docker -H ssh://root@127.0.0.1:2201 exec -it -u vscode agentbox-fix-login tmux attach -t codex"
-    assert _agent.attach_command(facts("daytona", "https://api"), "claude") == (
-        "ssh -t agentbox-fix-login tmux attach -t claude")  # fmt: skip
+    # A provider without a terminal of its own (Daytona, boxd, the fake) is reached through the SSH alias.
+    cloud = _agent.attach_command(FakeProvider(tmp_path), facts("daytona", "https://api"), "it's")
+    assert cloud == "ssh -t agentbox-fix-login tmux attach -t 'it'\"'\"'s'"
 
 
 def test_git_identity_is_the_workspace_effective_name_and_email_only(tmp_path: Path) -> None:

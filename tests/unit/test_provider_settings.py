@@ -4,6 +4,10 @@ inventory's options. A new cloud provider is one entry in the table plus its doc
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
+import pytest
 import yaml
 
 from ansible_collections.agentbox.box.plugins.connection import box as connection_plugin
@@ -13,6 +17,7 @@ from ansible_collections.agentbox.box.plugins.module_utils._module import PROVID
 from ansible_collections.agentbox.box.plugins.module_utils._registry import (
     CLOUD_SETTINGS,
     PROVIDERS,
+    box_options,
     cloud_settings,
     provider_settings,
 )
@@ -54,3 +59,48 @@ def test_docker_settings() -> None:
     given = {"ssh_private_key_file": "/k", "ssh_strict_host_key_checking": False}
     assert provider_settings("docker_ssh", given.get) == {
         "ssh_options": {"private_key_file": "/k", "strict_host_key_checking": False}}  # fmt: skip
+
+
+def provider_name_tests(source: str) -> list[str]:
+    """Comparisons of something with a provider's name (`facts.provider == "docker"`, `name in ("docker",
+    "docker_ssh")`): what differs between providers is asked of the provider (its capabilities) instead."""
+    names = set(PROVIDERS)
+
+    def names_one(node: ast.AST) -> bool:
+        if isinstance(node, ast.Constant):
+            return node.value in names
+        return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(names_one(item) for item in node.elts)
+
+    return [
+        f"{node.lineno}: {ast.unparse(node)}"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Compare) and any(names_one(side) for side in (node.left, *node.comparators))
+    ]
+
+
+def test_no_code_branches_on_a_provider_name() -> None:
+    assert provider_name_tests('if facts.provider == "docker":\n    pass') == ["1: facts.provider == 'docker'"]
+    assert provider_name_tests("ok = name in ('daytona', 'boxd')") == ["1: name in ('daytona', 'boxd')"]
+    assert provider_name_tests("ok = provider in ENGINE_PROVIDERS") == []  # a registry table is the way
+    plugins = Path(__file__).resolve().parents[2] / "plugins"
+    found = {
+        str(path.relative_to(plugins)): tests
+        for path in sorted(plugins.rglob("*.py"))
+        if (tests := provider_name_tests(path.read_text()))
+    }
+    assert found == {}
+
+
+def test_cloud_box_options_are_checked_against_the_provider_that_honours_them() -> None:
+    assert box_options({"provider": "docker"}) == {}
+    assert box_options({"provider": "boxd", "disk": 20, "network": ["github.com"]}) == {
+        "disk": 20, "egress_allow": ["github.com"]}  # fmt: skip
+    assert box_options({"provider": "daytona", "ephemeral": True}) == {"auto_delete": 0}
+    with pytest.raises(ValueError, match=r"^disk, network can only be set for Daytona boxes \(provider: daytona\) "
+                       r"and boxd boxes \(provider: boxd\); drop them for provider docker$"):  # fmt: skip
+        box_options({"provider": "docker", "disk": 5, "network": "block_all"})
+    with pytest.raises(ValueError, match=r"^ephemeral can only be set for Daytona boxes \(provider: daytona\); "
+                       r"drop it for provider boxd$"):  # fmt: skip
+        box_options({"provider": "boxd", "ephemeral": True, "disk": 5})
+    with pytest.raises(ValueError, match="boxd has no block_all"):
+        box_options({"provider": "boxd", "network": "block_all"})
