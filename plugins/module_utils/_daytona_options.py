@@ -109,10 +109,15 @@ def boxd_options(params: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
+def is_ephemeral(sandbox: Any) -> bool:
+    """Daytona deletes the sandbox the moment it stops (auto-delete interval 0)."""
+    return getattr(sandbox, "auto_delete_interval", None) == 0
+
+
 def refuse_if_ephemeral(sandbox: Any, box: str, operation: str) -> None:
     """Daytona deletes an ephemeral sandbox (auto-delete 0) the moment it stops: a pause, a stop or a
     checkpoint (which stops the box) would destroy the agent's work, so they are refused."""
-    if getattr(sandbox, "auto_delete_interval", None) == 0:
+    if is_ephemeral(sandbox):
         raise ProviderError(
             "the box is ephemeral: Daytona deletes it as soon as it stops, so it cannot be paused, stopped or "
             "checkpointed. Destroy it (state: absent) when done, or create boxes without ephemeral to keep them",

@@ -44,7 +44,7 @@ from ._daytona_api import (
 )
 from ._daytona_exec import BOX_USER, DEFAULT_EXEC_SLICE
 from ._daytona_idle import DEFAULT_IDLE_MINUTES, IDLE_LABEL
-from ._daytona_options import env_minutes, refuse_if_ephemeral, refuse_other_region
+from ._daytona_options import env_minutes, is_ephemeral, refuse_if_ephemeral, refuse_other_region
 from ._daytona_snapshots import DaytonaSnapshots
 from ._daytona_state import (
     FAILED_STATES,
@@ -162,6 +162,7 @@ class DaytonaSandboxes(DaytonaSnapshots):
             labels=labels,
             checkpoint=labels.get("checkpoint") or None,
             web_url=web_url,
+            ephemeral=is_ephemeral(sandbox),
         )
 
     def _owned(self, sandbox: Any, name: str) -> Any:

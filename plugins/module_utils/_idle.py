@@ -33,6 +33,8 @@ from ._provider import BoxFacts, Provider, ProviderError
 
 DEFAULTS: dict[str, Any] = {"max_running": 5, "idle_minutes": 5.0, "stop_after_hours": 12.0, "include_agentless": False}
 ACTIVE = ("working", "waiting")
+EPHEMERAL_REASON = ("ephemeral: the engine deletes it as soon as it stops, so it is left to the engine's own "
+                    "auto-stop (never paused or stopped by the idle policy)")  # fmt: skip
 WEB_PORT = 80
 
 # Runs in the box after the agent states are read (the same exec); prints one line:
@@ -121,7 +123,8 @@ def plan(
     connection on its web port (`activity`, see parse_activity); idle time runs from the later of the
     agent's idle `since` and the last terminal input. An agentless box (no agent, or its agent stopped)
     only with include_agentless, after every idle one. Paused boxes: stop those paused longer than
-    stop_after_hours (by `paused_since`, keyed by record_key).
+    stop_after_hours (by `paused_since`, keyed by record_key). Ephemeral boxes (facts `ephemeral`) are kept
+    and not counted: the engine deletes them when they stop, its own auto-stop ends them.
     """
     activity = activity or {}
     settings = validate(settings)
@@ -135,6 +138,11 @@ def plan(
                                  "agent_state": agent["state"] if agent else None,
                                  "idle_seconds": None, "paused_seconds": None}  # fmt: skip
         decisions.append(entry)
+        if facts.get("ephemeral"):
+            # A pause or stop would delete it (the engine deletes it as it stops): outside the policy and its
+            # running cap, left to the engine's own auto-stop.
+            entry["reason"] = EPHEMERAL_REASON
+            continue
         if facts["state"] == "paused":
             since = paused_since.get(record_key(facts))
             paused = max(0.0, now - since) if since is not None else None
@@ -275,7 +283,8 @@ def run_pass(
         # The relay's scope: only the boxes registered with it (this user's), never others on a shared engine.
         found = [facts for facts in found if facts.id in box_ids]
     boxes = [facts.to_dict() for facts in found]
-    observed = observe(provider, [b["name"] for b in boxes if b["state"] == "running"], now)
+    # Not an ephemeral box: the plan leaves it alone, and an exec would reset the engine's auto-stop that ends it.
+    observed = observe(provider, [b["name"] for b in boxes if b["state"] == "running" and not b["ephemeral"]], now)
     agents = {name: agent for name, (agent, _seen) in observed.items()}
     activity = {name: seen for name, (_agent_state, seen) in observed.items()}
     for facts in found:

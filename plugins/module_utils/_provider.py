@@ -118,6 +118,9 @@ class BoxFacts:
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
     checkpoint: str | None = None
     web_url: str | None = None
+    # The engine deletes the box as soon as it stops (a Daytona box made with `ephemeral`): the idle policies
+    # leave it to the engine's own auto-stop, since a pause or stop from here would delete it.
+    ephemeral: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -19,7 +19,8 @@ description:
     terminal input in the box, open C(ssh agentbox-<box>) sessions and open connections to the web port, all read
     in one exec per running box and checked on the host; see docs/idle.md.
   - The same policy runs in the relay every 30 seconds (docs/idle.md). On Daytona a pause stops and archives the
-    sandbox, as before.
+    sandbox, as before. An ephemeral Daytona box (deleted as soon as it stops) is kept and not counted toward
+    O(max_running); Daytona's own auto-stop ends it.
 author:
   - agentbox.box developers (@agentbox)
 extends_documentation_fragment:

@@ -18,6 +18,8 @@ description:
     the newest of the two; a file under C(/workspace) changed within the timeout also counts as activity."
   - A box with neither a heartbeat file nor a tmux window has B(no idle signal) and is never paused (an attached
     shell with no agent must not be stopped under its user).
+  - An ephemeral box (Daytona deletes it as soon as it stops) is skipped, never paused; Daytona's own auto-stop
+    ends it.
   - A box's timeout is its C(io.agentbox.idle_timeout) label (minutes; set at create from C(AGENTBOX_IDLE_TIMEOUT)
     on Daytona), unless O(idle_timeout) overrides it. A box with neither is left alone unless
     O(default_idle_timeout) is given.
@@ -111,6 +113,7 @@ from ansible_collections.agentbox.box.plugins.module_utils._daytona_idle import 
     IDLE_PROBE_SCRIPT,
     idle_decision,
 )
+from ansible_collections.agentbox.box.plugins.module_utils._idle import EPHEMERAL_REASON
 from ansible_collections.agentbox.box.plugins.module_utils._module import (
     fail_on_errors,
     provider_from_params,
@@ -146,6 +149,9 @@ def probe(provider: Provider, box: str, timeout_minutes: float) -> dict[str, str
 
 def _one(provider: Provider, facts: BoxFacts, params: dict, check_mode: bool) -> dict:
     entry = {"name": facts.name, "state": facts.state, "idle_seconds": None, "idle_timeout": None}
+    if facts.ephemeral:
+        # A pause would delete it (Daytona deletes an ephemeral box as it stops): its own auto-stop ends it.
+        return {**entry, "action": "skipped", "reason": EPHEMERAL_REASON}
     if facts.state != "running":
         return {**entry, "action": "skipped", "reason": f"the box is {facts.state}"}
     timeout = _timeout_for(facts, params)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -156,6 +157,43 @@ def test_an_ephemeral_box_is_deleted_when_it_stops_and_never_paused(emu: Emu) ->
         assert emu.box(name=short, state="absent")["changed"] is False
     finally:
         emu.destroy(short, kept)
+
+
+def test_the_idle_policies_leave_an_ephemeral_box_to_daytona(emu: Emu) -> None:
+    """An ephemeral box idle for an hour: agentbox_reap and agentbox_idle succeed and report it left alone (a
+    pause would delete it); it is still started after both."""
+    from ansible_collections.agentbox.box.plugins.module_utils._daytona import DaytonaProvider
+
+    short = _unique("ephi")
+    provider = DaytonaProvider(api_key=emu.api_key, api_url=emu.api_url)
+    try:
+        made = emu.box(name=short, ephemeral=True)
+        assert not made["failed"], made
+        old = int(time.time()) - 3600
+        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(old))
+        # Both idle signals an hour old: the reaper's heartbeat (nothing changed under /workspace since) and the
+        # agent's own idle state, as in test_daytona_provider_reap and test_autopause_daytona.
+        script = ('mkdir -p ~/.agentbox && touch -d "@$1" ~/.agentbox/last-activity && echo x > /workspace/file && '
+                  'find /workspace -exec touch -h -d "@$1" {} + && agentbox-ctl agent-state idle --session claude && '
+                  'sed -i "s/\\"since\\": \\"[^\\"]*\\"/\\"since\\": \\"$2\\"/" '
+                  "/run/agentbox/agents/claude.state.json")  # fmt: skip
+        provider.exec(short, ["sh", "-c", script, "sh", str(old), since]).check("making the box idle")
+        reaped = run_module("agentbox_reap", {"provider": "daytona", "name": short, "idle_timeout": 1}, env=emu.env())
+        assert not reaped["failed"], reaped
+        assert reaped["paused"] == [] and reaped["boxes"][0]["action"] == "skipped", reaped
+        assert "ephemeral" in reaped["boxes"][0]["reason"], reaped
+        policy = run_module("agentbox_idle", {"provider": "daytona", "project": made["box"]["project"],
+                                              "max_running": 0, "idle_minutes": 1,
+                                              "state_file": str(emu.root / "paused.json")}, env=emu.env())  # fmt: skip
+        assert not policy["failed"], policy
+        entry = next(e for e in policy["boxes"] if e["name"] == short)
+        assert policy["paused"] == [] and entry["action"] == "keep" and "ephemeral" in entry["reason"], policy
+        # Not even read: the box is outside the policy, and an exec would reset the auto-stop that ends it.
+        assert entry["agent_state"] is None
+        assert emu.sdk().get(short).state == "started"
+    finally:
+        provider.close()
+        emu.destroy(short)
 
 
 def test_a_box_lives_in_its_region_and_its_checkpoints_restore_only_there(emu: Emu) -> None:

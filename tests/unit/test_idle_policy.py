@@ -180,3 +180,12 @@ def test_a_box_with_a_relay_request_in_flight_is_kept() -> None:
     by_name = {entry["name"]: entry for entry in decisions}
     assert by_name["d-idle10"]["action"] == "keep" and "relay" in by_name["d-idle10"]["reason"]
     assert by_name["c-idle2"]["action"] == "pause"
+
+
+def test_an_ephemeral_box_is_left_to_the_engine_and_not_counted() -> None:
+    # The longest-idle box is ephemeral (its engine deletes it as it stops): never paused, and not counted
+    # toward max_running, so the cap of 1 pauses nothing else either (c-idle2 alone runs besides it).
+    fleet = [{**box("d-idle10"), "ephemeral": True}, box("c-idle2")]
+    decisions = _idle.plan(fleet, AGENTS, {}, NOW, {"max_running": 1, "idle_minutes": 1})
+    assert actions(decisions) == {"c-idle2": "keep", "d-idle10": "keep"}
+    assert "ephemeral" in next(e for e in decisions if e["name"] == "d-idle10")["reason"]
