@@ -219,7 +219,8 @@ def chown_tree(path: Path, uid: int = BOX_UID) -> None:
 
 
 def run_module(module: str, args: dict, *, check_mode: bool = False, env: dict | None = None) -> dict:
-    """Run one of the collection's modules through ansible itself; return its JSON result."""
+    """Run one of the collection's modules through ansible itself; return its JSON result, with what ansible
+    printed on stderr (its [WARNING] lines: the task's warnings are not in the JSON) under `_stderr`."""
     argv = [str(REPO / ".venv/bin/ansible"), "localhost", "-m", f"agentbox.box.{module}", "-a", json.dumps(args)]
     if check_mode:
         argv.append("--check")
@@ -238,6 +239,7 @@ def run_module(module: str, args: dict, *, check_mode: bool = False, env: dict |
     except ValueError as exc:
         raise AssertionError(f"no JSON result from {module}: rc={result.returncode}\n{result.stdout}\n{result.stderr}") from exc
     payload["failed"] = "FAILED!" in head or "UNREACHABLE!" in head
+    payload["_stderr"] = result.stderr
     return payload
 
 

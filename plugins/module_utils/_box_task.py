@@ -191,6 +191,7 @@ def _run(
             result["access"] = created.access
             warnings.extend(created.seed.warnings if created.seed else [])
             warnings.extend((created.access or {}).get("warnings", []))
+            warnings.extend(provider.take_warnings())
     else:
         if state in ("present", "started") and existing.labels.get("seed") == "true" and existing.state == "running":
             # Its create was interrupted (on another controller, or before the journal existed).

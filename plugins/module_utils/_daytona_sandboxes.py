@@ -72,27 +72,39 @@ PREVIEW_TTL_SECONDS = 3600
 ADOPT_WAIT_SECONDS = 15.0
 
 
-def pinned_image(image: str) -> Any:
-    """What to build a sandbox from so that Daytona's build cache, keyed by the Dockerfile's text, follows the
-    image's content: `repo@sha256:<digest>` when the local engine knows the registry digest of that tag; else,
-    when it knows the image, `FROM image` plus a label naming the image id (a new id, a new Dockerfile); else
-    the reference as given (a tag that moves later may then be served from an older build)."""
-    if "@sha256:" in image:
-        return image
+def local_image_info(image: str) -> dict[str, Any] | None:
+    """The local engine's inspect of `image`; None when it has no such image or there is no engine to ask."""
     from ._engine_api import EngineAPIError, EngineUnanswered, local_engine
 
     try:
         engine = local_engine(timeout=10)
-        info = engine.inspect_image(image) if engine is not None else None
+        return engine.inspect_image(image) if engine is not None else None
     except (EngineAPIError, EngineUnanswered, OSError):
-        info = None
+        return None
+
+
+def pinned_image(
+    image: str, inspect: Callable[[str], dict[str, Any] | None] = local_image_info
+) -> tuple[Any, str | None]:
+    """What to build a sandbox from so that Daytona's build cache, keyed by the Dockerfile's text, follows the
+    image's content, and a warning when it cannot: `repo@sha256:<digest>` when the local engine knows the
+    registry digest of that tag; else, when it knows the image, `FROM image` plus a label naming the image id
+    (a new id, a new Dockerfile); else the reference as given, with a warning (a tag that moves later may then
+    be served from an older build)."""
+    if "@sha256:" in image:
+        return image, None
+    info = inspect(image)
     if not info:
-        return image
+        return image, (
+            f"image {image!r} is not on this machine's Docker engine, so it goes to Daytona by its tag, unpinned: "
+            "Daytona builds a tag once and reuses that build, so a later push under the same tag is not picked up. "
+            "Give the image by digest (repo@sha256:...), a new tag per build, or pull it here first"
+        )
     repository = image.rsplit(":", 1)[0] if ":" in image.rsplit("/", 1)[-1] else image
     for digest in info.get("RepoDigests") or []:
         if digest.split("@", 1)[0] == repository:
-            return digest
-    return Image.base(image).dockerfile_commands([f"LABEL io.agentbox.image-id={info['Id']}"])
+            return digest, None
+    return Image.base(image).dockerfile_commands([f"LABEL io.agentbox.image-id={info['Id']}"]), None
 
 
 class DaytonaSandboxes(DaytonaSnapshots):
@@ -293,7 +305,10 @@ class DaytonaSandboxes(DaytonaSnapshots):
                 memory=gib(resources["memory"]) if resources.get("memory") else None,
                 disk=self._disk or None,
             )
-        return CreateSandboxFromImageParams(image=pinned_image(spec.image), resources=sizes, **common)
+        image, warning = pinned_image(spec.image)
+        if warning:
+            self.warn(warning)
+        return CreateSandboxFromImageParams(image=image, resources=sizes, **common)
 
     def create(self, spec: BoxSpec) -> BoxFacts:
         params = self._create_params(spec)

@@ -309,6 +309,17 @@ class Provider(abc.ABC):
         providers of the same engine in this process, so the next one connects afresh."""
         self.close()
 
+    def warn(self, message: str) -> None:
+        """Leave a warning for the task's output (take_warnings hands it over)."""
+        self.pending_warnings = [*getattr(self, "pending_warnings", []), message]
+
+    def take_warnings(self) -> list[str]:
+        """The warnings the provider's calls left since the last take (e.g. a Daytona image sent by a tag that
+        may move), once: the list is emptied."""
+        taken: list[str] = getattr(self, "pending_warnings", [])
+        self.pending_warnings: list[str] = []
+        return taken
+
     def reopen_options(self) -> dict[str, Any]:
         """The settings with which another process on this machine (the relay, the SSH alias's wake) makes a
         provider for the same boxes: `get_provider(self.name, **options)`. Never a secret: that process reads

@@ -110,6 +110,22 @@ def test_disk_and_network_reach_the_sandbox(emu: Emu, registry_image: str) -> No
         emu.destroy(sealed, allowed)
 
 
+def test_an_image_the_controller_cannot_pin_is_sent_by_tag_with_a_warning(emu: Emu, registry_image: str) -> None:
+    """No Docker engine on the controller (a common Daytona setup): the image cannot be pinned to a digest or an
+    image id, so it goes by its tag and the task's output warns that a moved tag would not be picked up."""
+    name = _unique("tag")
+    try:
+        done = run_module("agentbox_box", {"name": name, "provider": "daytona", "workspace": str(emu.workspace),
+                                           "seed": False, "boot": False, "image": registry_image},
+                          env={**emu.env(), "DOCKER_HOST": f"unix://{emu.root}/no-engine.sock"})  # fmt: skip
+        assert not done["failed"], done
+        warned = " ".join(done["_stderr"].split())  # ansible wraps a long [WARNING] line
+        assert f"[WARNING]: image '{registry_image}' is not on this machine's Docker engine" in warned, warned
+        assert "unpinned" in warned, warned
+    finally:
+        emu.destroy(name)
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -97,3 +97,40 @@ def test_output_lives_on_disk_and_survives_a_resent_waiter(tmp_path) -> None:
     assert (outputs / "n1" / "out").read_bytes() == b"out" and not (control.parent / "n1.done" / "out").exists()
     subprocess.run(["sh", "-c", dt.FORGET_OUTPUTS_SCRIPT, "forget", str(control.parent)], check=True)
     assert not (outputs / "n1").exists() and not (control.parent / "n1.done").exists()
+
+
+def test_an_image_is_pinned_by_digest_by_image_id_or_sent_by_tag_with_a_warning() -> None:
+    """pinned_image's three paths. The digest path needs an image pulled from a registry (none here), so its
+    lookup is a stand-in; the image-id path and the fallback use this machine's real engine (the image-id path
+    end to end: tests/integration/test_daytona_habits.py::test_a_moved_image_tag_is_built_anew)."""
+    import uuid
+
+    import docker
+
+    from ansible_collections.agentbox.box.plugins.module_utils import _daytona_sandboxes as sb
+    from tests.daytona_emulator import TEST_IMAGE, ensure_test_image, remove_test_image
+
+    pinned = "registry.example/team/box@sha256:" + "a" * 64
+    assert sb.pinned_image(pinned) == (pinned, None)  # already a digest: no lookup at all
+    pulled = {"Id": "sha256:" + "1" * 64,
+              "RepoDigests": ["other/box@sha256:" + "b" * 64, "localhost:5000/team/box@sha256:" + "c" * 64]}  # fmt: skip
+    assert sb.pinned_image("localhost:5000/team/box:v1", lambda _image: pulled) == (
+        "localhost:5000/team/box@sha256:" + "c" * 64, None)  # fmt: skip  # the digest of its own repository
+    client = docker.from_env()
+    built = ensure_test_image(client)
+    reference = f"localhost/agentbox-pin-{uuid.uuid4().hex[:6]}/box:v1"
+    client.images.get(TEST_IMAGE).tag(*reference.rsplit(":", 1))
+    try:
+        image, warning = sb.pinned_image(reference)  # built here, never pushed: no digest, its id names it
+        assert warning is None
+        assert image.dockerfile() == f"FROM {reference}\nLABEL io.agentbox.image-id={client.images.get(reference).id}\n"
+        client.images.remove(reference)
+        image, warning = sb.pinned_image(reference)  # the engine no longer knows it: sent as given, and said so
+        assert image == reference and warning and reference in warning and "unpinned" in warning
+    finally:
+        try:
+            client.images.remove(reference, force=True)
+        except docker.errors.ImageNotFound:
+            pass
+        if built:
+            remove_test_image(client)
