@@ -561,6 +561,18 @@ def test_network_rules_disk_and_refusals_before_anything_is_made(emu: Emu) -> No
         assert sdk.get(allowed).network_allow_list == "10.0.0.0/8,192.168.1.0/24"
         assert sdk.get(big).disk == 20
         assert emu.provider().exec(sealed, ["id", "-un"]).text == "vscode\n"  # a sealed box still runs commands
+        # block_all blocks: the sealed box has loopback only and no route, and a connection out fails at once
+        # with ENETUNREACH. Tried only once the route table is seen empty, so no packet ever leaves; the box
+        # with an allow list, read the same way (reading sends nothing), has its interface and default route.
+        links = "ls /sys/class/net | tr '\\n' ' '; echo; awk 'NR > 1 {print $1, $2}' /proc/net/route"
+        assert emu.provider().exec(sealed, ["sh", "-c", links]).text == "lo \n"
+        opened = emu.provider().exec(allowed, ["sh", "-c", links]).text.splitlines()
+        assert opened[0] != "lo " and any(line.split()[1:] == ["00000000"] for line in opened[1:]), opened
+        attempt = ("import errno, socket, time\nstarted = time.monotonic()\ns = socket.socket()\ns.settimeout(5)\n"
+                   "try:\n    s.connect(('10.255.255.1', 9))\n    print('connected')\nexcept OSError as exc:\n"
+                   "    print(errno.errorcode.get(exc.errno, exc), round(time.monotonic() - started, 3))\n")  # fmt: skip
+        answer = emu.provider().exec(sealed, ["python3", "-c", attempt]).text.split()
+        assert answer[0] == "ENETUNREACH" and float(answer[1]) < 1.0, answer
     finally:
         for name in (sealed, allowed, big):
             emu.provider().destroy(name)
