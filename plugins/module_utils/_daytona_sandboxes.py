@@ -314,9 +314,15 @@ class DaytonaSandboxes(DaytonaSnapshots):
         params = self._create_params(spec)
         try:
             sandbox = self._create_once(spec, params)
-        except BaseException:
+        except ProviderError as exc:
             # A create that failed leaves nothing: e.g. the SDK's wait saw build_failed (an error without a
-            # status), after which the sandbox is adopted, found failed, and must not stay behind.
+            # status), after which the sandbox is adopted, found failed, and must not stay behind. The error
+            # says what became of it (never "destroy it": it is gone, or its delete failed and says so).
+            outcome = self._discard_own(spec)
+            if outcome:
+                exc.args = (f"{exc}; {outcome}",)  # in place: its type, box, operation and status stay
+            raise
+        except BaseException:
             self._discard_own(spec)
             raise
         try:
@@ -367,14 +373,18 @@ class DaytonaSandboxes(DaytonaSnapshots):
                 # (create() deletes what carries this box's id).
                 raise self.api_error(exc, spec.name, "create") from exc
 
-    def _discard_own(self, spec: BoxSpec) -> None:
-        """Delete the sandbox called spec.name when it is this box's (its io.agentbox.id), never another's."""
+    def _discard_own(self, spec: BoxSpec) -> str | None:
+        """Delete the sandbox called spec.name when it is this box's (its io.agentbox.id), never another's.
+        What became of it, for the create's error: None when there was none of ours."""
         try:
             sandbox = self.get_sandbox(spec.name, "create")
-            if sandbox is not None and (sandbox.labels or {}).get(label("id")) == spec.box_id:
-                self.destroy(spec.name)
-        except ProviderError:
-            pass
+            if sandbox is None or (sandbox.labels or {}).get(label("id")) != spec.box_id:
+                return None
+            self.destroy(spec.name)
+        except ProviderError as exc:
+            return (f"deleting the sandbox it made failed too ({exc}): delete the box (state: absent) before "
+                    "creating it again")  # fmt: skip
+        return "the sandbox it made was deleted, nothing is left"
 
     def _adopt(self, spec: BoxSpec, wait: float) -> Any | None:
         """The sandbox a lost create answer made, when it is this box's (same io.agentbox.id)."""
@@ -468,9 +478,10 @@ class DaytonaSandboxes(DaytonaSnapshots):
             if state in FAILED_STATES:
                 reason = getattr(sandbox, "error_reason", None) or "no reason given"
                 if state != "error" or not getattr(sandbox, "recoverable", False) or recoveries:
+                    # A create's own failure: create() deletes the sandbox and says so, so no advice here.
+                    advice = "" if operation == "create" else ": destroy it and create it again"
                     raise ProviderError(
-                        f"the sandbox is in state {state} ({reason}) and Daytona cannot recover it: destroy it "
-                        "and create it again",
+                        f"the sandbox is in state {state} ({reason}) and Daytona cannot recover it{advice}",
                         box=name,
                         operation=operation,
                     )

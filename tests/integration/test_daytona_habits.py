@@ -204,10 +204,25 @@ def test_a_failed_create_leaves_nothing(emu: Emu) -> None:
 
     provider = emu.provider()
     name = unique("bf")
-    with pytest.raises(ProviderError, match="build_failed"):
+    with pytest.raises(ProviderError, match="build_failed") as failed:
         provider.create(spec(name, image="registry.invalid/agentbox/never-built:1"))
+    # The sandbox is gone, and the error says so rather than telling the user to destroy it.
+    assert "destroy it" not in str(failed.value) and "the sandbox it made was deleted" in str(failed.value)
     assert provider.find(name) is None
     assert not [s for s in emu.sdk().list() if s.name == name]
+    # When that delete fails (refused once), the error says so instead of hiding it; the sandbox is left.
+    kept = unique("bfk")
+    emu.admin.add_fault(method="DELETE", path="/sandbox/[^/]+$", status=403, times=1)
+    try:
+        with pytest.raises(ProviderError, match="build_failed") as failed:
+            provider.create(spec(kept, image="registry.invalid/agentbox/never-built:1"))
+        assert "deleting the sandbox it made failed too" in str(failed.value), failed.value
+        assert "delete the box (state: absent)" in str(failed.value), failed.value
+        assert [s for s in emu.sdk().list() if s.name == kept]
+    finally:
+        emu.admin.clear_faults()
+        provider.destroy(kept)
+    assert not [s for s in emu.sdk().list() if s.name == kept]
 
 
 def test_a_recoverable_error_is_recovered(emu: Emu) -> None:
