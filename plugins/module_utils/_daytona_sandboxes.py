@@ -458,6 +458,7 @@ class DaytonaSandboxes(DaytonaSnapshots):
         deadline = time.monotonic() + timeout
         failures = 0
         recoveries = 0
+        retry_until: float | None = None  # the overall retry deadline, as api_call's, from the first retry
         while True:
             sandbox = self.get_sandbox(name, operation)
             if sandbox is None:
@@ -507,7 +508,11 @@ class DaytonaSandboxes(DaytonaSnapshots):
                     time.sleep(POLL_SECONDS)  # a transition is in progress: wait for it
                     continue
                 if is_retryable(exc) and failures < self.retries:
-                    time.sleep(backoff_delay(failures, exc))
+                    delay = backoff_delay(failures, exc)
+                    retry_until = retry_until or time.monotonic() + self.retry_deadline
+                    if time.monotonic() + delay > retry_until:
+                        raise self.api_error(exc, name, operation, failures + 1, self.retry_deadline) from exc
+                    time.sleep(delay)
                     failures += 1
                     continue
                 if status_of(exc) is None and not is_transport_error(exc) and failures < self.retries:

@@ -329,6 +329,29 @@ def test_retries_stop_at_the_retry_deadline_when_rate_limits_never_end(emu: Emu)
     assert spent < 10 + 90  # the deadline and the last call's own time, not 1000 retries
 
 
+def test_lifecycle_retries_stop_at_the_retry_deadline_too(emu: Emu) -> None:
+    """A start whose every POST is refused by the sandbox-lifecycle throttler (2 s asked each time): converge's
+    own retries stop at the same overall deadline as api_call's (10 s here), saying so, not at the 300 s
+    start timeout nor after 1000 retries."""
+    from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
+
+    provider = emu.provider(retries=1000, retry_deadline=10)
+    name = unique("lcd")
+    try:
+        provider.create(spec(name))
+        provider.stop(name)
+        emu.admin.add_fault(method="POST", path="/start$", action="status", status=429, times=0,
+                            headers={"Retry-After-sandbox-lifecycle": "2"})  # fmt: skip
+        began = time.monotonic()
+        with pytest.raises(ProviderError, match=r"retrying would pass the 10 s retry deadline") as refused:
+            provider.start(name)
+        assert time.monotonic() - began < 10 + 30, refused.value  # the deadline and a last call, not 300 s
+        assert "start of box" in str(refused.value), refused.value
+    finally:
+        emu.admin.clear_faults()
+        provider.destroy(name)
+
+
 def test_configuration_ignores_dotenv_files_in_the_working_directory(emu: Emu, tmp_path, monkeypatch) -> None:
     """The SDK reads ./.env for what its config leaves empty; the workspace an agent writes is no config."""
     from ansible_collections.agentbox.box.plugins.module_utils import _daytona as dt
@@ -370,6 +393,31 @@ def test_deleted_sandboxes_linger_as_ghosts_that_are_no_boxes(emu: Emu, desired_
             again.container
         ]
     finally:
+        provider.destroy(name)
+
+
+def test_the_reaper_ignores_ghosts(emu: Emu, tmp_path: Path) -> None:
+    """A box idle for an hour, then deleted elsewhere: while its ghost (DESTROYED_<name>_<ms>, still
+    `started`, still labelled as the box) lingers, agentbox_reap neither lists, probes nor pauses it."""
+    from tests.conftest import run_module
+
+    provider = emu.provider()
+    name = unique("grp")
+    try:
+        facts = provider.create(spec(name))
+        provider.exec(name, ["sh", "-c", f"mkdir -p ~/.agentbox && touch -d @{int(time.time()) - 3600} "
+                                         "~/.agentbox/last-activity"]).check("an old heartbeat")  # fmt: skip
+        emu.admin.set_config(desired_state_seconds=60)  # the ghost lingers through the reap below
+        assert _api(emu, "DELETE", f"/sandbox/{facts.container}")["name"].startswith(f"DESTROYED_{name}_")
+        reaped = run_module("agentbox_reap", {"provider": "daytona", "project": "c" * 16, "idle_timeout": 1},
+                            env={"HOME": str(tmp_path), "DAYTONA_API_URL": emu.api_url,
+                                 "DAYTONA_API_KEY": emu.api_key})  # fmt: skip
+        assert not reaped["failed"], reaped
+        assert not [b for b in reaped["boxes"] if name in b["name"]] and reaped["paused"] == [], reaped
+        ghost = _api(emu, "GET", f"/sandbox/{facts.container}")
+        assert ghost["name"].startswith("DESTROYED_") and ghost["state"] == "started", ghost  # it was there
+    finally:
+        emu.admin.set_config(desired_state_seconds=DESIRED_STATE_SECONDS)
         provider.destroy(name)
 
 
