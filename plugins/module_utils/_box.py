@@ -211,17 +211,25 @@ def _create_claimed(
         facts = provider.create(spec)
         journal.write(stage="seeding")
         _journal.pause_point("created")
-        if spec.bind_paths:
-            _gitlayer.prepare(provider, name, spec.bind_paths)
+        # Before git uses the .git: the git layer's preparation. And dockerd takes about as long to
+        # come up as seeding takes: start it now, in the background. Both are root shell commands,
+        # run in the worktree seed's own exec when there is one (one exec less each), else alone.
+        before = [_gitlayer.prepare_command(spec.bind_paths)] if spec.bind_paths else []
         if request.boot:
-            # dockerd takes about as long to come up as seeding takes: start it now, in the background.
-            early_boot(provider, name)
+            before.append(early_boot_command())
+        folded = restore is None and request.seed and bool(plans)
+        if not folded:
+            if spec.bind_paths:
+                _gitlayer.prepare(provider, name, spec.bind_paths)
+            if request.boot:
+                early_boot(provider, name)
         seed_result = None
         if restore is not None:
             seed_result = restore.restore_workspace(provider, name, repos, plans, carry)
         elif request.seed:
             seed_result = _seed_workspace(
-                provider, name, workspace, repos, plans, branch, carry, request.ship_depth, box_id
+                provider, name, workspace, repos, plans, branch, carry, request.ship_depth, box_id,
+                before="\n".join(before),
             )
         journal.write(stage="booting")
         _journal.pause_point("seeded")
@@ -262,10 +270,12 @@ def _seed_workspace(
     carry: dict[str, _git.CarryOver],
     ship_depth: int | None = None,
     box_id: str = "",
+    before: str = "",
 ) -> _seed.SeedResult:
-    """The one dispatch between the three ways of seeding /workspace."""
+    """The one dispatch between the three ways of seeding /workspace. `before`: root shell commands
+    run first in the worktree seed's exec (only that way folds them; the caller runs them otherwise)."""
     if plans:
-        return _seed.seed_worktrees(provider, name, plans, carry, box_id)
+        return _seed.seed_worktrees(provider, name, plans, carry, box_id, before)
     if repos:
         from . import _ship
 
@@ -306,10 +316,14 @@ def seed_existing(provider: Provider, facts: BoxFacts) -> tuple[bool, dict[str, 
     return True, result.to_dict()
 
 
+def early_boot_command() -> str:
+    """The in-box start sequence without the supervisor, detached (a root shell command); boot_box completes it."""
+    return f"command -v {BOOT_COMMAND} >/dev/null 2>&1 && ({BOOT_COMMAND} --no-supervisor >/dev/null 2>&1 &); true"
+
+
 def early_boot(provider: Provider, name: str) -> None:
     """Start the in-box start sequence without the supervisor, detached; boot_box completes it."""
-    script = f"command -v {BOOT_COMMAND} >/dev/null 2>&1 && ({BOOT_COMMAND} --no-supervisor >/dev/null 2>&1 &); true"
-    provider.exec(name, ["sh", "-c", script], user="root")
+    provider.exec(name, ["sh", "-c", early_boot_command()], user="root")
 
 
 def destroy_box(

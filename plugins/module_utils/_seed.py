@@ -83,6 +83,8 @@ class SeedResult:
 # One exec for every repo of the box (each exec costs a round trip): runs as root, does the git
 # work as the owner of each host .git, then points /workspace at the root worktree and leaves the
 # seed record. Arguments: box, record JSON, then five per repo: user, .git, path, branch, stash.
+# `before` (see seed_worktrees) runs first, in a subshell of its own: its `set --`, its
+# failures and its stderr stay its own, as they did when it was an exec of its own.
 _WORKTREE_SCRIPT = r"""
 set -eu
 box=$1 record=$2 link=
@@ -121,9 +123,13 @@ def seed_worktrees(
     plans: list[WorktreePlan],
     carry: dict[str, CarryOver],
     box_id: str = "",
+    before: str = "",
 ) -> SeedResult:
     """Register each worktree in the box, apply the carried stash, stream untracked files; the
-    seed record last, so a box without one is known to be half-made."""
+    seed record last, so a box without one is known to be half-made.
+
+    `before`: root shell commands the create needs run before git uses the .git (the git layer's
+    preparation, the early boot), folded into the same exec: each exec is ~3 engine requests."""
     root = plans[0]
     result = SeedResult(mode="worktree", branch=root.branch, base_commit=root.base)
     arguments: list[str] = []
@@ -146,7 +152,11 @@ def seed_worktrees(
     record = "" if streams else json.dumps(result.to_dict(), sort_keys=True)
     # The lock reason names the box's id: destroy finds the registration by it.
     owner = f"{box} id {box_id}" if box_id else box
-    run = provider.exec(box, ["sh", "-c", _WORKTREE_SCRIPT, "seed", owner, record, *arguments], user="root")
+    script = _WORKTREE_SCRIPT
+    if before:
+        # Its stderr was never read when it ran alone: kept out of the seed's warnings.
+        script = f"(\n{before}\n) 2>/dev/null || {{ echo 'preparing the box for git failed' >&2; exit 1; }}\n{script}"
+    run = provider.exec(box, ["sh", "-c", script, "seed", owner, record, *arguments], user="root")
     run.check(f"git worktree add for {root.host_root}", box)
     result.warnings += [line for line in run.stderr.decode("utf-8", "replace").splitlines() if line.strip()]
     pause_point("seeding")
