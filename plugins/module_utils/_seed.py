@@ -27,7 +27,7 @@ from ._box_data import WORKSPACE, seed_record
 from ._git import CarryOver, Repo, capture_carry_over
 from ._journal import pause_point, pausing_stream
 from ._provider import Provider
-from ._tarstream import tar_of_paths, tar_of_tree
+from ._tarstream import Final, tar_ending_with, tar_of_tree
 
 WORKTREES_HOME = "/home/vscode/.agentbox-worktrees"
 SEED_RECORD = "/etc/agentbox/seed.json"
@@ -126,7 +126,8 @@ def seed_worktrees(
     before: str = "",
 ) -> SeedResult:
     """Register each worktree in the box, apply the carried stash, stream untracked files; the
-    seed record last, so a box without one is known to be half-made.
+    seed record last (the worktree script writes it when no file follows, else the stream ends
+    with it), so a box without one is known to be half-made.
 
     `before`: root shell commands the create needs run before git uses the .git (the git layer's
     preparation, the early boot), folded into the same exec: each exec is ~3 engine requests."""
@@ -160,13 +161,14 @@ def seed_worktrees(
     run.check(f"git worktree add for {root.host_root}", box)
     result.warnings += [line for line in run.stderr.decode("utf-8", "replace").splitlines() if line.strip()]
     pause_point("seeding")
-    for plan in plans:
-        untracked = carry[plan.sub].untracked
-        if untracked:
-            stream = pausing_stream(tar_of_paths(plan.host_root, untracked), "streaming")
-            provider.put_archive(box, plan.path, stream)
     if streams:
-        finish(provider, box, None, result)
+        # Every repo's untracked files in one stream extracted at /, the seed record its last member:
+        # the engine writes members in order, and a stream cut short ends before the record (see
+        # tar_ending_with). One upload, and no exec for the record.
+        record = json.dumps(result.to_dict(), sort_keys=True) + "\n"
+        parts = [(plan.host_root, carry[plan.sub].untracked, plan.path) for plan in plans if carry[plan.sub].untracked]
+        stream = tar_ending_with(parts, Final(SEED_RECORD, record.encode()))
+        provider.put_archive(box, "/", pausing_stream(stream, "streaming"))
     return result
 
 

@@ -194,6 +194,9 @@ def test_a_create_killed_at_each_point_is_finished_by_the_next_create(
         partial = wait_until(lambda: glob.glob(pattern), "part of big.bin reaching the box")
         assert 0 < os.path.getsize(partial[0]) < BIG
     kill(proc, worker)
+    if point == "streaming":
+        # Cut inside big.bin: the seed record, the stream's last member, never reached the box.
+        assert in_box(client, name, "test -e /etc/agentbox/seed.json")[0] != 0, "no seed record after a cut stream"
     old_id = None
     try:
         old_id = client.containers.get(f"agentbox-{name}").labels["io.agentbox.id"]
