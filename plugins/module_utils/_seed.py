@@ -155,8 +155,9 @@ def seed_worktrees(
     owner = f"{box} id {box_id}" if box_id else box
     script = _WORKTREE_SCRIPT
     if before:
-        # Its stderr was never read when it ran alone: kept out of the seed's warnings.
-        script = f"(\n{before}\n) 2>/dev/null || {{ echo 'preparing the box for git failed' >&2; exit 1; }}\n{script}"
+        # Its stderr is kept out of the seed's warnings, and said when it fails (as its own exec's check did).
+        script = (f"before_err=$( (\n{before}\n) 2>&1 >/dev/null ) || {{ printf '%s\\n' "
+                  f"\"preparing the box's view of the host .git failed: $before_err\" >&2; exit 1; }}\n{script}")
     run = provider.exec(box, ["sh", "-c", script, "seed", owner, record, *arguments], user="root")
     run.check(f"git worktree add for {root.host_root}", box)
     result.warnings += [line for line in run.stderr.decode("utf-8", "replace").splitlines() if line.strip()]
