@@ -217,20 +217,16 @@ def _create_claimed(
         before = [_gitlayer.prepare_command(spec.bind_paths)] if spec.bind_paths else []
         if request.boot:
             before.append(early_boot_command())
-        folded = restore is None and request.seed and bool(plans)
-        if not folded:
-            if spec.bind_paths:
-                _gitlayer.prepare(provider, name, spec.bind_paths)
-            if request.boot:
-                early_boot(provider, name)
         seed_result = None
-        if restore is not None:
-            seed_result = restore.restore_workspace(provider, name, repos, plans, carry)
-        elif request.seed:
+        if restore is None and request.seed:
             seed_result = _seed_workspace(
                 provider, name, workspace, repos, plans, branch, carry, request.ship_depth, box_id,
                 before="\n".join(before),
             )
+        else:
+            _seed.run_before(provider, name, "\n".join(before))
+            if restore is not None:
+                seed_result = restore.restore_workspace(provider, name, repos, plans, carry)
         journal.write(stage="booting")
         _journal.pause_point("seeded")
         boot = boot_box(provider, name) if request.boot else None
@@ -273,9 +269,10 @@ def _seed_workspace(
     before: str = "",
 ) -> _seed.SeedResult:
     """The one dispatch between the three ways of seeding /workspace. `before`: root shell commands
-    run first in the worktree seed's exec (only that way folds them; the caller runs them otherwise)."""
+    run first: in the worktree seed's own exec, else in one of their own."""
     if plans:
         return _seed.seed_worktrees(provider, name, plans, carry, box_id, before)
+    _seed.run_before(provider, name, before)
     if repos:
         from . import _ship
 
@@ -319,11 +316,6 @@ def seed_existing(provider: Provider, facts: BoxFacts) -> tuple[bool, dict[str, 
 def early_boot_command() -> str:
     """The in-box start sequence without the supervisor, detached (a root shell command); boot_box completes it."""
     return f"command -v {BOOT_COMMAND} >/dev/null 2>&1 && ({BOOT_COMMAND} --no-supervisor >/dev/null 2>&1 &); true"
-
-
-def early_boot(provider: Provider, name: str) -> None:
-    """Start the in-box start sequence without the supervisor, detached; boot_box completes it."""
-    provider.exec(name, ["sh", "-c", early_boot_command()], user="root")
 
 
 def destroy_box(

@@ -162,6 +162,7 @@ class BoxdProvider(Provider):
         egress_allow: list[str] | None = None,
         **_ignored: Any,
     ) -> None:
+        super().__init__()
         self.settings = BoxdSettings(api_key=api_key, token=token, base_url=base_url, org=org)
         self.settings.check()
         # Seconds idle before boxd suspends the machine (None: boxd's default; 0: never).

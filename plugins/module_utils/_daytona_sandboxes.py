@@ -314,16 +314,13 @@ class DaytonaSandboxes(DaytonaSnapshots):
         params = self._create_params(spec)
         try:
             sandbox = self._create_once(spec, params)
-        except ProviderError as exc:
+        except BaseException as exc:
             # A create that failed leaves nothing: e.g. the SDK's wait saw build_failed (an error without a
             # status), after which the sandbox is adopted, found failed, and must not stay behind. The error
             # says what became of it (never "destroy it": it is gone, or its delete failed and says so).
             outcome = self._discard_own(spec)
-            if outcome:
+            if outcome and isinstance(exc, ProviderError):
                 exc.args = (f"{exc}; {outcome}",)  # in place: its type, box, operation and status stay
-            raise
-        except BaseException:
-            self._discard_own(spec)
             raise
         try:
             if parse_snapshot_name(spec.image) is not None:
@@ -394,7 +391,8 @@ class DaytonaSandboxes(DaytonaSnapshots):
             if sandbox is not None:
                 if (sandbox.labels or {}).get(label("id")) != spec.box_id:
                     return None
-                return self.converge(spec.name, "create", {"started"}, {}, START_TIMEOUT)
+                # No "destroy it" advice on failure: create() deletes the sandbox and says so.
+                return self.converge(spec.name, "create", {"started"}, {}, START_TIMEOUT, advice="")
             if time.monotonic() >= deadline:
                 return None
             time.sleep(POLL_SECONDS)
@@ -453,8 +451,10 @@ class DaytonaSandboxes(DaytonaSnapshots):
         wanted: set[str],
         actions: dict[str, Callable[[Any], Any]],
         timeout: float,
+        advice: str = ": destroy it and create it again",
     ) -> Any:
-        """Drive the sandbox to one of `wanted` states: read, act once, read again (never blind re-POSTs)."""
+        """Drive the sandbox to one of `wanted` states: read, act once, read again (never blind re-POSTs).
+        `advice` ends the message when the sandbox failed for good."""
         deadline = time.monotonic() + timeout
         failures = 0
         recoveries = 0
@@ -479,8 +479,6 @@ class DaytonaSandboxes(DaytonaSnapshots):
             if state in FAILED_STATES:
                 reason = getattr(sandbox, "error_reason", None) or "no reason given"
                 if state != "error" or not getattr(sandbox, "recoverable", False) or recoveries:
-                    # A create's own failure: create() deletes the sandbox and says so, so no advice here.
-                    advice = "" if operation == "create" else ": destroy it and create it again"
                     raise ProviderError(
                         f"the sandbox is in state {state} ({reason}) and Daytona cannot recover it{advice}",
                         box=name,

@@ -196,6 +196,7 @@ class DockerProvider(Provider):
     image_user_ids = True
 
     def __init__(self, engine: str | None = None, ssh_options: dict[str, Any] | None = None, **_ignored: Any):
+        super().__init__()
         self._engine = engine or "local"
         self.name = "docker" if self._engine == "local" else "docker_ssh"
         # Only the local engine sees the controller's files (the workspace .git bind mounts).

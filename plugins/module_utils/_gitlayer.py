@@ -60,12 +60,6 @@ def prepare_command(paths: list[str]) -> str:
     return "set -- " + " ".join(shlex.quote(path) for path in paths) + "\n" + PREPARE_SCRIPT
 
 
-def prepare(provider: Provider, box: str, paths: list[str]) -> None:
-    provider.exec(box, ["sh", "-c", PREPARE_SCRIPT, "prepare", *paths], user="root").check(
-        "preparing the box's view of the host .git", box
-    )
-
-
 def has_layers(facts: BoxFacts) -> bool:
     """True for a box whose .git is an overlay (made since the layers exist): its commits reach
     the host only by import. Older boxes had the .git bind-mounted, so theirs are already there."""

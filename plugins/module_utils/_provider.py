@@ -174,6 +174,10 @@ class Provider(abc.ABC):
     #: the alias's wake asks the provider for new access instead of starting the box.
     ssh_access_expires: bool = False
 
+    def __init__(self) -> None:
+        # What warn() left for the task's output until take_warnings() hands it over.
+        self.pending_warnings: list[str] = []
+
     @property
     @abc.abstractmethod
     def engine(self) -> str:
@@ -311,13 +315,12 @@ class Provider(abc.ABC):
 
     def warn(self, message: str) -> None:
         """Leave a warning for the task's output (take_warnings hands it over)."""
-        self.pending_warnings = [*getattr(self, "pending_warnings", []), message]
+        self.pending_warnings.append(message)
 
     def take_warnings(self) -> list[str]:
         """The warnings the provider's calls left since the last take (e.g. a Daytona image sent by a tag that
         may move), once: the list is emptied."""
-        taken: list[str] = getattr(self, "pending_warnings", [])
-        self.pending_warnings: list[str] = []
+        taken, self.pending_warnings = self.pending_warnings, []
         return taken
 
     def reopen_options(self) -> dict[str, Any]:

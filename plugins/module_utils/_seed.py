@@ -150,15 +150,12 @@ def seed_worktrees(
         result.untracked += len(state.untracked)
         result.worktrees.append(dataclasses.asdict(plan))
     streams = any(carry[plan.sub].untracked for plan in plans)
-    record = "" if streams else json.dumps(result.to_dict(), sort_keys=True)
+    # One record text, whichever way it travels: what the host decided (the exec's warnings go to the task).
+    record = json.dumps(result.to_dict(), sort_keys=True)
     # The lock reason names the box's id: destroy finds the registration by it.
     owner = f"{box} id {box_id}" if box_id else box
-    script = _WORKTREE_SCRIPT
-    if before:
-        # Its stderr is kept out of the seed's warnings, and said when it fails (as its own exec's check did).
-        script = (f"before_err=$( (\n{before}\n) 2>&1 >/dev/null ) || {{ printf '%s\\n' "
-                  f"\"preparing the box's view of the host .git failed: $before_err\" >&2; exit 1; }}\n{script}")
-    run = provider.exec(box, ["sh", "-c", script, "seed", owner, record, *arguments], user="root")
+    script = f"{guarded(before)}\n{_WORKTREE_SCRIPT}" if before else _WORKTREE_SCRIPT
+    run = provider.exec(box, ["sh", "-c", script, "seed", owner, "" if streams else record, *arguments], user="root")
     run.check(f"git worktree add for {root.host_root}", box)
     result.warnings += [line for line in run.stderr.decode("utf-8", "replace").splitlines() if line.strip()]
     pause_point("seeding")
@@ -166,11 +163,23 @@ def seed_worktrees(
         # Every repo's untracked files in one stream extracted at /, the seed record its last member:
         # the engine writes members in order, and a stream cut short ends before the record (see
         # tar_ending_with). One upload, and no exec for the record.
-        record = json.dumps(result.to_dict(), sort_keys=True) + "\n"
         parts = [(plan.host_root, carry[plan.sub].untracked, plan.path) for plan in plans if carry[plan.sub].untracked]
-        stream = tar_ending_with(parts, Final(SEED_RECORD, record.encode()))
+        stream = tar_ending_with(parts, Final(SEED_RECORD, f"{record}\n".encode()))
         provider.put_archive(box, "/", pausing_stream(stream, "streaming"))
     return result
+
+
+def guarded(before: str) -> str:
+    """`before` (root shell commands) as a line whose stderr stays out of a seed's warnings and which, when
+    it fails, says so with that stderr and exits 1."""
+    return (f"before_err=$( (\n{before}\n) 2>&1 >/dev/null ) || {{ printf '%s\\n' "
+            f"\"preparing the box's view of the host .git failed: $before_err\" >&2; exit 1; }}")  # fmt: skip
+
+
+def run_before(provider: Provider, box: str, before: str) -> None:
+    """`before` in an exec of its own, for a create whose seed cannot fold it (see seed_worktrees)."""
+    if before:
+        provider.exec(box, ["sh", "-c", guarded(before)], user="root").check("preparing the box", box)
 
 
 def seed_copy(provider: Provider, box: str, workspace: str) -> SeedResult:

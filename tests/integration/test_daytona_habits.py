@@ -589,10 +589,7 @@ def test_a_moved_image_tag_is_built_anew(emu: Emu) -> None:
     finally:
         provider.destroy(first)
         provider.destroy(second)
-        try:
-            client.images.remove(reference, force=True)
-        except docker.errors.ImageNotFound:
-            pass
+        remove_test_image(client, reference)
         if built:
             remove_test_image(client)
 

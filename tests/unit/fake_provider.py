@@ -103,6 +103,7 @@ class FakeProvider(Provider):
     ):
         if os.geteuid() != 0:
             raise RuntimeError("needs root: the fake provider mounts and chroots")
+        super().__init__()
         # Another name is another provider to the workflows: its own checkpoints, defaults and journals.
         self.name = name
         self.base = Path(base)

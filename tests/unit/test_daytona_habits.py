@@ -128,9 +128,6 @@ def test_an_image_is_pinned_by_digest_by_image_id_or_sent_by_tag_with_a_warning(
         image, warning = sb.pinned_image(reference)  # the engine no longer knows it: sent as given, and said so
         assert image == reference and warning and reference in warning and "unpinned" in warning
     finally:
-        try:
-            client.images.remove(reference, force=True)
-        except docker.errors.ImageNotFound:
-            pass
+        remove_test_image(client, reference)
         if built:
             remove_test_image(client)
