@@ -31,13 +31,6 @@ from typing import Any, Self
 from ._host_files import transient_lock
 from ._provider import Provider, ProviderError
 
-try:
-    from docker.errors import DockerException, ImageNotFound
-
-    HAS_DOCKER = True
-except ImportError:  # pragma: no cover - reported by _client
-    HAS_DOCKER = False
-
 # gzip level 1: box images shrink to about a third for little CPU; the engine's dockerd
 # decompresses on load (it detects the gzip header).
 GZIP_LEVEL = 1
@@ -126,8 +119,12 @@ def _gzip(chunks: Iterable[bytes]) -> Iterator[bytes]:
 
 
 def _client(provider: Provider) -> Any:
-    if not HAS_DOCKER:
-        raise ProviderError("the Python 'docker' package is required on the controller to move images")
+    # The SDK is loaded here, when an image moves, never at import: every create imports this module,
+    # and on the local engine no create moves an image (the SDK's import is ~0.1 s of a create).
+    try:
+        import docker.errors  # noqa: F401  pylint: disable=unused-import
+    except ImportError:
+        raise ProviderError("the Python 'docker' package is required on the controller to move images") from None
     client = getattr(provider, "client", None)
     if client is None or not hasattr(client, "api"):
         raise ProviderError(f"provider {provider.name!r} is not a Docker engine: images cannot be streamed to it")
@@ -136,6 +133,8 @@ def _client(provider: Provider) -> Any:
 
 def _image_id(provider: Provider, image: str) -> str | None:
     client = _client(provider)
+    from docker.errors import ImageNotFound
+
     try:
         return client.images.get(image).id
     except ImageNotFound:
@@ -207,6 +206,8 @@ def ensure_image(
 
 def _try_pull(provider: Provider, image: str, registry: str, notes: list[str]) -> str | None:
     api = _client(provider).api
+    from docker.errors import DockerException
+
     repository, _sep, tag = registry.rpartition(":") if ":" in registry.rsplit("/", 1)[-1] else (registry, "", "latest")
     try:
         for message in api.pull(repository, tag=tag, stream=True, decode=True):
@@ -240,6 +241,8 @@ def copy_image(source: Provider, destination: Provider, image: str, *, compress:
 def _stream(source: Provider, destination: Provider, image: str, compress: bool, path: str) -> TransferReport:
     started = time.monotonic()
     raw = _Counter(_client(source).api.get_image(image, chunk_size=1 << 20))
+    from docker.errors import DockerException
+
     sent = _Counter(_gzip(raw) if compress else raw)
     failure = ""
     with _Progress(f"streaming {image} to engine {destination.engine}", raw, sent) as reporter:
