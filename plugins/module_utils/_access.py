@@ -10,7 +10,8 @@ an SSH access token (Daytona boxes, see _daytona_ssh), or through boxd's streami
 boxes, see _boxd_ssh). No port is published, no daemon has to run
 in the box, and stop/start changes nothing in the entry (a Daytona box's token is renewed).
 
-What the box gets (box_ready, on create, start and restore, as root through the provider): its
+What the box gets (box_ready, on create, start and restore, as root through the provider; on create
+in the boot's own exec, see folded_setup): its
 ed25519 host key (once per box; the only HostKey its sshd uses), the user's public keys in
 /run/agentbox/ssh/authorized_keys (a tmpfs: gone when the box stops, written again at start;
 never a private key), an sshd drop-in that reads only that file and lets only vscode in with a
@@ -55,6 +56,8 @@ _PUBLIC_KEY = re.compile(
     r"^(?:[a-z0-9-]+@openssh\.com|ssh-[a-z0-9-]+|ecdsa-sha2-[a-z0-9-]+) [A-Za-z0-9+/=]+(?: [^\n]*)?$"
 )
 
+# Starts the line folded_setup prints for box_ready, in the output of an exec that did other work too.
+FOLDED_MARK = "agentbox-ssh-access: "
 # Run as root in the box; the user's public keys arrive on stdin. Prints the box's ed25519 host key.
 BOX_SETUP = r"""
 set -eu
@@ -143,21 +146,52 @@ def identity_files() -> list[tuple[str, str]]:
 # The box side
 
 
-def prepare_box(provider: Provider, name: str, public_keys: list[str]) -> str:
-    """Authorise public_keys in the box and make its sshd usable; its host key as `type base64`."""
+def _setup_script() -> str:
     from . import _editor_volumes
 
-    script = BOX_SETUP.replace("@EDITOR_DIRS@", " ".join(_editor_volumes.mount_dirs()))
+    return BOX_SETUP.replace("@EDITOR_DIRS@", " ".join(_editor_volumes.mount_dirs()))
+
+
+def prepare_box(provider: Provider, name: str, public_keys: list[str]) -> str:
+    """Authorise public_keys in the box and make its sshd usable; its host key as `type base64`."""
     run = provider.exec(
-        name, ["sh", "-c", script], user="root", stdin=("".join(key + "\n" for key in public_keys)).encode()
+        name, ["sh", "-c", _setup_script()], user="root", stdin=("".join(key + "\n" for key in public_keys)).encode()
     )
     run.check("preparing SSH access in the box", name)
-    lines = run.stdout.decode("utf-8", "replace").strip().splitlines()
-    fields = lines[-1].split()[:2] if lines else []
-    host_key = " ".join(fields)
+    return _host_key_in(run.stdout.decode("utf-8", "replace"), name)
+
+
+def _host_key_in(output: str, name: str) -> str:
+    """The host key on the last line of what the box's setup printed (`type base64`), checked for shape."""
+    lines = output.strip().splitlines()
+    host_key = " ".join(lines[-1].split()[:2]) if lines else ""
     if not _HOST_KEY.match(host_key):
         raise ProviderError("the box did not give a usable SSH host key", box=name, operation="SSH access")
     return host_key
+
+
+def folded_setup(public_keys: list[str]) -> str:
+    """prepare_box's work as root shell lines for another exec (a create's boot: one exec less). They
+    never fail that exec; one stdout line after FOLDED_MARK says how it went (read by box_ready)."""
+    keys = "".join(key + "\n" for key in public_keys)
+    return (
+        f"if access_out=$(printf %s {shlex.quote(keys)} | sh -c {shlex.quote(_setup_script())} 2>&1); then\n"
+        f"  printf '{FOLDED_MARK}ok %s\\n' \"$(printf '%s\\n' \"$access_out\" | tail -n 1)\"\n"
+        f"else\n"
+        f"  printf '{FOLDED_MARK}failed %s\\n' \"$(printf '%s' \"$access_out\" | tr '\\n' ' ' | head -c 2000)\"\n"
+        f"fi"
+    )
+
+
+def _folded_host_key(output: str, name: str) -> str | None:
+    """The host key a folded_setup reported in an exec's `output`; None when it did not run there."""
+    reports = [line[len(FOLDED_MARK):] for line in output.splitlines() if line.startswith(FOLDED_MARK)]
+    if not reports:
+        return None
+    status, _space, rest = reports[-1].partition(" ")
+    if status != "ok":
+        raise ProviderError(f"preparing SSH access in the box failed: {rest.strip()}", box=name, operation="SSH access")
+    return _host_key_in(rest, name)
 
 
 # --------------------------------------------------------------------------------------------
@@ -297,13 +331,16 @@ def write_known_host(box: str, host_key: str | None) -> bool:
 # The lifecycle hooks (called by _box on create, start, restore and destroy)
 
 
-def box_ready(provider: Provider, facts: BoxFacts) -> Access:
-    """Make `ssh agentbox-<box>` work for a running box: keys in, host key and entry written."""
+def box_ready(provider: Provider, facts: BoxFacts, folded_output: str | None = None) -> Access:
+    """Make `ssh agentbox-<box>` work for a running box: keys in, host key and entry written.
+    `folded_output`: the stdout of an exec that ran folded_setup(identity keys), when one did."""
     access = Access(alias=alias(facts.name), ssh_config=ssh_config_path())
     keys = identity_files()
     if not keys:
         access.warnings.append(NO_KEY_HELP.format(box=facts.name))
-    host_key = prepare_box(provider, facts.name, [line for _path, line in keys])
+    host_key = _folded_host_key(folded_output, facts.name) if folded_output else None
+    if host_key is None:
+        host_key = prepare_box(provider, facts.name, [line for _path, line in keys])
     route = provider.ssh_proxy(facts.name)  # the provider's way to the box's sshd (a Daytona token is fresh)
     access.warnings += route.warnings
     access.expires_at = route.expires_at

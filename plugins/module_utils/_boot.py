@@ -17,13 +17,20 @@ BOOT_COMMAND = "agentbox-boot"
 
 def boot_box(provider: Provider, name: str) -> dict[str, Any] | None:
     """Run the in-box start sequence (dockerd, supervisor, VNC, sshd) if the image has it."""
-    script = f"command -v {BOOT_COMMAND} >/dev/null 2>&1 || exit 3; exec {BOOT_COMMAND}"
+    return boot_box_then(provider, name)[0]
+
+
+def boot_box_then(provider: Provider, name: str, after: str = "") -> tuple[dict[str, Any] | None, str]:
+    """boot_box, then `after` (root shell lines that never fail the boot and say how they went on stdout)
+    in the same exec, one exec less: (the boot's summary, the exec's stdout)."""
+    script = f"command -v {BOOT_COMMAND} >/dev/null 2>&1 || exit 3\n{BOOT_COMMAND}; rc=$?\n{after}\nexit $rc"
     run = provider.exec(name, ["sh", "-c", script], user="root")
+    output = run.stdout.decode("utf-8", "replace")
     if run.rc == 3:
-        return None
+        return None, output
     run.check("the in-box start sequence (agentbox-boot)", name)
-    lines = [line for line in run.stdout.decode("utf-8", "replace").splitlines() if line.startswith("{")]
+    lines = [line for line in output.splitlines() if line.startswith("{")]
     try:
-        return json.loads(lines[-1]) if lines else {}
+        return (json.loads(lines[-1]) if lines else {}), output
     except ValueError:
-        return {"output": run.stdout.decode("utf-8", "replace")[-2000:]}
+        return {"output": output[-2000:]}, output

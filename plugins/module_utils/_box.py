@@ -16,7 +16,7 @@ import json
 from typing import Any
 
 from . import _agent, _git, _gitlayer, _journal, _naming, _preflight, _relay_state, _rollback, _seed
-from ._boot import BOOT_COMMAND, boot_box  # below the providers, which run it after a restart
+from ._boot import BOOT_COMMAND, boot_box, boot_box_then  # below the providers, which run it after a restart
 from ._provider import BoxFacts, BoxSpec, Provider, ProviderError, worktree_records
 
 DEFAULT_IMAGE = "agentbox/box:latest"
@@ -229,7 +229,13 @@ def _create_claimed(
                 seed_result = restore.restore_workspace(provider, name, repos, plans, carry)
         journal.write(stage="booting")
         _journal.pause_point("seeded")
-        boot = boot_box(provider, name) if request.boot else None
+        boot, boot_output = None, None
+        if request.boot:
+            # The SSH access's box side rides in the boot's exec (refresh_access reads how it went).
+            from . import _access
+
+            keys = [line for _path, line in _access.identity_files()]
+            boot, boot_output = boot_box_then(provider, name, _access.folded_setup(keys))
         if restore is not None and request.boot:
             _agent.resume(provider, facts)  # a checkpoint remembers which agents ran, never their credentials
         _relay_state.notify(box_id)  # the box runs now: a relay channel waiting for it opens at once
@@ -241,17 +247,18 @@ def _create_claimed(
             pass
         raise
     journal.forget()
-    access = refresh_access(provider, facts)
+    access = refresh_access(provider, facts, boot_output)
     return Created(facts=facts, seed=seed_result, boot=boot, image_transfer=image_transfer, access=access)
 
 
-def refresh_access(provider: Provider, facts: BoxFacts) -> dict[str, Any]:
+def refresh_access(provider: Provider, facts: BoxFacts, boot_output: str | None = None) -> dict[str, Any]:
     """`ssh agentbox-<box>` for a running box (see _access). A failure here is a warning: the box
-    itself is fine, and attach.yml writes the entry again."""
+    itself is fine, and attach.yml writes the entry again. `boot_output`: a boot's stdout with the
+    access's box side folded in (boot_box_then), when there was one."""
     from . import _access
 
     try:
-        return _access.box_ready(provider, facts).to_dict()
+        return _access.box_ready(provider, facts, boot_output).to_dict()
     except (OSError, ProviderError) as exc:
         return {"alias": _access.alias(facts.name), "warnings": [f"ssh agentbox-{facts.name} is not set up: {exc}"]}
 
