@@ -136,7 +136,10 @@ def identity_files() -> list[tuple[str, str]]:
         paths = [os.path.join(_host_files.home(), ".ssh", name) for name in KEY_NAMES]
     found = []
     for path in paths:
-        line = (_host_files.read_text(path + ".pub") or "").strip()
+        try:
+            line = (_host_files.read_text(path + ".pub") or "").strip()
+        except (OSError, ValueError):  # unreadable, or not text: no key to authorise (never a failed create)
+            continue
         if os.path.exists(path) and _PUBLIC_KEY.match(line):
             found.append((path, line))
     return found

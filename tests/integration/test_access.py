@@ -277,6 +277,9 @@ def test_attach_missing_box_removes_stale_alias(home: Path, repo_factory, boxes:
 def test_no_ssh_key_says_how_to_make_one(home: Path, repo_factory, boxes: list[str]) -> None:
     for key in (home / ".ssh").iterdir():
         key.unlink()
+    # A key whose .pub is not text counts as none (it used to fail the task after the box was made).
+    keygen(home / ".ssh" / "id_ecdsa")
+    (home / ".ssh" / "id_ecdsa.pub").write_bytes(b"\xff\xfe not a public key\n")
     repo = repo_factory("ws")
     name = f"nokey-{secrets.token_hex(3)}"
     created = create(repo, name, boxes)
