@@ -56,6 +56,9 @@ _PUBLIC_KEY = re.compile(
     r"^(?:[a-z0-9-]+@openssh\.com|ssh-[a-z0-9-]+|ecdsa-sha2-[a-z0-9-]+) [A-Za-z0-9+/=]+(?: [^\n]*)?$"
 )
 
+# How much of a box-written failure line a warning on the host carries.
+_REPORT_LIMIT = 2000
+
 # Starts the line folded_setup prints for box_ready, in the output of an exec that did other work too.
 FOLDED_MARK = "agentbox-ssh-access: "
 # Run as root in the box; the user's public keys arrive on stdin. Prints the box's ed25519 host key.
@@ -193,7 +196,9 @@ def _folded_host_key(output: str, name: str) -> str | None:
         return None
     status, _space, rest = reports[-1].partition(" ")
     if status != "ok":
-        raise ProviderError(f"preparing SSH access in the box failed: {rest.strip()}", box=name, operation="SSH access")
+        # The box wrote this line: bounded before it reaches the host's warnings.
+        reason = rest.strip()[:_REPORT_LIMIT]
+        raise ProviderError(f"preparing SSH access in the box failed: {reason}", box=name, operation="SSH access")
     return _host_key_in(rest, name)
 
 
@@ -334,11 +339,17 @@ def write_known_host(box: str, host_key: str | None) -> bool:
 # The lifecycle hooks (called by _box on create, start, restore and destroy)
 
 
-def box_ready(provider: Provider, facts: BoxFacts, folded_output: str | None = None) -> Access:
+def box_ready(
+    provider: Provider,
+    facts: BoxFacts,
+    folded_output: str | None = None,
+    keys: list[tuple[str, str]] | None = None,
+) -> Access:
     """Make `ssh agentbox-<box>` work for a running box: keys in, host key and entry written.
-    `folded_output`: the stdout of an exec that ran folded_setup(identity keys), when one did."""
+    `folded_output`: the stdout of an exec that ran folded_setup with `keys` (identity_files()),
+    when one did."""
     access = Access(alias=alias(facts.name), ssh_config=ssh_config_path())
-    keys = identity_files()
+    keys = identity_files() if keys is None else keys
     if not keys:
         access.warnings.append(NO_KEY_HELP.format(box=facts.name))
     host_key = _folded_host_key(folded_output, facts.name) if folded_output else None

@@ -100,8 +100,7 @@ class DaytonaProvider(DaytonaSandboxes, Provider):
         """`options`: the sandbox settings DaytonaSandboxes takes (retries, exec_slice, idle_timeout,
         auto_stop, auto_archive, disk, network, auto_delete, retry_deadline), passed on as given: one list, there."""
         self._api_key = api_key or os.environ.get("DAYTONA_API_KEY") or None
-        super().__init__(api_url, target, **options)  # the DaytonaSandboxes chain, which ends at DaytonaAPI
-        Provider.__init__(self)
+        super().__init__(api_url, target, **options)  # the DaytonaSandboxes chain, then Provider's
 
     @property
     def engine(self) -> str:

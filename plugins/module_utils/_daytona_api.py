@@ -242,6 +242,7 @@ class DaytonaAPI:
     a sandbox object carries the id and the toolbox URL)."""
 
     def __init__(self, api_url: str, retries: int):
+        super().__init__()  # cooperative: in DaytonaProvider the next class is Provider
         self.api_url = api_url
         self.retries = retries
         # All the retries of one call end within this many seconds (lowered by tests through the provider).

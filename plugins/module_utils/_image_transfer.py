@@ -118,13 +118,17 @@ def _gzip(chunks: Iterable[bytes]) -> Iterator[bytes]:
     yield compressor.flush()
 
 
-def _client(provider: Provider) -> Any:
-    # The SDK is loaded here, when an image moves, never at import: every create imports this module,
-    # and on the local engine no create moves an image (the SDK's import is ~0.1 s of a create).
+def _sdk_errors() -> Any:
+    """docker.errors. The SDK is loaded when an image moves, never at import: every create imports
+    this module, and on the local engine no create moves an image (the SDK's import is ~0.1 s)."""
     try:
-        import docker.errors  # noqa: F401  pylint: disable=unused-import
+        from docker import errors
     except ImportError:
         raise ProviderError("the Python 'docker' package is required on the controller to move images") from None
+    return errors
+
+
+def _client(provider: Provider) -> Any:
     client = getattr(provider, "client", None)
     if client is None or not hasattr(client, "api"):
         raise ProviderError(f"provider {provider.name!r} is not a Docker engine: images cannot be streamed to it")
@@ -133,11 +137,9 @@ def _client(provider: Provider) -> Any:
 
 def _image_id(provider: Provider, image: str) -> str | None:
     client = _client(provider)
-    from docker.errors import ImageNotFound
-
     try:
         return client.images.get(image).id
-    except ImageNotFound:
+    except _sdk_errors().ImageNotFound:
         return None
 
 
@@ -206,8 +208,6 @@ def ensure_image(
 
 def _try_pull(provider: Provider, image: str, registry: str, notes: list[str]) -> str | None:
     api = _client(provider).api
-    from docker.errors import DockerException
-
     repository, _sep, tag = registry.rpartition(":") if ":" in registry.rsplit("/", 1)[-1] else (registry, "", "latest")
     try:
         for message in api.pull(repository, tag=tag, stream=True, decode=True):
@@ -216,7 +216,7 @@ def _try_pull(provider: Provider, image: str, registry: str, notes: list[str]) -
         target_repo, _sep, target_tag = image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "latest")
         api.tag(f"{repository}:{tag}", target_repo, target_tag)
         return _image_id(provider, image)
-    except (DockerException, ProviderError) as exc:
+    except (_sdk_errors().DockerException, ProviderError) as exc:
         notes.append(f"pull of {registry} on the engine failed ({str(exc).strip()[:300]}): streamed instead")
         return None
 
@@ -241,8 +241,6 @@ def copy_image(source: Provider, destination: Provider, image: str, *, compress:
 def _stream(source: Provider, destination: Provider, image: str, compress: bool, path: str) -> TransferReport:
     started = time.monotonic()
     raw = _Counter(_client(source).api.get_image(image, chunk_size=1 << 20))
-    from docker.errors import DockerException
-
     sent = _Counter(_gzip(raw) if compress else raw)
     failure = ""
     with _Progress(f"streaming {image} to engine {destination.engine}", raw, sent) as reporter:
@@ -250,7 +248,7 @@ def _stream(source: Provider, destination: Provider, image: str, compress: bool,
             for message in _client(destination).api.load_image(sent, quiet=True):
                 if isinstance(message, dict) and (message.get("error") or message.get("errorDetail")):
                     failure = str(message.get("error") or message.get("errorDetail"))
-        except (DockerException, OSError) as exc:
+        except (_sdk_errors().DockerException, OSError) as exc:
             failure = str(getattr(exc, "explanation", None) or exc)
         reporter.say(
             f"streaming {image} to engine {destination.engine}: {'failed: ' + failure[:200] if failure else 'done'}, "

@@ -154,7 +154,7 @@ def seed_worktrees(
     record = json.dumps(result.to_dict(), sort_keys=True)
     # The lock reason names the box's id: destroy finds the registration by it.
     owner = f"{box} id {box_id}" if box_id else box
-    script = f"{guarded(before)}\n{_WORKTREE_SCRIPT}" if before else _WORKTREE_SCRIPT
+    script = f"{_guarded(before)}\n{_WORKTREE_SCRIPT}" if before else _WORKTREE_SCRIPT
     run = provider.exec(box, ["sh", "-c", script, "seed", owner, "" if streams else record, *arguments], user="root")
     run.check(f"git worktree add for {root.host_root}", box)
     result.warnings += [line for line in run.stderr.decode("utf-8", "replace").splitlines() if line.strip()]
@@ -169,17 +169,17 @@ def seed_worktrees(
     return result
 
 
-def guarded(before: str) -> str:
-    """`before` (root shell commands) as a line whose stderr stays out of a seed's warnings and which, when
-    it fails, says so with that stderr and exits 1."""
+def _guarded(before: str) -> str:
+    """`before` (root shell commands) as lines to fold into the seed's exec: their stderr stays out of
+    the seed's warnings and, when they fail, the exec exits 1 saying so with that stderr."""
     return (f"before_err=$( (\n{before}\n) 2>&1 >/dev/null ) || {{ printf '%s\\n' "
-            f"\"preparing the box's view of the host .git failed: $before_err\" >&2; exit 1; }}")  # fmt: skip
+            f"\"preparing the box failed: $before_err\" >&2; exit 1; }}")  # fmt: skip
 
 
 def run_before(provider: Provider, box: str, before: str) -> None:
     """`before` in an exec of its own, for a create whose seed cannot fold it (see seed_worktrees)."""
     if before:
-        provider.exec(box, ["sh", "-c", guarded(before)], user="root").check("preparing the box", box)
+        provider.exec(box, ["sh", "-c", before], user="root").check("preparing the box", box)
 
 
 def seed_copy(provider: Provider, box: str, workspace: str) -> SeedResult:

@@ -289,9 +289,9 @@ def test_no_ssh_key_says_how_to_make_one(home: Path, repo_factory, boxes: list[s
     assert f"Host agentbox-{name}" in (home / ".agentbox" / "ssh_config").read_text()
 
 
-def test_access_rides_in_the_boot_exec_and_its_failure_is_a_warning(home: Path, repo_factory, boxes: list[str]) -> None:
-    """A create runs the SSH access's box side in the boot's exec (one exec less): when it fails there
-    (an image without sshd), the box is still made and running, and the warning says what failed."""
+@pytest.fixture
+def no_sshd_image() -> Iterator[str]:
+    """The box image without its OpenSSH server (removed after the test's boxes: ask for it before `boxes`)."""
     image = f"agentbox-test/no-sshd:{secrets.token_hex(3)}"
     maker = f"abx-nosshd-{secrets.token_hex(3)}"
     subprocess.run(["docker", "run", "--name", maker, "agentbox/box:latest", "rm", "-f", "/usr/sbin/sshd"],
@@ -301,27 +301,31 @@ def test_access_rides_in_the_boot_exec_and_its_failure_is_a_warning(home: Path, 
                        check=True, capture_output=True)  # fmt: skip
     finally:
         subprocess.run(["docker", "rm", "-f", maker], capture_output=True, check=False)
-    try:
-        name = f"nosshd-{secrets.token_hex(3)}"
-        boxes.append(name)
-        created = run_module("agentbox_box", {"name": name, "workspace": str(repo_factory("ws")), "image": image})
-        assert not created["failed"], created.get("msg")
-        assert created["box"]["state"] == "running" and created["boot"]["ok"] is True
-        assert any(
-            "preparing SSH access in the box failed: no OpenSSH server in the box (/usr/sbin/sshd)" in warning
-            for warning in created["access"]["warnings"]
-        ), created["access"]
-        # The same failure through attach, which runs the access alone (its own exec).
-        attached = run_module("agentbox_access", {"name": name, "ide": "print"})
-        assert not attached["failed"], attached.get("msg")
-        assert any(
-            "preparing SSH access in the box" in warning and "no OpenSSH server in the box" in warning
-            for warning in attached["warnings_access"]
-        ), attached["warnings_access"]
-    finally:
-        for box in boxes:
-            run_module("agentbox_box", {"name": box, "state": "absent"})
-        subprocess.run(["docker", "rmi", "-f", image], capture_output=True, check=False)
+    yield image
+    subprocess.run(["docker", "rmi", "-f", image], capture_output=True, check=False)
+
+
+def test_access_rides_in_the_boot_exec_and_its_failure_is_a_warning(
+    home: Path, repo_factory, no_sshd_image: str, boxes: list[str]
+) -> None:
+    """A create runs the SSH access's box side in the boot's exec (one exec less): when it fails there
+    (an image without sshd), the box is still made and running, and the warning says what failed."""
+    name = f"nosshd-{secrets.token_hex(3)}"
+    boxes.append(name)
+    created = run_module("agentbox_box", {"name": name, "workspace": str(repo_factory("ws")), "image": no_sshd_image})
+    assert not created["failed"], created.get("msg")
+    assert created["box"]["state"] == "running" and created["boot"]["ok"] is True
+    assert any(
+        "preparing SSH access in the box failed: no OpenSSH server in the box (/usr/sbin/sshd)" in warning
+        for warning in created["access"]["warnings"]
+    ), created["access"]
+    # The same failure through attach, which runs the access alone (its own exec).
+    attached = run_module("agentbox_access", {"name": name, "ide": "print"})
+    assert not attached["failed"], attached.get("msg")
+    assert any(
+        "preparing SSH access in the box" in warning and "no OpenSSH server in the box" in warning
+        for warning in attached["warnings_access"]
+    ), attached["warnings_access"]
 
 
 @pytest.fixture(scope="module")
