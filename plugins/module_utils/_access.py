@@ -34,7 +34,7 @@ import shutil
 from typing import Any
 
 from . import _host_files
-from ._provider import BoxFacts, Provider, ProviderError
+from ._provider import BOX_TEXT_LIMIT, BoxFacts, Provider, ProviderError
 from ._relay_state import write_module_launcher
 from ._ssh_proxy import alias, engine_proxy_argv, local_proxy_argv
 
@@ -55,9 +55,6 @@ _HOST_KEY = re.compile(
 _PUBLIC_KEY = re.compile(
     r"^(?:[a-z0-9-]+@openssh\.com|ssh-[a-z0-9-]+|ecdsa-sha2-[a-z0-9-]+) [A-Za-z0-9+/=]+(?: [^\n]*)?$"
 )
-
-# How much of a box-written failure line a warning on the host carries.
-_REPORT_LIMIT = 2000
 
 # Starts the line folded_setup prints for box_ready, in the output of an exec that did other work too.
 FOLDED_MARK = "agentbox-ssh-access: "
@@ -197,7 +194,7 @@ def _folded_host_key(output: str, name: str) -> str | None:
     status, _space, rest = reports[-1].partition(" ")
     if status != "ok":
         # The box wrote this line: bounded before it reaches the host's warnings.
-        reason = rest.strip()[:_REPORT_LIMIT]
+        reason = rest.strip()[:BOX_TEXT_LIMIT]
         raise ProviderError(f"preparing SSH access in the box failed: {reason}", box=name, operation="SSH access")
     return _host_key_in(rest, name)
 

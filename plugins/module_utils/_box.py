@@ -229,13 +229,13 @@ def _create_claimed(
                 seed_result = restore.restore_workspace(provider, name, repos, plans, carry)
         journal.write(stage="booting")
         _journal.pause_point("seeded")
-        boot, boot_output, identity = None, None, None
+        boot, boot_output, keys = None, None, None
         if request.boot:
             # The SSH access's box side rides in the boot's exec (refresh_access reads how it went).
             from . import _access
 
-            identity = _access.identity_files()
-            boot, boot_output = boot_box_then(provider, name, _access.folded_setup([line for _path, line in identity]))
+            keys = _access.identity_files()
+            boot, boot_output = boot_box_then(provider, name, _access.folded_setup([line for _path, line in keys]))
         if restore is not None and request.boot:
             _agent.resume(provider, facts)  # a checkpoint remembers which agents ran, never their credentials
         _relay_state.notify(box_id)  # the box runs now: a relay channel waiting for it opens at once
@@ -247,7 +247,7 @@ def _create_claimed(
             pass
         raise
     journal.forget()
-    access = refresh_access(provider, facts, boot_output, identity)
+    access = refresh_access(provider, facts, boot_output, keys)
     return Created(facts=facts, seed=seed_result, boot=boot, image_transfer=image_transfer, access=access)
 
 
@@ -255,16 +255,16 @@ def refresh_access(
     provider: Provider,
     facts: BoxFacts,
     boot_output: str | None = None,
-    identity: list[tuple[str, str]] | None = None,
+    keys: list[tuple[str, str]] | None = None,
 ) -> dict[str, Any]:
     """`ssh agentbox-<box>` for a running box (see _access). A failure here is a warning: the box
     itself is fine, and attach.yml writes the entry again. `boot_output`: a boot's stdout with the
-    access's box side folded in (boot_box_then), when there was one; `identity`: the keys it was
+    access's box side folded in (boot_box_then), when there was one; `keys`: the identity_files() it was
     given (so the host's key files are read once)."""
     from . import _access
 
     try:
-        return _access.box_ready(provider, facts, boot_output, identity).to_dict()
+        return _access.box_ready(provider, facts, boot_output, keys).to_dict()
     except (OSError, ProviderError) as exc:
         return {"alias": _access.alias(facts.name), "warnings": [f"ssh agentbox-{facts.name} is not set up: {exc}"]}
 

@@ -119,12 +119,11 @@ def _gzip(chunks: Iterable[bytes]) -> Iterator[bytes]:
 
 
 def _sdk_errors() -> Any:
-    """docker.errors. The SDK is loaded when an image moves, never at import: every create imports
-    this module, and on the local engine no create moves an image (the SDK's import is ~0.1 s)."""
-    try:
-        from docker import errors
-    except ImportError:
-        raise ProviderError("the Python 'docker' package is required on the controller to move images") from None
+    """docker.errors, loaded when an image moves, never at import: every create imports this module,
+    and on the local engine no create moves an image (the SDK's import is ~0.1 s). Only called after
+    _client, whose SDK client means the SDK is there."""
+    from docker import errors
+
     return errors
 
 

@@ -25,6 +25,8 @@ from ._errors import (  # noqa: F401  # pylint: disable=unused-import
 )
 
 BOX_STATES = ("running", "paused", "stopped", "missing")
+# How much of a text the box wrote (an exec's output, a failure line) a message on the host carries.
+BOX_TEXT_LIMIT = 2000
 
 
 @dataclasses.dataclass
@@ -39,7 +41,7 @@ class ExecResult:
 
     def check(self, what: str, box: str | None = None) -> ExecResult:
         if self.rc != 0:
-            detail = (self.stderr or self.stdout).decode("utf-8", "replace").strip()[-2000:]
+            detail = (self.stderr or self.stdout).decode("utf-8", "replace").strip()[-BOX_TEXT_LIMIT:]
             raise ProviderError(f"{what} exited {self.rc}: {detail}", box=box)
         return self
 
