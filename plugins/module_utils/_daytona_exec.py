@@ -150,6 +150,20 @@ def parse_wait_output(text: str) -> tuple[str, int | None, bytes, bytes]:
     return status, rc, base64.b64decode(out_text), base64.b64decode(err_text)
 
 
+def _session_ended(exc: BaseException) -> bool:
+    """The daemon's answer for a session whose shell is gone (the name stays taken until deleted)."""
+    return status_of(exc) == 410 or (HAS_DAYTONA and isinstance(exc, DaytonaSessionEndedError))
+
+
+def _delete_session(sandbox: Any) -> None:
+    """Free the exec session's name; one already deleted (by another process) is fine."""
+    try:
+        sandbox.process.delete_session(EXEC_SESSION, request_timeout=API_TIMEOUT)
+    except Exception as exc:
+        if status_of(exc) != 404:
+            raise
+
+
 class DaytonaExec(DaytonaAPI):
     """exec, put_archive and get_archive on Daytona sandboxes."""
 
@@ -218,28 +232,32 @@ class DaytonaExec(DaytonaAPI):
                 self.api_call(send, box=name, operation="exec")
             except ProviderError as exc:
                 cause = exc.__cause__
-                session_missing = cause is not None and (
-                    status_of(cause) in (404, 410) or (HAS_DAYTONA and isinstance(cause, DaytonaSessionEndedError))
-                )
+                ended = cause is not None and _session_ended(cause)
+                session_missing = ended or (cause is not None and status_of(cause) == 404)
                 # The first launch of this process in this sandbox may fail for want of the session, whatever
                 # the daemon answers then: make sure it exists and launch again (the launcher is idempotent).
                 if round_ or not (session_missing or sandbox.id not in self.sessions):
                     raise self._toolbox_hint(exc, name) from exc
-                self._ensure_session(name, sandbox)
+                self._ensure_session(name, sandbox, ended)
                 continue
             self.sessions.add(sandbox.id)
             return
 
-    def _ensure_session(self, name: str, sandbox: Any) -> None:
+    def _ensure_session(self, name: str, sandbox: Any, ended: bool = False) -> None:
+        """Make the box's exec session unless it exists. `ended`: the daemon said it has ended (its
+        shell exited or died): an ended session keeps its name, so a create would answer 409 and
+        every launch 410 for good; it is deleted first."""
+
         def make() -> None:
             try:
+                if ended:
+                    _delete_session(sandbox)
                 sandbox.process.create_session(EXEC_SESSION, request_timeout=API_TIMEOUT)
             except Exception as exc:
                 if (HAS_DAYTONA and isinstance(exc, DaytonaConflictError)) or status_of(exc) == 409:
                     return  # made by another process, or by a re-sent request
-                if status_of(exc) == 410 or (HAS_DAYTONA and isinstance(exc, DaytonaSessionEndedError)):
-                    # A session that ended (an `exit` in it) keeps its name: free the name and make it again.
-                    sandbox.process.delete_session(EXEC_SESSION, request_timeout=API_TIMEOUT)
+                if not ended and _session_ended(exc):
+                    _delete_session(sandbox)
                     sandbox.process.create_session(EXEC_SESSION, request_timeout=API_TIMEOUT)
                     return
                 raise

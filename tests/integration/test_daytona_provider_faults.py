@@ -10,6 +10,7 @@ import hashlib
 import io
 import os
 import tarfile
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -114,6 +115,40 @@ def test_long_command_outlives_the_proxy_cut(emu: Emu, box: str) -> None:
     assert (run.rc, run.stdout) == (0, b"survived\n")
     waits = [r for r in emu.admin.requests(since) if r["method"] == "POST" and r["path"].endswith("/process/execute")]
     assert len(waits) >= 2 and all(r["status"] == 200 for r in waits), waits
+
+
+def test_an_ended_exec_session_is_made_again(emu: Emu, box: str) -> None:
+    """The box's exec session can end (an `exit` in it, a daemon that lost its shell). Its name stays
+    taken, so making it again answers 409 and launching in it 410: exec deletes it first, in a process
+    that used it before and in a new one."""
+    from daytona import Daytona, DaytonaConfig, SessionExecuteRequest
+
+    from ansible_collections.agentbox.box.plugins.module_utils._daytona_exec import EXEC_SESSION
+
+    used = _provider(emu)
+    assert used.exec(box, ["echo", "before"]).stdout == b"before\n"
+    sandbox = Daytona(DaytonaConfig(api_key=emu.api_key, api_url=emu.api_url)).get(box)
+
+    def end_the_session() -> None:
+        sandbox.process.execute_session_command(EXEC_SESSION, SessionExecuteRequest(command="exit 0", run_async=True))
+        deadline = time.monotonic() + 30
+        while _exec_session_alive(emu, sandbox.id):
+            assert time.monotonic() < deadline, "the session's shell did not end"
+            time.sleep(0.1)
+        # Still listed under its name: the case a plain create cannot mend.
+        assert EXEC_SESSION in [session.session_id for session in sandbox.process.list_sessions()]
+
+    for provider in (_provider(emu), used):
+        end_the_session()
+        run = provider.exec(box, ["echo", "after"])
+        assert (run.rc, run.stdout) == (0, b"after\n")
+
+
+def _exec_session_alive(emu: Emu, sandbox_id: str) -> bool:
+    from ansible_collections.agentbox.box.plugins.module_utils._daytona_exec import EXEC_SESSION
+
+    sessions = emu.admin.state()["sessions"]
+    return any(s["sandboxId"] == sandbox_id and s["sessionId"] == EXEC_SESSION and s["alive"] for s in sessions)
 
 
 def test_rate_limited_start_succeeds_after_retries(emu: Emu, box: str) -> None:
