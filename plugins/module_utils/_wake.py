@@ -15,7 +15,10 @@ A paused box is resumed and a stopped one started through the collection's own s
 SSH keys written again to the box's tmpfs, agents resumed), then COMMAND (the same sshd through the
 engine) replaces this process. A running box whose provider hands out SSH access that runs out
 (Daytona's gateway token) gets new access (the gateway refused the old one: expired, or revoked by
-a newer one); that needs DAYTONA_API_KEY where ssh runs. A box that was stopped gets new published
+a newer one); that needs DAYTONA_API_KEY where ssh runs. The direct path also "fails" after every
+finished session (`sshd -i` exits 255 once ssh has closed its end): ssh normally kills its ProxyCommand
+first, but not when it runs with SIGHUP ignored (`nohup ssh ...`), so a wake whose standard input ssh
+has already closed does nothing at all. A box that was stopped gets new published
 ports with its start: its new web URL is said on standard error. A running box means the connection failed for its own reasons: nothing is retried.
 Standard output is the SSH stream, so nothing but COMMAND may write to it; every message goes to
 standard error, which ssh shows.
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import sys
 from typing import Any
 
@@ -37,6 +41,19 @@ USAGE = "usage: agentbox-wake PROVIDER ENGINE BOX PROVIDER_OPTIONS_JSON -- COMMA
 def say(text: str) -> None:
     sys.stderr.write(text + "\n")
     sys.stderr.flush()
+
+
+def ssh_has_gone(stdin_fd: int = 0) -> bool:
+    """True when ssh has closed its end of our standard input: its session is over, nobody waits for a
+    wake. (sshd sees that end of file first, so it is already there when the direct path's exit brings
+    us here; while ssh waits for a connection it holds the pipe open.)"""
+    poller = select.poll()
+    poller.register(stdin_fd, select.POLLIN)
+    try:
+        events = poller.poll(0)
+    except OSError:
+        return False
+    return any(mask & select.POLLHUP for _fd, mask in events)
 
 
 def wake(provider_name: str, engine: str, box: str, options: dict[str, Any]) -> tuple[str, str | None]:
@@ -70,6 +87,8 @@ def main(argv: list[str]) -> int:
     if "--" not in argv or argv.index("--") != 4 or len(argv) < 6:
         say(USAGE)
         return 2
+    if ssh_has_gone():
+        return 255  # the direct path ended with a session it carried; nothing to wake, no one to tell
     provider_name, engine, box, raw_options = argv[:4]
     command = argv[5:]
     stream = os.dup(1)

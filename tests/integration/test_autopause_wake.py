@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -39,10 +40,27 @@ def status(box: dict) -> str:
     return box["client"].containers.get(f"agentbox-{box['name']}").status
 
 
-def ssh(box: dict, command: str) -> subprocess.CompletedProcess:
+def ssh(box: dict, command: str, *, sighup_ignored: bool = False) -> subprocess.CompletedProcess:
     config = box["home"] / ".agentbox" / "ssh_config"
     argv = ["ssh", "-F", str(config), "-o", "BatchMode=yes", f"agentbox-{box['name']}", command]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    # `nohup ssh ...`: ssh's SIGHUP to its ProxyCommand at the end then kills nothing.
+    ignore = (lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if sighup_ignored else None
+    return subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False, preexec_fn=ignore)
+
+
+def test_a_finished_session_never_runs_the_wake_even_under_nohup(sleepy: dict) -> None:
+    """sshd -i exits 255 after every session, so the direct path's `||` runs the wake then; ssh kills
+    it first unless SIGHUP is ignored. The wake must see that ssh is gone and do nothing."""
+    for _ in range(3):
+        done = ssh(sleepy, "true", sighup_ignored=True)
+        assert done.returncode == 0, done.stderr
+        assert "agentbox:" not in done.stderr, done.stderr
+    # Before a session, ssh still waits: a paused box is woken under nohup too.
+    sleepy["client"].containers.get(f"agentbox-{sleepy['name']}").pause()
+    woke = ssh(sleepy, "id -un", sighup_ignored=True)
+    assert woke.returncode == 0 and woke.stdout == "vscode\n", woke.stderr
+    assert woke.stderr.count("agentbox:") == 1 and "was paused" in woke.stderr, woke.stderr
+    assert status(sleepy) == "running"
 
 
 def test_a_box_the_policy_stopped_comes_back_through_a_connection_plugin_task(sleepy: dict) -> None:
