@@ -10,9 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
+# First: it makes the module_utils below load from Python's bytecode cache (plugin_utils/_bytecode.py).
+from ansible_collections.agentbox.box.plugins.plugin_utils._local_action import InProcessAction
+
+# isort: split
+
 from ansible_collections.agentbox.box.plugins.module_utils._agent_task import AGENT_ARGUMENT_SPEC, run_agent_task
 from ansible_collections.agentbox.box.plugins.module_utils._module import PROVIDER_ARGUMENT_SPEC, provider_from_params
-from ansible_collections.agentbox.box.plugins.plugin_utils._local_action import InProcessAction
 
 
 class ActionModule(InProcessAction):

@@ -13,9 +13,13 @@ from typing import Any
 
 from ansible.utils.display import Display
 
+# First: it makes the module_utils below load from Python's bytecode cache (plugin_utils/_bytecode.py).
+from ansible_collections.agentbox.box.plugins.plugin_utils._local_action import InProcessAction
+
+# isort: split
+
 from ansible_collections.agentbox.box.plugins.module_utils import _image_transfer
 from ansible_collections.agentbox.box.plugins.module_utils._box_task import BOX_ARGUMENT_SPEC, run_box_task
-from ansible_collections.agentbox.box.plugins.plugin_utils._local_action import InProcessAction
 
 
 class ActionModule(InProcessAction):

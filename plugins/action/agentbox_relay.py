@@ -9,8 +9,15 @@ from typing import Any
 
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.agentbox.box.plugins.module_utils._module import failure
-from ansible_collections.agentbox.box.plugins.module_utils._relay_main import RELAY_ARGUMENT_SPEC, relay_task
+# First: the module_utils below then load from Python's bytecode cache (plugin_utils/_bytecode.py).
+from ansible_collections.agentbox.box.plugins.plugin_utils import _bytecode
+
+_bytecode.install()
+
+# isort: split
+
+from ansible_collections.agentbox.box.plugins.module_utils._module import failure  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils._relay_main import RELAY_ARGUMENT_SPEC, relay_task  # noqa: E402
 
 
 class ActionModule(ActionBase):

@@ -172,6 +172,13 @@ from ansible.plugins.connection import ConnectionBase
 from ansible.utils.display import Display
 
 try:
+    # First: the module_utils below then load from Python's bytecode cache (plugin_utils/_bytecode.py).
+    from ansible_collections.agentbox.box.plugins.plugin_utils import _bytecode
+
+    _bytecode.install()
+
+    # isort: split
+
     from ansible_collections.agentbox.box.plugins.module_utils._box import set_state
     from ansible_collections.agentbox.box.plugins.module_utils._provider import (
         BoxNotFound,

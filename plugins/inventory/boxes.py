@@ -153,6 +153,13 @@ from ansible.plugins.inventory import BaseInventoryPlugin, Cacheable, Constructa
 from ansible.plugins.loader import connection_loader
 
 try:
+    # First: the module_utils below then load from Python's bytecode cache (plugin_utils/_bytecode.py).
+    from ansible_collections.agentbox.box.plugins.plugin_utils import _bytecode
+
+    _bytecode.install()
+
+    # isort: split
+
     from ansible_collections.agentbox.box.plugins.module_utils._agent import agents_of
     from ansible_collections.agentbox.box.plugins.module_utils._naming import project_id, sanitize_group
     from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError

@@ -15,7 +15,12 @@ from typing import Any
 
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.agentbox.box.plugins.module_utils._module import failure
+from ansible_collections.agentbox.box.plugins.plugin_utils import _bytecode
+
+# Before any module_util loads: the action plugins import this file first, so theirs come from .pyc.
+_bytecode.install()
+
+from ansible_collections.agentbox.box.plugins.module_utils._module import failure  # noqa: E402
 
 LOCAL_TRANSPORTS = ("local", "ansible.builtin.local")
 

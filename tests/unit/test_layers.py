@@ -48,6 +48,7 @@ RANKS: dict[str, int] = {
     "_relay_state": HOST,
     "_relay_channel": HOST,
     "_filetar": HOST,
+    "_bytecode": HOST,
     "_box_container": HOST,
     # 2 the provider interface.
     "_provider": INTERFACE,
