@@ -217,25 +217,27 @@ def _create_claimed(
         before = [_gitlayer.prepare_command(spec.bind_paths)] if spec.bind_paths else []
         if request.boot:
             before.append(early_boot_command())
-        seed_result = None
+        # The SSH access's box side rides in an exec the create makes anyway: the boot's, else a
+        # worktree seed's (refresh_access reads how it went, and makes its own exec when neither ran it).
+        from . import _access
+
+        keys = _access.identity_files()
+        access_lines = _access.folded_setup([line for _path, line in keys])
+        seed_result, folded_output = None, ""
         if restore is None and request.seed:
-            seed_result = _seed_workspace(
+            seed_result, folded_output = _seed_workspace(
                 provider, name, workspace, repos, plans, branch, carry, request.ship_depth, box_id,
-                before="\n".join(before),
-            )
+                before="\n".join(before), report="" if request.boot else access_lines,
+            )  # fmt: skip
         else:
             _seed.run_before(provider, name, "\n".join(before))
             if restore is not None:
                 seed_result = restore.restore_workspace(provider, name, repos, plans, carry)
         journal.write(stage="booting")
         _journal.pause_point("seeded")
-        boot, boot_output, keys = None, None, None
+        boot = None
         if request.boot:
-            # The SSH access's box side rides in the boot's exec (refresh_access reads how it went).
-            from . import _access
-
-            keys = _access.identity_files()
-            boot, boot_output = boot_box_then(provider, name, _access.folded_setup([line for _path, line in keys]))
+            boot, folded_output = boot_box_then(provider, name, access_lines)
         if restore is not None and request.boot:
             _agent.resume(provider, facts)  # a checkpoint remembers which agents ran, never their credentials
         _relay_state.notify(box_id)  # the box runs now: a relay channel waiting for it opens at once
@@ -247,24 +249,24 @@ def _create_claimed(
             pass
         raise
     journal.forget()
-    access = refresh_access(provider, facts, boot_output, keys)
+    access = refresh_access(provider, facts, folded_output or None, keys)
     return Created(facts=facts, seed=seed_result, boot=boot, image_transfer=image_transfer, access=access)
 
 
 def refresh_access(
     provider: Provider,
     facts: BoxFacts,
-    boot_output: str | None = None,
+    folded_output: str | None = None,
     keys: list[tuple[str, str]] | None = None,
 ) -> dict[str, Any]:
     """`ssh agentbox-<box>` for a running box (see _access). A failure here is a warning: the box
-    itself is fine, and attach.yml writes the entry again. `boot_output`: a boot's stdout with the
-    access's box side folded in (boot_box_then), when there was one; `keys`: the identity_files() it was
-    given (so the host's key files are read once)."""
+    itself is fine, and attach.yml writes the entry again. `folded_output`: the stdout of an exec with
+    the access's box side folded in (the boot's or the seed's), when there was one; `keys`: the
+    identity_files() it was given (so the host's key files are read once)."""
     from . import _access
 
     try:
-        return _access.box_ready(provider, facts, boot_output, keys).to_dict()
+        return _access.box_ready(provider, facts, folded_output, keys).to_dict()
     except (OSError, ProviderError) as exc:
         return {"alias": _access.alias(facts.name), "warnings": [f"ssh agentbox-{facts.name} is not set up: {exc}"]}
 
@@ -280,17 +282,20 @@ def _seed_workspace(
     ship_depth: int | None = None,
     box_id: str = "",
     before: str = "",
-) -> _seed.SeedResult:
-    """The one dispatch between the three ways of seeding /workspace. `before`: root shell commands
-    run first: in the worktree seed's own exec, else in one of their own."""
+    report: str = "",
+) -> tuple[_seed.SeedResult, str]:
+    """The one dispatch between the three ways of seeding /workspace; the result, and the stdout of
+    the exec that ran `report` ("" when none did). `before`: root shell commands run first: in the
+    worktree seed's own exec, else in one of their own. `report`: see _seed.seed_worktrees (only
+    that seed carries it)."""
     if plans:
-        return _seed.seed_worktrees(provider, name, plans, carry, box_id, before)
+        return _seed.seed_worktrees(provider, name, plans, carry, box_id, before, report)
     _seed.run_before(provider, name, before)
     if repos:
         from . import _ship
 
-        return _ship.seed_shipped(provider, name, repos, branch, carry, depth=ship_depth)
-    return _seed.seed_copy(provider, name, workspace)
+        return _ship.seed_shipped(provider, name, repos, branch, carry, depth=ship_depth), ""
+    return _seed.seed_copy(provider, name, workspace), ""
 
 
 def seed_existing(provider: Provider, facts: BoxFacts) -> tuple[bool, dict[str, Any]]:
@@ -318,7 +323,7 @@ def seed_existing(provider: Provider, facts: BoxFacts) -> tuple[bool, dict[str, 
             plans.append(plan)
     carry = _seed.capture_all(repos) if repos else {}
     try:
-        result = _seed_workspace(provider, facts.name, facts.workspace, repos, plans, facts.branch, carry)
+        result, _output = _seed_workspace(provider, facts.name, facts.workspace, repos, plans, facts.branch, carry)
     except BaseException:
         for plan in plans:
             _git.remove_worktree_registration(plan.common_dir, plan.path)

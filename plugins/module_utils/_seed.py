@@ -124,13 +124,16 @@ def seed_worktrees(
     carry: dict[str, CarryOver],
     box_id: str = "",
     before: str = "",
-) -> SeedResult:
+    report: str = "",
+) -> tuple[SeedResult, str]:
     """Register each worktree in the box, apply the carried stash, stream untracked files; the
     seed record last (the worktree script writes it when no file follows, else the stream ends
-    with it), so a box without one is known to be half-made.
+    with it), so a box without one is known to be half-made. Returns the result and the exec's stdout.
 
     `before`: root shell commands the create needs run before git uses the .git (the git layer's
-    preparation, the early boot), folded into the same exec: each exec is ~3 engine requests."""
+    preparation, the early boot), folded into the same exec: each exec is ~3 engine requests.
+    `report`: root shell lines run first that never fail and say how they went on stdout (a create's
+    SSH access when no boot follows, see _access.folded_setup); nothing else there writes to stdout."""
     root = plans[0]
     result = SeedResult(mode="worktree", branch=root.branch, base_commit=root.base)
     arguments: list[str] = []
@@ -154,7 +157,7 @@ def seed_worktrees(
     record = json.dumps(result.to_dict(), sort_keys=True)
     # The lock reason names the box's id: destroy finds the registration by it.
     owner = f"{box} id {box_id}" if box_id else box
-    script = f"{_guarded(before)}\n{_WORKTREE_SCRIPT}" if before else _WORKTREE_SCRIPT
+    script = "\n".join(part for part in (report, _guarded(before) if before else "", _WORKTREE_SCRIPT) if part)
     run = provider.exec(box, ["sh", "-c", script, "seed", owner, "" if streams else record, *arguments], user="root")
     run.check(f"git worktree add for {root.host_root}", box)
     result.warnings += [line for line in run.stderr.decode("utf-8", "replace").splitlines() if line.strip()]
@@ -166,7 +169,7 @@ def seed_worktrees(
         parts = [(plan.host_root, carry[plan.sub].untracked, plan.path) for plan in plans if carry[plan.sub].untracked]
         stream = tar_ending_with(parts, Final(SEED_RECORD, f"{record}\n".encode()))
         provider.put_archive(box, "/", pausing_stream(stream, "streaming"))
-    return result
+    return result, run.stdout.decode("utf-8", "replace")
 
 
 def _guarded(before: str) -> str:

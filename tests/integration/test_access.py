@@ -308,7 +308,8 @@ def no_sshd_image() -> Iterator[str]:
 def test_access_rides_in_the_boot_exec_and_its_failure_is_a_warning(
     home: Path, repo_factory, no_sshd_image: str, boxes: list[str]
 ) -> None:
-    """A create runs the SSH access's box side in the boot's exec (one exec less): when it fails there
+    """A create runs the SSH access's box side in the boot's exec, or the seed's when it does not boot
+    (one exec less): when it fails there
     (an image without sshd), the box is still made and running, and the warning says what failed."""
     name = f"nosshd-{secrets.token_hex(3)}"
     boxes.append(name)
@@ -319,6 +320,18 @@ def test_access_rides_in_the_boot_exec_and_its_failure_is_a_warning(
         "preparing SSH access in the box failed: no OpenSSH server in the box (/usr/sbin/sshd)" in warning
         for warning in created["access"]["warnings"]
     ), created["access"]
+    # With no boot, it rides in the worktree seed's exec instead: the same words (its own exec would
+    # say "exited 4"), and the box is made.
+    unbooted_name = f"nosshd-{secrets.token_hex(3)}"
+    boxes.append(unbooted_name)
+    unbooted = run_module("agentbox_box", {"name": unbooted_name, "workspace": str(repo_factory("ws2")),
+                                           "image": no_sshd_image, "boot": False})  # fmt: skip
+    assert not unbooted["failed"], unbooted.get("msg")
+    assert unbooted["box"]["state"] == "running" and unbooted["seed"]["mode"] == "worktree"
+    assert any(
+        "preparing SSH access in the box failed: no OpenSSH server in the box (/usr/sbin/sshd)" in warning
+        for warning in unbooted["access"]["warnings"]
+    ), unbooted["access"]
     # The same failure through attach, which runs the access alone (its own exec).
     attached = run_module("agentbox_access", {"name": name, "ide": "print"})
     assert not attached["failed"], attached.get("msg")
