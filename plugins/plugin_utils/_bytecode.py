@@ -46,6 +46,11 @@ class _CollectionUtilFinder:
 
 
 def install() -> None:
-    """Put the finder ahead of Ansible's (once per process; a forked worker inherits it)."""
-    if not any(getattr(finder, "agentbox_bytecode_cache", False) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _CollectionUtilFinder)
+    """Put the finder just ahead of Ansible's collection finder (once per process; a forked worker
+    inherits it). Without that finder nothing needs it: Python's own import caches already."""
+    if any(getattr(finder, "agentbox_bytecode_cache", False) for finder in sys.meta_path):
+        return
+    for index, finder in enumerate(sys.meta_path):
+        if type(finder).__module__.startswith("ansible.utils.collection_loader"):
+            sys.meta_path.insert(index, _CollectionUtilFinder)
+            return

@@ -51,10 +51,10 @@ def ssh(box: dict, command: str, *, sighup_ignored: bool = False) -> subprocess.
 def test_a_finished_session_never_runs_the_wake_even_under_nohup(sleepy: dict) -> None:
     """sshd -i exits 255 after every session, so the direct path's `||` runs the wake then; ssh kills
     it first unless SIGHUP is ignored. The wake must see that ssh is gone and do nothing."""
-    for _ in range(3):
+    for login in range(3):
         done = ssh(sleepy, "true", sighup_ignored=True)
-        assert done.returncode == 0, done.stderr
-        assert "agentbox:" not in done.stderr, done.stderr
+        assert done.returncode == 0, (login, done.stderr)
+        assert "agentbox:" not in done.stderr, (login, done.stderr)
     # Before a session, ssh still waits: a paused box is woken under nohup too.
     sleepy["client"].containers.get(f"agentbox-{sleepy['name']}").pause()
     woke = ssh(sleepy, "id -un", sighup_ignored=True)
