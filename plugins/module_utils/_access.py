@@ -339,12 +339,12 @@ def write_known_host(box: str, host_key: str | None) -> bool:
 def box_ready(
     provider: Provider,
     facts: BoxFacts,
-    folded_output: str | None = None,
+    folded_output: str = "",
     keys: list[tuple[str, str]] | None = None,
 ) -> Access:
     """Make `ssh agentbox-<box>` work for a running box: keys in, host key and entry written.
     `folded_output`: the stdout of an exec that ran folded_setup with `keys` (identity_files()),
-    when one did."""
+    "" when none did."""
     access = Access(alias=alias(facts.name), ssh_config=ssh_config_path())
     keys = identity_files() if keys is None else keys
     if not keys:

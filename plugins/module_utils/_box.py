@@ -249,19 +249,19 @@ def _create_claimed(
             pass
         raise
     journal.forget()
-    access = refresh_access(provider, facts, folded_output or None, keys)
+    access = refresh_access(provider, facts, folded_output, keys)
     return Created(facts=facts, seed=seed_result, boot=boot, image_transfer=image_transfer, access=access)
 
 
 def refresh_access(
     provider: Provider,
     facts: BoxFacts,
-    folded_output: str | None = None,
+    folded_output: str = "",
     keys: list[tuple[str, str]] | None = None,
 ) -> dict[str, Any]:
     """`ssh agentbox-<box>` for a running box (see _access). A failure here is a warning: the box
     itself is fine, and attach.yml writes the entry again. `folded_output`: the stdout of an exec with
-    the access's box side folded in (the boot's or the seed's), when there was one; `keys`: the
+    the access's box side folded in (the boot's or the seed's), "" when none ran it; `keys`: the
     identity_files() it was given (so the host's key files are read once)."""
     from . import _access
 

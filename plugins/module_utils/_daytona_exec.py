@@ -249,18 +249,18 @@ class DaytonaExec(DaytonaAPI):
         every launch 410 for good; it is deleted first."""
 
         def make() -> None:
+            if ended:
+                _delete_session(sandbox)
             try:
-                if ended:
-                    _delete_session(sandbox)
                 sandbox.process.create_session(EXEC_SESSION, request_timeout=API_TIMEOUT)
             except Exception as exc:
                 if (HAS_DAYTONA and isinstance(exc, DaytonaConflictError)) or status_of(exc) == 409:
                     return  # made by another process, or by a re-sent request
-                if not ended and _session_ended(exc):
-                    _delete_session(sandbox)
-                    sandbox.process.create_session(EXEC_SESSION, request_timeout=API_TIMEOUT)
-                    return
-                raise
+                if ended or not _session_ended(exc):
+                    raise
+                # The create itself says the name is held by an ended session: free it, make it again.
+                _delete_session(sandbox)
+                sandbox.process.create_session(EXEC_SESSION, request_timeout=API_TIMEOUT)
 
         try:
             self.api_call(make, box=name, operation="exec (session)")

@@ -43,17 +43,13 @@ def say(text: str) -> None:
     sys.stderr.flush()
 
 
-def ssh_has_gone(stdin_fd: int = 0) -> bool:
+def ssh_has_gone() -> bool:
     """True when ssh has closed its end of our standard input: its session is over, nobody waits for a
     wake. (sshd sees that end of file first, so it is already there when the direct path's exit brings
     us here; while ssh waits for a connection it holds the pipe open.)"""
     poller = select.poll()
-    poller.register(stdin_fd, select.POLLIN)
-    try:
-        events = poller.poll(0)
-    except OSError:
-        return False
-    return any(mask & select.POLLHUP for _fd, mask in events)
+    poller.register(0, select.POLLIN)
+    return any(mask & select.POLLHUP for _fd, mask in poller.poll(0))
 
 
 def wake(provider_name: str, engine: str, box: str, options: dict[str, Any]) -> tuple[str, str | None]:

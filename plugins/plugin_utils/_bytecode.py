@@ -6,8 +6,8 @@ Note that this plugin util is PRIVATE to the collection: it can change at any ti
 
 Ansible's collection loader compiles a module_util from its source on every import, and every task
 runs in a freshly forked worker: an action plugin that does its work in the controller's process
-compiled the ~5000 lines it imports on each task (~80 ms, more than the image check and the summary
-of create_box.yml together). The finder installed here loads this collection's own module_utils and
+compiled the ~4,900 lines it imports on each task (0.084 s of the agentbox_box action's 0.106 s
+import; 0.03-0.04 s with the cache). The finder installed here loads this collection's own module_utils and
 plugin_utils with Python's standard source loader instead, which keeps a `.pyc` beside each file
 (in `__pycache__`, written only when the directory is writable) and reads it back when the source
 has not changed. Only files of this collection that are plain files on disk; any other name, and any

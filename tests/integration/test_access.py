@@ -309,8 +309,8 @@ def test_access_rides_in_the_boot_exec_and_its_failure_is_a_warning(
     home: Path, repo_factory, no_sshd_image: str, boxes: list[str]
 ) -> None:
     """A create runs the SSH access's box side in the boot's exec, or the seed's when it does not boot
-    (one exec less): when it fails there
-    (an image without sshd), the box is still made and running, and the warning says what failed."""
+    (one exec less): when it fails there (an image without sshd), the box is still made and running,
+    and the warning says what failed."""
     name = f"nosshd-{secrets.token_hex(3)}"
     boxes.append(name)
     created = run_module("agentbox_box", {"name": name, "workspace": str(repo_factory("ws")), "image": no_sshd_image})
