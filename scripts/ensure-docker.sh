@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Make sure a Docker engine answers. Used by the set-up command and by the test command.
+# Make sure a Docker engine answers, and the box engine beside it (scripts/ensure-box-engine.sh).
+# Used by the set-up command and by the test command.
 #
 # - If `docker info` answers (DOCKER_HOST honoured), use that engine and change nothing.
 # - Otherwise, as root on Debian/Ubuntu: install Debian's docker.io (plus fuse-overlayfs,
@@ -18,7 +19,7 @@ wait_seconds=${AGENTBOX_DOCKERD_WAIT:-180}
 # busybox-static: the Daytona emulator's tests build a tiny image from it.
 # acl: setfacl lets boxes commit into a root-owned repository.
 # rsync: the access tests copy through `rsync -e ssh` over a box's alias.
-host_packages=(docker.io fuse-overlayfs debootstrap openssh-server git busybox-static acl rsync)
+host_packages=(docker.io fuse-overlayfs debootstrap openssh-server git busybox-static acl rsync iproute2 iptables)
 
 say() { printf 'ensure-docker: %s\n' "$*" >&2; }
 
@@ -45,8 +46,18 @@ if is_debian_root; then
   fi
 fi
 
+# Boxes run on the box engine (root in a box is nobody on the host): started beside the user's engine.
+box_engine() {
+  if is_debian_root || [ -n "${AGENTBOX_ENGINE:-}" ]; then
+    bash "$(dirname "$0")/ensure-box-engine.sh"
+  else
+    say "not root: the box engine is not started here (run scripts/ensure-box-engine.sh as root); boxes need isolation=none until then"
+  fi
+}
+
 if engine_answers; then
   say "engine answers at ${DOCKER_HOST:-unix:///var/run/docker.sock}"
+  box_engine
   exit 0
 fi
 if [ ! -r /etc/debian_version ]; then
@@ -74,6 +85,7 @@ fi
 for _ in $(seq "$wait_seconds"); do
   if engine_answers; then
     say "engine answers (storage driver: $(docker info --format '{{.Driver}}'))"
+    box_engine
     exit 0
   fi
   sleep 1

@@ -44,6 +44,9 @@ setup_step() {  # setup_step NAME COMMAND...: like step, but a failure ends the 
 }
 setup_step "venv" bash scripts/setup-venv.sh
 setup_step "docker engine" bash scripts/ensure-docker.sh
+# Boxes live on the box engine (ensure-docker.sh starts it): every docker CLI and SDK of the run
+# (tests, molecule, emulators) reaches that engine, as the collection does for isolated boxes.
+export DOCKER_HOST=${AGENTBOX_ENGINE:-unix:///run/agentbox-engine/docker.sock}
 setup_step "browser" bash scripts/ensure-browser.sh
 setup_step "box image" ansible-playbook playbooks/build_image.yml
 

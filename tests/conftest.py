@@ -26,6 +26,9 @@ os.environ.setdefault("GRPC_POLL_STRATEGY", "poll")
 # (at most 5 running) to every other test's boxes and pause them mid-test. Off for the suite; the
 # policy's own tests (test_autopause_relay.py) run their relay under a private HOME with it on.
 os.environ.setdefault("AGENTBOX_IDLE_INTERVAL", "0")
+# Boxes live on the box engine (user namespaces, scripts/ensure-box-engine.sh): every test's docker
+# CLI, SDK client and emulator reaches that engine, as the collection does for isolated boxes.
+os.environ.setdefault("DOCKER_HOST", os.environ.get("AGENTBOX_ENGINE") or "unix:///run/agentbox-engine/docker.sock")
 if str(REPO / ".collections") not in sys.path:
     sys.path.insert(0, str(REPO / ".collections"))
 # Every import of ansible_collections.agentbox.box goes through Ansible's own collection finder,

@@ -11,7 +11,8 @@ options:
   provider:
     description:
       - Where the box lives.
-      - V(docker) is the local Docker engine (C(DOCKER_HOST) is honoured).
+      - V(docker) is this machine's box engine (see O(isolation)); with O(isolation=none) the local Docker
+        engine (C(DOCKER_HOST) is honoured).
       - V(docker_ssh) is a Docker engine on another machine reached over SSH; set O(engine).
       - V(daytona) is a Daytona sandbox reached through the official SDK.
       - V(boxd) is a boxd microVM reached through the official SDK (gRPC).
@@ -24,6 +25,17 @@ options:
         C(user@host[:port]).
       - Ignored by the other providers.
     type: str
+  isolation:
+    description:
+      - How a Docker box (O(provider=docker) or V(docker_ssh)) is kept from its host.
+      - V(userns) runs it on an engine that remaps user namespaces, so root in the box is an unprivileged
+        uid on the host; locally that is the box engine the collection starts (C(scripts/ensure-box-engine.sh),
+        C(AGENTBOX_ENGINE) overrides its address). A remote engine that does not remap is refused.
+      - V(none) runs it on the engine as it is (locally the user's own, C(DOCKER_HOST) honoured), where root
+        in the box holds capabilities on the host; such boxes are labelled C(io.agentbox.isolation=none).
+      - Not given, a task on an existing box finds it on either local engine.
+    type: str
+    choices: [userns, none]
   ssh_strict_host_key_checking:
     description:
       - Check the engine's host key against C(~/.ssh/known_hosts) (O(provider=docker_ssh) only).

@@ -208,8 +208,8 @@ def _config_quote(value: str) -> str:
     return shlex.quote(value).replace("%", "%%")
 
 
-def local_proxy_command(box: str) -> str:
-    return " ".join(_config_quote(word) for word in local_proxy_argv(box))
+def local_proxy_command(box: str, docker_host: str | None = None) -> str:
+    return " ".join(_config_quote(word) for word in local_proxy_argv(box, docker_host))
 
 
 def engine_proxy_command(box: str, engine: str, ssh_options: dict[str, Any]) -> str:
@@ -438,12 +438,12 @@ def ensure_include() -> bool:
 EDITORS = {"vscode": "code", "cursor": "cursor"}
 
 
-def dev_container_uri(facts: BoxFacts, folder: str = "/workspace") -> str:
+def dev_container_uri(facts: BoxFacts, folder: str = "/workspace", docker_host: str | None = None) -> str:
     """VS Code's Dev Containers "attach to running container" URI: hex of the container JSON."""
     import json
 
     target: dict[str, Any] = {"containerName": "/" + facts.container}
-    docker_host = os.environ.get("DOCKER_HOST")
+    docker_host = docker_host or os.environ.get("DOCKER_HOST")
     if docker_host:
         target["settings"] = {"host": docker_host}
     payload = json.dumps(target, separators=(",", ":")).encode().hex()
@@ -457,7 +457,7 @@ def remote_ssh_uri(box: str, folder: str = "/workspace") -> str:
 def attach_uri(provider: Provider, facts: BoxFacts, ide: str) -> str:
     """The Dev Containers URI for a box on this machine's engine in VS Code or Cursor; Remote-SSH otherwise."""
     if ide in EDITORS and provider.attaches_dev_containers:
-        return dev_container_uri(facts)
+        return dev_container_uri(facts, docker_host=provider.docker_host)
     return remote_ssh_uri(facts.name)
 
 

@@ -322,6 +322,12 @@ def seed_existing(provider: Provider, facts: BoxFacts) -> tuple[bool, dict[str, 
                 plan.owner_uid = _seed.BOX_UID
             plans.append(plan)
     carry = _seed.capture_all(repos) if repos else {}
+    if _gitlayer.has_layers(facts):
+        # The box's view of each .git was taken at create: this stash is newer.
+        for plan in plans:
+            stash = carry[plan.sub].stash
+            if stash:
+                _gitlayer.send_objects(provider, facts.name, plan.host_root, plan.common_dir, [stash], plan.base)
     try:
         result, _output = _seed_workspace(provider, facts.name, facts.workspace, repos, plans, facts.branch, carry)
     except BaseException:

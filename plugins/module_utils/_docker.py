@@ -17,7 +17,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
-from . import _editor_volumes
+from . import _box_engine, _editor_volumes
 from ._box_container import BadValue, container_config, proxy_environment
 from ._engine_api import (
     EngineAPI,
@@ -96,9 +96,11 @@ _CLIENTS_LOCK = threading.Lock()
 _API_VERSIONS: dict[str, str] = {}
 
 
-def engine_unreachable(engine: str, exc: Exception) -> EngineUnreachable:
+def engine_unreachable(engine: str, exc: Exception, docker_host: str | None = None) -> EngineUnreachable:
     """The one message for an engine that does not answer: where it was looked for, and what to do."""
-    where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock") if engine == "local" else engine
+    if engine == "local" and docker_host and docker_host == _box_engine.box_engine_host():
+        return EngineUnreachable(f"the box engine at {docker_host} does not answer ({exc}): {_box_engine.START_HINT}")
+    where = (docker_host or _box_engine.user_engine_host()) if engine == "local" else engine
     return EngineUnreachable(
         f"the Docker engine at {where} does not answer ({exc}). Start it (scripts/ensure-docker.sh "
         "starts a local one) or point DOCKER_HOST at a running engine."
@@ -129,10 +131,10 @@ def _engine_error(
     return ProviderError(text, box=name, operation=operation)
 
 
-def _client_for(engine: str, ssh_options: dict[str, Any] | None = None) -> Any:
+def _client_for(engine: str, ssh_options: dict[str, Any] | None = None, docker_host: str | None = None) -> Any:
     _sdk()
     # Keyed by pid too: a forked Ansible worker must not share its parent's connection.
-    key = f"{os.getpid()}:{engine}"
+    key = f"{os.getpid()}:{engine}:{docker_host or ''}"
     with _CLIENTS_LOCK:
         client = _CLIENTS.get(key)
         if client is not None:
@@ -141,25 +143,26 @@ def _client_for(engine: str, ssh_options: dict[str, Any] | None = None) -> Any:
             if engine == "local":
                 # A worker forked from a process that already reached this engine knows its API
                 # version: skip the /version and /_ping round trips every new client would make.
-                known = _API_VERSIONS.get(engine)
-                client = docker.from_env(timeout=API_TIMEOUT, version=known or "auto")
+                known = _API_VERSIONS.get(key.split(":", 1)[1])
+                environment = {**os.environ, "DOCKER_HOST": docker_host} if docker_host else None
+                client = docker.from_env(timeout=API_TIMEOUT, version=known or "auto", environment=environment)
                 if not known:
                     client.api.ping()
-                    _API_VERSIONS[engine] = client.api.api_version
+                    _API_VERSIONS[key.split(":", 1)[1]] = client.api.api_version
             else:
                 from ._ssh import docker_client_over_ssh
 
                 client = docker_client_over_ssh(engine, timeout=API_TIMEOUT, **(ssh_options or {}))
                 client.api.ping()
         except DockerException as exc:
-            raise engine_unreachable(engine, exc) from exc
+            raise engine_unreachable(engine, exc, docker_host) from exc
         _CLIENTS[key] = client
         return client
 
 
-def forget_client(engine: str) -> None:
+def forget_client(engine: str, docker_host: str | None = None) -> None:
     with _CLIENTS_LOCK:
-        client = _CLIENTS.pop(f"{os.getpid()}:{engine}", None)
+        client = _CLIENTS.pop(f"{os.getpid()}:{engine}:{docker_host or ''}", None)
     if client is not None:
         try:
             client.close()
@@ -195,9 +198,14 @@ class DockerProvider(Provider):
     shares_host_filesystem = True
     image_user_ids = True
 
-    def __init__(self, engine: str | None = None, ssh_options: dict[str, Any] | None = None, **_ignored: Any):
+    def __init__(self, engine: str | None = None, ssh_options: dict[str, Any] | None = None,
+                 isolation: str | None = None, **_ignored: Any):
         super().__init__()
         self._engine = engine or "local"
+        # Local boxes live on the box engine (user namespaces) unless isolation 'none' asks for the
+        # user's engine; one not told its isolation also finds boxes of the user's engine (_box_engine).
+        self.isolation = _box_engine.check_isolation(isolation)
+        self._isolation_given = bool(isolation)
         self.name = "docker" if self._engine == "local" else "docker_ssh"
         # Only the local engine sees the controller's files (the workspace .git bind mounts).
         self.shares_host_filesystem = self._engine == "local"
@@ -210,7 +218,22 @@ class DockerProvider(Provider):
         self._ssh_options = ssh_options or {}
         # The per-task calls go straight to the engine's socket when the standard library can
         # reach it (the local engine without TLS); otherwise the SDK makes them too.
-        self._direct: EngineAPI | None = local_engine(API_TIMEOUT) if self._engine == "local" else None
+        self._docker_host: str | None = None  # the local engine's address (docker_host)
+        self._direct: EngineAPI | None = None
+        if self._engine == "local":
+            self._use_local_engine(self.isolation)
+
+    def _use_local_engine(self, isolation: str) -> None:
+        self.isolation = isolation
+        self._docker_host = _box_engine.engine_host(isolation)
+        # The box engine is ours (a unix socket, never TLS); the user's engine as DOCKER_* say.
+        environ = {"DOCKER_HOST": self._docker_host} if isolation == "userns" else None
+        self._direct = local_engine(API_TIMEOUT, environ)
+
+    @property  # type: ignore[override]
+    def docker_host(self) -> str | None:
+        """The local engine's address (None for a remote engine): what `docker -H` needs."""
+        return self._docker_host
 
     # -- plumbing -------------------------------------------------------------------------------
     @property
@@ -224,23 +247,32 @@ class DockerProvider(Provider):
 
     @property
     def client(self) -> Any:
-        return _client_for(self._engine, self._ssh_options)
+        return _client_for(self._engine, self._ssh_options, self._docker_host)
 
     # -- reaching boxes from other processes --------------------------------------------------------
     def reopen_options(self) -> dict[str, Any]:
         if self._engine == "local":
-            return {}
+            return {"isolation": self.isolation}
         # The relay and the wake may run with another environment: keep the SSH settings this one used.
         config_file = ssh_config_file(self._ssh_options.get("config_file"))
         return {"engine": self._engine, "ssh_options": {**self._ssh_options, "config_file": config_file}}
 
     def reopen_environment(self) -> dict[str, str]:
-        docker_host = os.environ.get("DOCKER_HOST")
-        return {"DOCKER_HOST": docker_host} if self._engine == "local" and docker_host else {}
+        if self._engine != "local":
+            return {}
+        name = "AGENTBOX_ENGINE" if self.isolation == "userns" else "DOCKER_HOST"
+        return {name: os.environ[name]} if os.environ.get(name) else {}
 
     def terminal_command(self, facts: BoxFacts, command: str) -> str:
-        engine = "" if self._engine == "local" else f"-H ssh://{self._engine} "
-        return f"docker {engine}exec -it -u vscode {facts.container} {command}"
+        return f"docker {self._host_option()}exec -it -u vscode {facts.container} {command}"
+
+    def _host_option(self) -> str:
+        """`-H <address> ` for the docker CLI when the engine is not the CLI's default one."""
+        if self._engine != "local":
+            return f"-H ssh://{self._engine} "
+        if self._docker_host and self._docker_host != _box_engine.user_engine_host({}):
+            return f"-H {self._docker_host} "
+        return ""
 
     def forward_port(self, name: str, published: int, local_port: int | None) -> tuple[int, int]:
         if self._engine == "local":
@@ -251,7 +283,7 @@ class DockerProvider(Provider):
 
     def discard(self) -> None:
         self.close()
-        forget_client(self._engine)
+        forget_client(self._engine, self._docker_host)
 
     def ssh_proxy(self, name: str) -> SshProxy:
         from . import _ssh_proxy
@@ -263,7 +295,7 @@ class DockerProvider(Provider):
         if not shutil.which("docker"):
             warnings.append(f"the docker CLI is not on this machine; `ssh {_ssh_proxy.alias(name)}` runs it: "
                             "install it (apt-get install docker.io)")  # fmt: skip
-        return SshProxy(_ssh_proxy.local_proxy_argv(name), warnings=warnings)
+        return SshProxy(_ssh_proxy.local_proxy_argv(name, self._docker_host), warnings=warnings)
 
     @property
     def api(self) -> Any:
@@ -276,13 +308,15 @@ class DockerProvider(Provider):
         try:
             yield self._calls()
         except EngineUnanswered as exc:
-            raise engine_unreachable(self._engine, exc) from exc
+            raise engine_unreachable(self._engine, exc, self._docker_host) from exc
         except EngineAPIError as exc:
             raise _engine_error(exc.status, exc.message, name, operation, self._engine, missing) from exc
 
     def _facts(self, container: Any) -> BoxFacts:
         attrs = container.attrs
         labels = strip_labels(attrs.get("Config", {}).get("Labels"))
+        # Boxes made before the box engine carry no isolation label: they ran on the user's engine.
+        labels.setdefault("isolation", "none")
         state = DOCKER_STATES.get(attrs.get("State", {}).get("Status", ""), "missing")
         ports: dict[str, int] = {}
         for key, bindings in (attrs.get("NetworkSettings", {}).get("Ports") or {}).items():
@@ -311,6 +345,13 @@ class DockerProvider(Provider):
     def find(self, name: str) -> BoxFacts | None:
         with self._engine_call(name, "find") as engine:
             attrs = engine.inspect_container(container_name(name))
+        if attrs is None and self._other_local_isolation():
+            # A box not told its isolation may be an unisolated one on the user's engine.
+            other = DockerProvider(isolation=self._other_local_isolation())
+            with contextlib.suppress(EngineUnreachable):
+                if other.find(name) is not None:
+                    self._use_local_engine(other.isolation)
+                    return self.find(name)
         if attrs is None:
             return None
         container = _Summary(str(attrs.get("Name", "")).lstrip("/"), attrs)
@@ -329,7 +370,20 @@ class DockerProvider(Provider):
         # One request: /containers/json already carries labels, state and ports.
         with self._engine_call("", "list boxes") as engine:
             summaries = engine.containers(filters["label"])
-        return sorted((self._facts_from_summary(s) for s in summaries), key=lambda f: f.name)
+        boxes = [self._facts_from_summary(s) for s in summaries]
+        if self._other_local_isolation():
+            # The user's engine may still hold unisolated boxes (made with isolation none, or before
+            # the box engine): listed too, whenever that engine answers.
+            with contextlib.suppress(EngineUnreachable):
+                boxes += DockerProvider(isolation=self._other_local_isolation()).list_boxes(project)
+        return sorted(boxes, key=lambda f: f.name)
+
+    def _other_local_isolation(self) -> str | None:
+        """The other local engine's isolation, where a box of this provider may also live: only for
+        a local provider not told its isolation, and only when that engine is another daemon."""
+        if self._engine != "local" or self._isolation_given or self.isolation != "userns":
+            return None
+        return "none" if _box_engine.user_engine_host() != self._docker_host else None
 
     def _facts_from_summary(self, summary: dict[str, Any]) -> BoxFacts:
         """BoxFacts from a /containers/json entry (the listing), in the shape _facts gives."""
@@ -357,6 +411,7 @@ class DockerProvider(Provider):
         engine = None
         try:
             engine = self._calls()
+            box_root = self._box_root_ids(engine, spec.name)
             # Only a volume made here is removed on failure: one with this name may belong to a box
             # that another run is creating at this moment.
             # `volume create` of an existing name answers with that volume: it is ours only when it
@@ -365,7 +420,7 @@ class DockerProvider(Provider):
             created_volume = (made.get("Labels") or {}).get(label("id")) == spec.box_id
             binds = [(volume, "/var/lib/docker", "rw")]
             # Never the host's .git itself: an overlay whose writes stay in the box's volumes (_gitlayer).
-            layers = create_layers(engine, spec.name, spec.box_id, spec.labels, spec.bind_paths)
+            layers = create_layers(engine, spec.name, spec.box_id, spec.labels, spec.bind_paths, box_root)
             binds += [(layer, path, "rw") for layer, path in layers.items()]
             binds += [(host_path, box_path, "ro") for host_path, box_path in spec.mounts.items()]
             # Editor servers (per box) and their extensions (shared by the user's boxes): _editor_volumes.
@@ -376,7 +431,7 @@ class DockerProvider(Provider):
                 image=spec.image,
                 name=cname,
                 command=["sleep", "infinity"],
-                labels={**spec.labels, **_editor_volumes.container_labels()},
+                labels={**spec.labels, **_editor_volumes.container_labels(), label("isolation"): self.isolation},
                 env=spec.box_env(),
                 binds=binds,
                 ports=list(spec.ports),
@@ -418,12 +473,28 @@ class DockerProvider(Provider):
             if engine is not None:
                 self._remove_half_made(engine, container, volume if created_volume else None, spec.name, layers)
             if isinstance(exc, EngineUnanswered):
-                raise engine_unreachable(self._engine, exc) from exc
+                raise engine_unreachable(self._engine, exc, self._docker_host) from exc
             if isinstance(exc, EngineAPIError):
                 raise ProviderError(exc.message, box=spec.name, operation="create") from exc
             if isinstance(exc, BadValue):
                 raise ProviderError(str(exc), box=spec.name, operation="create") from exc
             raise
+
+    def _box_root_ids(self, engine: EngineAPI | SDKEngine, name: str) -> tuple[int, int]:
+        """The host (uid, gid) of root in a box of this engine; refuses an engine that does not remap
+        user namespaces unless isolation 'none' was asked for."""
+        remapped = _box_engine.remapped_ids(str(engine.info().get("DockerRootDir", "")))
+        if remapped is None and self.isolation != "none":
+            where = f"the engine at {self._docker_host}" if self._engine == "local" else f"engine {self._engine}"
+            raise ProviderError(
+                f"{where} does not remap user namespaces, so root in a box would be root on that host: "
+                + ("point AGENTBOX_ENGINE at the box engine (scripts/ensure-box-engine.sh)" if self._engine == "local"
+                   else "run scripts/ensure-box-engine.sh on it (or start its dockerd with --userns-remap)")
+                + ", or create with isolation=none to accept that",
+                box=name,
+                operation="create",
+            )
+        return remapped or (0, 0)
 
     def _calls(self) -> EngineAPI | SDKEngine:
         """The client of a box's create and removal: the standard-library one where it reaches the
@@ -439,7 +510,7 @@ class DockerProvider(Provider):
         try:
             yield self._calls()
         except EngineUnanswered as exc:
-            raise engine_unreachable(self._engine, exc) from exc
+            raise engine_unreachable(self._engine, exc, self._docker_host) from exc
         except EngineAPIError as exc:
             raise ProviderError(exc.message, box=name or None, operation=operation) from exc
 

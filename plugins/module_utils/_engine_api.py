@@ -183,6 +183,10 @@ class EngineAPI:
         return data
 
     # -- containers -----------------------------------------------------------------------------
+    def info(self) -> dict[str, Any]:
+        """The engine's /info (its data root names a user-namespace remap)."""
+        return dict(self._checked("GET", "/info") or {})
+
     def containers(self, label_filters: list[str]) -> list[dict[str, Any]]:
         query = urllib.parse.urlencode({"all": "1", "filters": json.dumps({"label": label_filters})})
         return self._checked("GET", f"/containers/json?{query}") or []

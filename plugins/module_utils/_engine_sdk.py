@@ -110,6 +110,10 @@ class SDKEngine:
         with _errors():
             self._api.remove_volume(name, force=force)
 
+    def info(self) -> dict[str, Any]:
+        with _errors():
+            return dict(self._api.info())
+
     def containers(self, label_filters: list[str]) -> list[dict[str, Any]]:
         with _errors():
             return self._api.containers(all=True, filters={"label": label_filters}) or []

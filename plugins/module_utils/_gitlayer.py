@@ -79,6 +79,17 @@ def import_work(provider: Provider, facts: BoxFacts) -> dict[str, Any]:
     return _ship.fetch_box_branch(provider, facts, facts.workspace, force=True)
 
 
+def send_objects(provider: Provider, box: str, host_root: str, git_dir: str, tips: list[str], base: str) -> None:
+    """Write the objects `tips` reach past `base` (made on the host after the box's view of `git_dir`
+    was taken: a stash captured later) into the box's own layer of that .git."""
+    wanted = "".join(f"{tip}\n" for tip in tips) + (f"^{base}\n" if base else "")
+    from . import _git
+
+    pack = _git.git(host_root, "pack-objects", "--stdout", "--revs", "-q", input_bytes=wanted.encode()).stdout
+    provider.exec(box, ["git", f"--git-dir={git_dir}", "index-pack", "--stdin"], stdin=pack).check(
+        "writing the host's new objects into the box", box)
+
+
 def box_heads(provider: Provider, facts: BoxFacts, records: list[dict[str, str]]) -> list[dict[str, str]]:
     """[{sub, git_dir, path, branch, commit}] of the box's worktrees, every commit brought into
     the host first (a checkpoint names them). A box that is not running cannot have moved since

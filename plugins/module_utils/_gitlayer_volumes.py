@@ -11,12 +11,26 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import shutil
 from typing import Any
 
+from . import _git_view
 from ._errors import ProviderError
+from ._host_files import agentbox_dir
 from ._naming import CONTAINER_PREFIX, label
 
 KIND = "gitlayer"
+BOX_UID = 1000  # the box user, whose host uid owns a view's directories
+
+
+def views_dir() -> str:
+    """Where the views of the host's .git (the layers' lower directories) are kept."""
+    return os.path.join(agentbox_dir(), "gitviews")
+
+
+def view_path(box: str, box_id: str, index: int) -> str:
+    return os.path.join(views_dir(), f"{box}-{box_id}-git{index}")
 
 
 def layer_names(box: str, box_id: str, index: int) -> tuple[str, str, str]:
@@ -26,10 +40,12 @@ def layer_names(box: str, box_id: str, index: int) -> tuple[str, str, str]:
     return stem, f"{stem}-upper", f"{stem}-work"
 
 
-def create_layers(engine: Any, box: str, box_id: str, labels: dict[str, str], paths: list[str]) -> dict[str, str]:
-    """Make the volumes; {overlay volume: host .git path} to mount at that same path.
+def create_layers(engine: Any, box: str, box_id: str, labels: dict[str, str], paths: list[str],
+                  box_root: tuple[int, int] = (0, 0)) -> dict[str, str]:
+    """Make the views and volumes; {overlay volume: host .git path} to mount at that same path.
+    `box_root`: the host (uid, gid) of root in the box (the engine's user-namespace remap).
 
-    On failure the volumes made so far are removed before the error goes on.
+    On failure the views and volumes made so far are removed before the error goes on.
     """
     for path in paths:
         if any(char in path for char in ",:\n"):
@@ -41,21 +57,36 @@ def create_layers(engine: Any, box: str, box_id: str, labels: dict[str, str], pa
     made: list[str] = []
     mounts: dict[str, str] = {}
     tagged = {**labels, label("kind"): KIND}
+    owner = (box_root[0] + BOX_UID, box_root[1] + BOX_UID)
+    os.makedirs(views_dir(), mode=0o711, exist_ok=True)
     try:
         for index, path in enumerate(paths):
+            view = view_path(box, box_id, index)
+            _git_view.build(path, view, owner, labels.get(label("branch"), ""))
             overlay, upper_name, work_name = layer_names(box, box_id, index)
             upper = engine.create_volume(upper_name, tagged)
             made.append(upper_name)
             work = engine.create_volume(work_name, tagged)
             made.append(work_name)
-            options = f"lowerdir={path},upperdir={upper['Mountpoint']},workdir={work['Mountpoint']}"
-            engine.create_volume(overlay, tagged, "local", {"type": "overlay", "device": "overlay", "o": options})
+            options = f"lowerdir={view},upperdir={upper['Mountpoint']},workdir={work['Mountpoint']}"
+            engine.create_volume(overlay, {**tagged, label("gitdir"): path}, "local",
+                                 {"type": "overlay", "device": "overlay", "o": options})
             made.insert(0, overlay)
             mounts[overlay] = path
     except BaseException:
         _remove(engine, made)
+        remove_views(box, box_id)
         raise
     return mounts
+
+
+def remove_views(box: str, box_id: str | None = None) -> None:
+    """Remove the box's views of the host .git (of that id only, when given)."""
+    pattern = re.compile(re.escape(box) + "-" + (re.escape(box_id) if box_id else "[0-9a-z]+") + r"-git\d+")
+    with contextlib.suppress(FileNotFoundError):
+        for name in os.listdir(views_dir()):
+            if pattern.fullmatch(name):
+                shutil.rmtree(os.path.join(views_dir(), name), ignore_errors=True)
 
 
 def remove_layers(engine: Any, box: str, box_id: str | None = None) -> list[str]:
@@ -69,6 +100,8 @@ def remove_layers(engine: Any, box: str, box_id: str | None = None) -> list[str]
     # its upper and work volumes stay with it.
     kept = {name for name in overlays if name not in removed}
     layers = [name for name in names if name not in overlays and name.rsplit("-", 1)[0] not in kept]
+    if not kept:
+        remove_views(box, box_id)
     return removed + _remove(engine, layers)
 
 
@@ -103,7 +136,9 @@ def rescue_commits(engine: Any, box: str) -> list[str]:
             continue
         labels = {key.removeprefix(label("")): value for key, value in (volume.get("Labels") or {}).items()}
         options = dict(part.partition("=")[::2] for part in (volume.get("Options") or {}).get("o", "").split(","))
-        lower, branch, workspace = options.get("lowerdir", ""), labels.get("branch", ""), labels.get("workspace", "")
+        # The layer is mounted at the host .git's path (a view's layer names it in a label).
+        lower = labels.get("gitdir") or options.get("lowerdir", "")
+        branch, workspace = labels.get("branch", ""), labels.get("workspace", "")
         try:
             records = json.loads(labels.get("worktrees") or "[]")
         except ValueError:

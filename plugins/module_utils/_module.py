@@ -11,11 +11,19 @@ from typing import Any
 from ansible.module_utils.basic import AnsibleModule
 
 from ._provider import Provider, ProviderError
-from ._registry import CLOUD_SETTINGS, PROVIDERS, SSH_ENGINE_PROVIDERS, get_provider, provider_settings
+from ._registry import (
+    CLOUD_SETTINGS,
+    ENGINE_PROVIDERS,
+    PROVIDERS,
+    SSH_ENGINE_PROVIDERS,
+    get_provider,
+    provider_settings,
+)
 
 PROVIDER_ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "provider": {"type": "str", "choices": list(PROVIDERS), "default": "docker"},
     "engine": {"type": "str"},
+    "isolation": {"type": "str", "choices": ["userns", "none"]},
     "ssh_strict_host_key_checking": {"type": "bool", "default": True},
     "ssh_private_key_file": {"type": "path"},
     # The cloud providers' settings, from the registry's one table (an API key is no_log).
@@ -33,6 +41,8 @@ def provider_from_params(params: dict[str, Any], **extra: Any) -> Provider:
     options: dict[str, Any] = {**extra, **provider_settings(name, params.get)}
     if name in SSH_ENGINE_PROVIDERS:
         options["engine"] = params.get("engine")
+    if name in ENGINE_PROVIDERS and params.get("isolation"):
+        options["isolation"] = params["isolation"]
     return get_provider(name, **options)
 
 

@@ -169,6 +169,9 @@ class Provider(abc.ABC):
     port_urls: str = "published"
     #: The box is a container on this machine's Docker engine: an editor's Dev Containers extension attaches to it.
     attaches_dev_containers: bool = False
+    # The address of this machine's engine that holds the box's container, for an editor or CLI
+    # that attaches it (None: the CLI's default engine).
+    docker_host: str | None = None
     #: Boxes run the collection's image unchanged, so a user's ids are the image's (vscode 1000:1000, root 0:0)
     #: and the connection plugin need not ask the box.
     image_user_ids: bool = False

@@ -31,10 +31,11 @@ def control_dir() -> str:
     return os.path.join(_host_files.agentbox_dir(), "cm")
 
 
-def local_proxy_argv(box: str) -> list[str]:
+def local_proxy_argv(box: str, docker_host: str | None = None) -> list[str]:
+    """`docker exec ... sshd -i` on this machine's engine (`docker_host`, else DOCKER_HOST)."""
     docker = shutil.which("docker") or "docker"
     argv = [docker]
-    docker_host = os.environ.get("DOCKER_HOST")
+    docker_host = docker_host or os.environ.get("DOCKER_HOST")
     if docker_host:
         argv += ["-H", docker_host]
     return [*argv, "exec", "-i", "-u", "root", container_name(box), SSHD, "-i"]

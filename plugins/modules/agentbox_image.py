@@ -20,7 +20,8 @@ description:
     engine's classic builder. The build output goes to O(build_log), not into Ansible's output.
   - The role M(agentbox.box.box_image) renders the context from its template and calls this module; use
     the role rather than the module directly.
-  - The engine is the local one; C(DOCKER_HOST) and the other C(DOCKER_*) variables are honoured.
+  - The engine is this machine's box engine, or with O(isolation=none) the local one (C(DOCKER_HOST) and the
+    other C(DOCKER_*) variables are honoured).
 options:
   dockerfile:
     description:
@@ -113,6 +114,15 @@ options:
         it) is never removed, and nothing is forced. V(0) keeps only the current image.
     type: int
     default: 1
+  isolation:
+    description:
+      - The engine the image is built on. V(userns) is the box engine, where isolated boxes run
+        (C(scripts/ensure-box-engine.sh) starts it; C(AGENTBOX_ENGINE) overrides its address).
+      - V(none) is the local engine as C(DOCKER_HOST) and the other C(DOCKER_*) variables say, for boxes
+        created with O(agentbox.box.agentbox_box#module:isolation=none).
+    type: str
+    choices: [userns, none]
+    default: userns
 requirements:
   - docker (Python SDK) >= 7.0
   - a reachable Docker engine
@@ -211,10 +221,12 @@ msg:
 """
 
 # Ansible modules keep their imports below the documentation strings.
+import os
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
+from ansible_collections.agentbox.box.plugins.module_utils._box_engine import engine_host
 from ansible_collections.agentbox.box.plugins.module_utils._docker import engine_unreachable
 from ansible_collections.agentbox.box.plugins.module_utils._image import (
     ImageError,
@@ -248,6 +260,7 @@ def main() -> None:
             "allow_base_build": {"type": "bool", "default": True},
             "build": {"type": "bool", "default": True},
             "keep_previous": {"type": "int", "default": 1},
+            "isolation": {"type": "str", "choices": ["userns", "none"], "default": "userns"},
         },
         required_one_of=[("dockerfile", "context")],
         mutually_exclusive=[("dockerfile", "context")],
@@ -280,12 +293,14 @@ def main() -> None:
         keep_previous=module.params["keep_previous"],
         check_mode=module.check_mode,
     )
+    docker_host = engine_host(module.params["isolation"])
     try:
-        client = docker.from_env()
+        environment = {**os.environ, "DOCKER_HOST": docker_host} if module.params["isolation"] == "userns" else None
+        client = docker.from_env(environment=environment)
         client.ping()
     except docker.errors.DockerException as exc:
         # The same message as every other module's: it names the socket (or DOCKER_HOST) tried.
-        module.fail_json(msg=str(engine_unreachable("local", exc)))
+        module.fail_json(msg=str(engine_unreachable("local", exc, docker_host)))
     try:
         result = ensure_image(client, request, docker.errors.ImageNotFound, docker.errors.APIError)
     except ImageError as exc:

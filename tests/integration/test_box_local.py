@@ -329,8 +329,13 @@ def test_bad_input_leaves_nothing_behind(engine, boxes, tmp_path):
     no_commits = run_module("agentbox_box", {"name": name, "workspace": str(empty_repo)})
     assert no_commits["failed"] and "no commits yet" in no_commits["msg"]
 
-    down = run_module("agentbox_box", {"name": name, "workspace": str(repo)}, env={"DOCKER_HOST": "unix:///nonexistent.sock"})
-    assert down["failed"] and "does not answer" in down["msg"] and "DOCKER_HOST" in down["msg"]
+    down = run_module("agentbox_box", {"name": name, "workspace": str(repo)}, env={"AGENTBOX_ENGINE": "unix:///nonexistent.sock"})
+    assert down["failed"] and "box engine at unix:///nonexistent.sock does not answer" in down["msg"]
+    assert "ensure-box-engine.sh" in down["msg"] and "isolation=none" in down["msg"]
+    user_engine_down = run_module("agentbox_box", {"name": name, "workspace": str(repo), "isolation": "none"},
+                                  env={"DOCKER_HOST": "unix:///nonexistent.sock"})
+    assert user_engine_down["failed"] and "does not answer" in user_engine_down["msg"]
+    assert "DOCKER_HOST" in user_engine_down["msg"]
 
     no_image = run_module("agentbox_box", {"name": name, "workspace": str(repo), "image": "agentbox/none:missing"})
     assert no_image["failed"] and "is not on engine" in no_image["msg"] and "box_image" in no_image["msg"]
@@ -412,7 +417,8 @@ def test_playbooks_create_list_switch_destroy(engine, tmp_path):
 
     try:
         out = play("create_box.yml", "-e", f"box={first}")
-        assert f"docker exec -it -u vscode -w /workspace agentbox-{first} bash -l" in out
+        shell = f"docker -H {os.environ['DOCKER_HOST']} exec -it -u vscode -w /workspace agentbox-{first} bash -l"
+        assert shell in " ".join(out.split())  # the output callback wraps long lines
         play("create_box.yml", "-e", f"box={second}", "-e", f"workspace={repo}")
         table = play("list_boxes.yml", "-e", f"workspace={repo}")
         assert first in table and second in table and "running" in table

@@ -88,6 +88,8 @@ def snapshot(repo: Path) -> dict[str, object]:
 ATTACK = r"""
 G=$1 M=$2 W=$3
 cd /workspace
+# The box's view holds neither the host's hooks nor its other worktrees: make them, to write there anyway.
+mkdir -p "$G/hooks" "$G/worktrees/$W"
 hook='#!/bin/sh
 touch "'$M'/hook-$(basename "$0")" 2>/dev/null; exit 0'
 for h in pre-commit commit-msg post-commit reference-transaction post-checkout pre-auto-gc post-index-change; do
@@ -112,6 +114,7 @@ ROOT_ESCAPE = r"""
 G=$1 M=$2
 mount -o remount,rw "$G" && echo remounted
 mount -o remount,rw,bind "$G" && echo rebound
+mkdir -p "$G/hooks"
 printf '#!/bin/sh\ntouch %s/root-hook\n' "$M" > "$G/hooks/post-commit" && chmod +x "$G/hooks/post-commit" && echo "wrote as root"
 while umount "$G" 2>/dev/null; do echo unmounted; done
 mkdir -p "$G/hooks" && printf '#!/bin/sh\ntouch %s/root-hook\n' "$M" > "$G/hooks/pre-commit" && chmod +x "$G/hooks/pre-commit" && echo "wrote under the mount"
@@ -152,7 +155,8 @@ def test_a_hostile_box_cannot_plant_anything_the_host_runs(engine, boxes, tmp_pa
         ["bash", "-c", ROOT_ESCAPE, "escape", gitdir, str(markers)], user="root"
     )
     out = escape.output.decode()
-    assert "remounted" in out and "unmounted" in out and "wrote under the mount" in out, out
+    # Remounting is refused in a user-namespaced box (its mounts' flags are locked); unmounting works.
+    assert "unmounted" in out and "wrote under the mount" in out, out
 
     # Nothing of it reached the host.
     assert snapshot(repo) == before

@@ -139,15 +139,19 @@ def test_proxy_commands(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_attach_uris(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AGENTBOX_ENGINE", raising=False)
     local, here = facts("fix-login"), DockerProvider()
     uri = _access.attach_uri(here, local, "vscode")
     payload = uri.removeprefix("vscode-remote://attached-container+").removesuffix("/workspace")
-    assert json.loads(bytes.fromhex(payload)) == {"containerName": "/agentbox-fix-login"}
+    # An isolated box is a container of the box engine: the editor is told that engine's address.
+    assert json.loads(bytes.fromhex(payload)) == {"containerName": "/agentbox-fix-login",
+                                                  "settings": {"host": "unix:///run/agentbox-engine/docker.sock"}}
     assert _access.attach_uri(here, local, "ssh") == "vscode-remote://ssh-remote+agentbox-fix-login/workspace"
     remote = facts("fix-login", engine="builder1", provider="docker_ssh")
     there = DockerProvider(engine="builder1")
     assert _access.attach_uri(there, remote, "cursor") == "vscode-remote://ssh-remote+agentbox-fix-login/workspace"
     monkeypatch.setenv("DOCKER_HOST", "tcp://127.0.0.1:2375")
+    here = DockerProvider(isolation="none")
     payload = _access.attach_uri(here, local, "cursor").split("+", 1)[1].removesuffix("/workspace")
     assert json.loads(bytes.fromhex(payload))["settings"] == {"host": "tcp://127.0.0.1:2375"}
 
@@ -184,9 +188,13 @@ def test_waking_proxy_command_runs_the_wake_only_when_the_direct_command_fails(h
 def test_wake_gets_the_engine_this_process_was_pointed_at(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """ssh runs the proxy with the login environment: a DOCKER_HOST given to the task reaches the wake."""
     monkeypatch.delenv("DOCKER_HOST", raising=False)
+    monkeypatch.delenv("AGENTBOX_ENGINE", raising=False)
     assert DockerProvider().reopen_environment() == {}
+    # An isolated box's engine is the box engine (AGENTBOX_ENGINE); an unisolated one's, DOCKER_HOST.
+    monkeypatch.setenv("AGENTBOX_ENGINE", "unix:///run/user/1000/agentbox-engine/docker.sock")
+    assert DockerProvider().reopen_environment() == {"AGENTBOX_ENGINE": "unix:///run/user/1000/agentbox-engine/docker.sock"}
     monkeypatch.setenv("DOCKER_HOST", "unix:///run/user/1000/docker.sock")
-    environment = DockerProvider().reopen_environment()
+    environment = DockerProvider(isolation="none").reopen_environment()
     assert environment == {"DOCKER_HOST": "unix:///run/user/1000/docker.sock"}
     assert DockerProvider(engine="builder1").reopen_environment() == {}  # its engine is in reopen_options
     proxy = _access.waking_proxy_command(["false"], facts("b1"), {}, environment)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.agentbox.box.plugins.module_utils import _agent
+from ansible_collections.agentbox.box.plugins.module_utils import _agent, _box_engine
 from ansible_collections.agentbox.box.plugins.module_utils._docker import DockerProvider
 from ansible_collections.agentbox.box.plugins.module_utils._provider import BoxFacts
 
@@ -84,9 +84,13 @@ def test_state_files_from_the_box_are_untrusted() -> None:
     assert _agent.current([good, later]) == later
 
 
-def test_attach_command_per_provider(tmp_path: Path) -> None:
+def test_attach_command_per_provider(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
     local = _agent.attach_command(DockerProvider(), facts(), "claude")
-    assert local == "docker exec -it -u vscode agentbox-fix-login tmux attach -t claude"
+    box_engine = _box_engine.box_engine_host()
+    assert local == f"docker -H {box_engine} exec -it -u vscode agentbox-fix-login tmux attach -t claude"
+    unisolated = _agent.attach_command(DockerProvider(isolation="none"), facts(), "claude")
+    assert unisolated == "docker exec -it -u vscode agentbox-fix-login tmux attach -t claude"
     engine = "root@127.0.0.1:2201"
     remote = _agent.attach_command(DockerProvider(engine=engine), facts("docker_ssh", engine), "codex")
     assert remote == "docker -H ssh://root@127.0.0.1:2201 exec -it -u vscode agentbox-fix-login tmux attach -t codex"

@@ -42,6 +42,8 @@ RANKS: dict[str, int] = {
     # 1 host utilities: git, tar streams, ~/.agentbox state and locks, threads.
     "_git": HOST,
     "_host_files": HOST,
+    "_box_engine": HOST,
+    "_git_view": HOST,
     "_journal": HOST,
     "_tarstream": HOST,
     "_preflight": HOST,

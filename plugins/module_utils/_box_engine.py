@@ -1,0 +1,64 @@
+# Copyright (c) agentbox.box contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Where the local Docker boxes live: the box engine, or the user's own engine.
+
+Root in a box must be nobody on the host, so local boxes run on the **box engine**: a Docker daemon
+the collection starts and owns (scripts/ensure-box-engine.sh) with user-namespace remapping, its
+own socket, data root, bridge and iptables chains. The user's engine (DOCKER_HOST) is left alone and
+serves only boxes created with `isolation: none` (and boxes made before the box engine existed).
+
+Note that this module_utils is PRIVATE to the collection: it can change at any time.
+"""
+
+from __future__ import annotations
+
+import os
+
+ISOLATIONS = ("userns", "none")
+DEFAULT_ISOLATION = "userns"
+USER_ENGINE_SOCKET = "/var/run/docker.sock"
+BOX_ENGINE_SOCKET = "/run/agentbox-engine/docker.sock"
+START_HINT = "start it as root with scripts/ensure-box-engine.sh (scripts/up.sh does), or create with isolation=none"
+
+
+def box_engine_host(environ: dict[str, str] | None = None) -> str:
+    """The box engine's address: AGENTBOX_ENGINE, else the root daemon's socket (root) or the one
+    under $XDG_RUNTIME_DIR (a user's own box engine)."""
+    env = os.environ if environ is None else environ
+    if env.get("AGENTBOX_ENGINE"):
+        return env["AGENTBOX_ENGINE"]
+    runtime_dir = env.get("XDG_RUNTIME_DIR")
+    if os.geteuid() != 0 and runtime_dir:
+        return f"unix://{runtime_dir}/agentbox-engine/docker.sock"
+    return f"unix://{BOX_ENGINE_SOCKET}"
+
+
+def user_engine_host(environ: dict[str, str] | None = None) -> str:
+    """The user's own engine: DOCKER_HOST, else the default socket."""
+    env = os.environ if environ is None else environ
+    return env.get("DOCKER_HOST") or f"unix://{USER_ENGINE_SOCKET}"
+
+
+def engine_host(isolation: str, environ: dict[str, str] | None = None) -> str:
+    """The address of the engine local boxes of this isolation live on."""
+    return box_engine_host(environ) if isolation == "userns" else user_engine_host(environ)
+
+
+def check_isolation(value: str | None) -> str:
+    """The isolation asked for, checked (None: the default)."""
+    if value is None or value == "":
+        return DEFAULT_ISOLATION
+    if value not in ISOLATIONS:
+        raise ValueError(f"isolation {value!r} is not one of {', '.join(ISOLATIONS)}: "
+                         "use userns (the default: root in the box is nobody on the host) or none")
+    return value
+
+
+def remapped_ids(root_dir: str) -> tuple[int, int] | None:
+    """(uid, gid) on the host of root in a box, from the engine's DockerRootDir: a remapping daemon
+    keeps its data under '<root>/<uid>.<gid>'. None when the engine does not remap."""
+    stem = os.path.basename(root_dir.rstrip("/"))
+    uid, dot, gid = stem.partition(".")
+    if dot and uid.isdigit() and gid.isdigit():
+        return int(uid), int(gid)
+    return None

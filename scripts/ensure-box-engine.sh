@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Make sure the box engine answers: the Docker daemon the collection starts and owns for boxes.
+#
+# Root in a box must be nobody on the host. Docker's user-namespace remapping does that, but it is
+# daemon-wide, so boxes get a daemon of their own (Debian's docker.io, the same package as the
+# user's engine) and the user's engine is never reconfigured:
+#   --userns-remap            root in a box is uid 100000+ on the host (agentbox-remap in /etc/subuid)
+#   own socket, data root, exec root, pid file, config file   (nothing shared with the user's engine)
+#   own bridge (agentbox0), --iptables=false, own iptables chains (AGENTBOX-*)   (docker0 untouched)
+#   --cgroup-parent /agentbox-boxes, and an OCI runtime that hands each box its own cgroup
+#     (scripts/agentbox-runc: Docker inside a box creates cgroups below its own, nowhere else)
+#
+# Environment:
+#   AGENTBOX_ENGINE            the box engine's address (default unix:///run/agentbox-engine/docker.sock)
+#   AGENTBOX_ENGINE_SUBNET     the boxes' bridge network (default 172.30.253.0/24)
+#   AGENTBOX_ENGINE_LOG        the daemon's log (default /var/log/agentbox-engine.log)
+#   AGENTBOX_ENGINE_WAIT       seconds to wait for it (default 180)
+set -euo pipefail
+
+say() { printf 'ensure-box-engine: %s\n' "$*" >&2; }
+
+run_dir=/run/agentbox-engine
+socket=${AGENTBOX_ENGINE:-unix://$run_dir/docker.sock}
+data_root=/var/lib/agentbox-engine
+config_dir=/etc/agentbox-engine
+runtime=/usr/local/libexec/agentbox-engine/agentbox-runc
+bridge=agentbox0
+subnet=${AGENTBOX_ENGINE_SUBNET:-172.30.253.0/24}
+log_file=${AGENTBOX_ENGINE_LOG:-/var/log/agentbox-engine.log}
+wait_seconds=${AGENTBOX_ENGINE_WAIT:-180}
+here=$(cd "$(dirname "$0")" && pwd)
+
+engine_answers() { DOCKER_HOST=$socket docker info >/dev/null 2>&1; }
+
+if engine_answers; then
+  say "box engine answers at $socket"
+  exit 0
+fi
+if [ "$(id -u)" != 0 ]; then
+  say "the box engine at $socket does not answer, and only root can start it: run 'sudo $0'"
+  say "(or create boxes with -e isolation=none on your own engine, without the user-namespace boundary)"
+  exit 1
+fi
+if [ "$socket" != "unix://$run_dir/docker.sock" ]; then
+  say "AGENTBOX_ENGINE=$socket does not answer; start that engine, or unset AGENTBOX_ENGINE for the default one"
+  exit 1
+fi
+for tool in dockerd ip iptables; do
+  command -v "$tool" >/dev/null || { say "$tool is missing: apt-get install docker.io iproute2 iptables"; exit 1; }
+done
+
+# The bridge, with the subnet's first address; kept if it is there already.
+gateway=${subnet%.*}.1
+prefix=${subnet#*/}
+if ! ip link show "$bridge" >/dev/null 2>&1; then
+  if ip -4 route show | grep -q "^${subnet%/*}"; then
+    say "the subnet $subnet is in use on this machine: set AGENTBOX_ENGINE_SUBNET to a free /24"
+    exit 1
+  fi
+  ip link add "$bridge" type bridge
+  ip addr add "$gateway/$prefix" dev "$bridge"
+fi
+ip link set "$bridge" up
+
+# Forwarding and address translation in chains of our own, hooked once at the top of the built-ins.
+# (The user's engine sets FORWARD's policy to DROP; its own chains are never touched.)
+sysctl -q -w net.ipv4.ip_forward=1 >/dev/null
+chain() {  # chain TABLE NAME HOOK: make NAME (empty) and jump to it from HOOK once
+  iptables -t "$1" -N "$2" 2>/dev/null || iptables -t "$1" -F "$2"
+  iptables -t "$1" -C "$3" -j "$2" 2>/dev/null || iptables -t "$1" -I "$3" 1 -j "$2"
+}
+chain filter AGENTBOX-FORWARD FORWARD
+iptables -A AGENTBOX-FORWARD -o "$bridge" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
+iptables -A AGENTBOX-FORWARD -i "$bridge" ! -o "$bridge" -j ACCEPT
+iptables -A AGENTBOX-FORWARD -o "$bridge" -j DROP
+chain nat AGENTBOX-POSTROUTING POSTROUTING
+iptables -t nat -A AGENTBOX-POSTROUTING -s "$subnet" ! -o "$bridge" -j MASQUERADE
+
+# The ids root in a box maps to: a system user of our own with a subordinate range. 165536 ids, not
+# 65536: a box may run a user-namespaced Docker engine of its own (Docker's default 100000:65536
+# must fit inside the box's ids), as the tests' remote engines do.
+remap_user=agentbox-remap
+remap_range=100000:165536
+if ! getent passwd "$remap_user" >/dev/null; then
+  useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin "$remap_user"
+fi
+for file in /etc/subuid /etc/subgid; do
+  touch "$file"
+  if ! grep -q "^$remap_user:" "$file"; then
+    printf '%s:%s\n' "$remap_user" "$remap_range" >> "$file"
+  fi
+done
+
+# The runtime that delegates each box's cgroup to the box's root (see the file).
+install -D -m 0755 "$here/agentbox-runc" "$runtime"
+
+mkdir -p "$run_dir" "$data_root" "$config_dir"
+chmod 0711 "$run_dir"
+cat > "$config_dir/daemon.json" <<EOF
+{
+  "userns-remap": "$remap_user",
+  "bridge": "$bridge",
+  "iptables": false,
+  "ip-masq": false,
+  "cgroup-parent": "/agentbox-boxes",
+  "runtimes": {"agentbox-runc": {"path": "$runtime"}},
+  "default-runtime": "agentbox-runc",
+  "storage-driver": "overlay2"
+}
+EOF
+
+if [ -f "$run_dir/dockerd.pid" ] && kill -0 "$(cat "$run_dir/dockerd.pid")" 2>/dev/null; then
+  say "the box engine is starting (pid $(cat "$run_dir/dockerd.pid")); waiting for it"
+else
+  rm -f "$run_dir/docker.sock"
+  mkdir -p "$(dirname "$log_file")"
+  say "starting the box engine in the background (log: $log_file)"
+  # setsid: the daemon must outlive this script and the shell that ran it.
+  setsid nohup dockerd --config-file "$config_dir/daemon.json" --data-root "$data_root" \
+    --exec-root "$run_dir/exec" --pidfile "$run_dir/dockerd.pid" -H "$socket" >>"$log_file" 2>&1 </dev/null &
+fi
+for _ in $(seq "$wait_seconds"); do
+  if engine_answers; then
+    say "box engine answers at $socket (user namespaces: $(DOCKER_HOST=$socket docker info --format '{{.DockerRootDir}}'))"
+    exit 0
+  fi
+  sleep 1
+done
+say "the box engine did not answer within ${wait_seconds}s. Last lines of $log_file:"
+tail -n 20 "$log_file" >&2 || true
+exit 1
