@@ -67,7 +67,9 @@ def box_table(boxes: list[dict], now: float | None = None) -> str:
         (
             box.get("name", ""),
             box.get("state", ""),
-            box.get("provider", "") + ("" if box.get("engine") in (None, "", "local") else f"@{box['engine']}"),
+            box.get("provider", "") + ("" if box.get("engine") in (None, "", "local") else f"@{box['engine']}")
+            # Root in such a box is root on its engine's host (io.agentbox.isolation=none).
+            + (" (unisolated)" if (box.get("labels") or {}).get("isolation") == "none" else ""),
             box.get("branch") or "-",
             box.get("workspace") or "-",
             _ports(box.get("ports")),

@@ -423,7 +423,7 @@ class DockerProvider(Provider):
             layers = create_layers(engine, spec.name, spec.box_id, spec.labels, spec.bind_paths, box_root)
             binds += [(layer, path, "rw") for layer, path in layers.items()]
             binds += [(host_path, box_path, "ro") for host_path, box_path in spec.mounts.items()]
-            # Editor servers (per box) and their extensions (shared by the user's boxes): _editor_volumes.
+            # Editor servers with their extensions, per box (never shared): _editor_volumes.
             for editor_volume, box_path, editor_labels in _editor_volumes.box_volumes(spec.name, volume_labels):
                 engine.create_volume(editor_volume, editor_labels)
                 binds.append((editor_volume, box_path, "rw"))
@@ -484,6 +484,11 @@ class DockerProvider(Provider):
         """The host (uid, gid) of root in a box of this engine; refuses an engine that does not remap
         user namespaces unless isolation 'none' was asked for."""
         remapped = _box_engine.remapped_ids(str(engine.info().get("DockerRootDir", "")))
+        if remapped is None and self._engine != "local" and not self._isolation_given:
+            # A remote engine not told its isolation keeps working unisolated, labelled and said so.
+            self.isolation = "none"
+            self.warn(f"engine {self._engine} does not remap user namespaces: root in box {name} is root on "
+                      "that engine's host (start its dockerd with --userns-remap to isolate its boxes)")
         if remapped is None and self.isolation != "none":
             where = f"the engine at {self._docker_host}" if self._engine == "local" else f"engine {self._engine}"
             raise ProviderError(

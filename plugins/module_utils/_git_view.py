@@ -46,8 +46,22 @@ _SECTION = re.compile(r'^\s*\[\s*([A-Za-z0-9.-]+)(?:\s+"((?:[^"\\]|\\.)*)")?\s*\
 _ENTRY = re.compile(r"^\s*([A-Za-z][A-Za-z0-9-]*)\s*(?:=\s*(.*?))?\s*$")
 
 
-class ViewError(Exception):
-    """The host .git could not be read into a view."""
+def views_dir() -> str:
+    """Where the views of the host's .git directories (the git layers' lower directories) are kept."""
+    from ._host_files import agentbox_dir
+
+    return os.path.join(agentbox_dir(), "gitviews")
+
+
+def view_path(box: str, box_id: str, index: int) -> str:
+    return os.path.join(views_dir(), f"{box}-{box_id}-git{index}")
+
+
+def checked_out_branch(view: str) -> str:
+    """The branch the host had checked out when the view was made ('' for a detached HEAD): the box's
+    base branch. Read on the host from the view, which the box cannot change (its lower layer)."""
+    head = _read(os.path.join(view, "HEAD")).strip()
+    return head.removeprefix("ref: refs/heads/") if head.startswith("ref: refs/heads/") else ""
 
 
 def build(git_dir: str, view: str, owner: tuple[int, int], branch: str) -> None:

@@ -136,7 +136,7 @@ def _base_of(provider: Provider, facts: BoxFacts, sub: str) -> str:
 
 
 def refresh_view(provider: Provider, facts: BoxFacts) -> int:
-    """Bring the host's branches, tags and remote-tracking refs into the box's view of the .git.
+    """Bring the host's base branch and the box's own (local and remote-tracking) into the box's view of the .git.
 
     The lower layer is the host's .git, but overlayfs keeps what it has looked up: an objects/XX
     directory or pack the box looked for and missed stays missing there after the host makes it
@@ -155,11 +155,17 @@ def refresh_view(provider: Provider, facts: BoxFacts) -> int:
     base = facts.labels.get("base_commit", "")
     if not has_layers(facts) or facts.state != "running" or not base:
         return 0
+    from . import _git_view
+
+    # Only the box's base branch and its own, as they are on the host and its remotes: never other
+    # boxes' branches or the host's other branches and tags.
+    base_branch = _git_view.checked_out_branch(_git_view.view_path(facts.name, facts.id, 0))
+    names = {name for name in (base_branch, facts.branch) if name}
     listed = _git.git_out(facts.workspace, "for-each-ref", "--format=%(objectname) %(refname) %(symref)",
-                          "refs/heads/", "refs/remotes/", "refs/tags/")
+                          "refs/heads/", "refs/remotes/")
     # A symbolic ref (refs/remotes/origin/HEAD) follows its target, which is set itself.
     refs = {fields[1]: fields[0] for fields in (line.split() for line in listed.splitlines())
-            if len(fields) == 2 and not fields[1].startswith("refs/heads/agentbox/")}
+            if len(fields) == 2 and _names_one_of(fields[1], names)}
     if not refs:
         return 0
     scratch = tempfile.mkdtemp(prefix="agentbox-view-")
@@ -183,6 +189,14 @@ def refresh_view(provider: Provider, facts: BoxFacts) -> int:
     provider.exec(facts.name, ["git", "-C", "/workspace", "update-ref", "-m", "agentbox: the host's refs",
                                "--stdin"], stdin=updates.encode()).check("setting the host's refs in the box", facts.name)
     return len(refs)
+
+
+def _names_one_of(ref: str, branches: set[str]) -> bool:
+    """refs/heads/<b> (not the box's own: the box moves that) or refs/remotes/<remote>/<b>, for a b of `branches`."""
+    if ref.startswith("refs/heads/"):
+        return ref.removeprefix("refs/heads/") in branches and not ref.startswith("refs/heads/agentbox/")
+    remote_branch = ref.removeprefix("refs/remotes/").partition("/")[2]
+    return ref.startswith("refs/remotes/") and remote_branch in branches
 
 
 def branch_reserved_for(workspace: str, facts: BoxFacts) -> bool:

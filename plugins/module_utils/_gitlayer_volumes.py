@@ -17,20 +17,11 @@ from typing import Any
 
 from . import _git_view
 from ._errors import ProviderError
-from ._host_files import agentbox_dir
+from ._git_view import view_path, views_dir
 from ._naming import CONTAINER_PREFIX, label
 
 KIND = "gitlayer"
 BOX_UID = 1000  # the box user, whose host uid owns a view's directories
-
-
-def views_dir() -> str:
-    """Where the views of the host's .git (the layers' lower directories) are kept."""
-    return os.path.join(agentbox_dir(), "gitviews")
-
-
-def view_path(box: str, box_id: str, index: int) -> str:
-    return os.path.join(views_dir(), f"{box}-{box_id}-git{index}")
 
 
 def layer_names(box: str, box_id: str, index: int) -> tuple[str, str, str]:

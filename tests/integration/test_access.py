@@ -547,21 +547,25 @@ def volume_names(box_or_kind: str) -> list[str]:
     return sorted(out.split())
 
 
-def test_editor_server_volumes(home: Path, repo_factory, boxes: list[str]) -> None:
+def test_editor_servers_and_extensions_are_each_box_s_own(home: Path, repo_factory, boxes: list[str]) -> None:
+    """Each box's VS Code and Cursor servers, extensions included, live in volumes of that box alone: an
+    extension one box plants never reaches another box's editor server."""
     repo = repo_factory("ws")
-    name = f"ed-{secrets.token_hex(3)}"
-    create(repo, name, boxes)
-    alias = f"agentbox-{name}"
-    mounts = json.loads(
-        subprocess.run(
-            ["docker", "inspect", "--format", "{{json .Mounts}}", alias], capture_output=True, text=True, check=True
-        ).stdout
-    )
-    by_path = {mount["Destination"]: mount.get("Name") for mount in mounts}
-    assert by_path["/home/vscode/.vscode-server"] == f"agentbox-{name}-vscode-server"
-    assert by_path["/home/vscode/.cursor-server"] == f"agentbox-{name}-cursor-server"
-    shared = by_path["/home/vscode/.vscode-server/extensions"]
-    assert shared.startswith("agentbox-vscode-extensions-")
+    first, second = f"ed-{secrets.token_hex(3)}", f"ed-{secrets.token_hex(3)}"
+    create(repo, first, boxes)
+    made = run_module("agentbox_box", {"name": second, "workspace": str(repo), "boot": False})
+    boxes.append(second)
+    assert not made["failed"], made.get("msg")
+    alias = f"agentbox-{first}"
+    for name in (first, second):
+        mounts = json.loads(
+            subprocess.run(["docker", "inspect", "--format", "{{json .Mounts}}", f"agentbox-{name}"],
+                           capture_output=True, text=True, check=True).stdout
+        )
+        by_path = {mount["Destination"]: mount.get("Name") for mount in mounts}
+        assert by_path["/home/vscode/.vscode-server"] == f"agentbox-{name}-vscode-server"
+        assert by_path["/home/vscode/.cursor-server"] == f"agentbox-{name}-cursor-server"
+        assert not [path for path in by_path if path.endswith("/extensions")], by_path
     # Dev Containers attaches as vscode in /workspace (so the server lands in the per-box volume).
     metadata = subprocess.run(
         ["docker", "inspect", "--format", '{{index .Config.Labels "devcontainer.metadata"}}', alias],
@@ -571,83 +575,24 @@ def test_editor_server_volumes(home: Path, repo_factory, boxes: list[str]) -> No
     ).stdout
     assert json.loads(metadata) == [{"remoteUser": "vscode", "workspaceFolder": "/workspace"}]
 
-    # The box user can write to both; what it writes survives a stop and start.
-    wrote = ssh(
-        home, alias, "echo server > ~/.vscode-server/marker && echo ext > ~/.vscode-server/extensions/marker-" + name
-    )
+    # The box user writes a server file and an extension for each editor; they survive a stop and start.
+    planted = "mkdir -p ~/.vscode-server/extensions ~/.cursor-server/extensions && echo server > ~/.vscode-server/marker" \
+        f" && echo ext > ~/.vscode-server/extensions/planted-{first} && echo ext > ~/.cursor-server/extensions/planted-{first}"
+    wrote = ssh(home, alias, planted)
     assert wrote.returncode == 0, wrote.stderr
     for state in ("stopped", "started"):
-        assert not run_module("agentbox_box", {"name": name, "state": state})["failed"]
-    kept = ssh(home, alias, f"cat ~/.vscode-server/marker ~/.vscode-server/extensions/marker-{name}")
+        assert not run_module("agentbox_box", {"name": first, "state": state})["failed"]
+    kept = ssh(home, alias, f"cat ~/.vscode-server/marker ~/.vscode-server/extensions/planted-{first}")
     assert kept.stdout.split() == ["server", "ext"], kept.stdout + kept.stderr
+    seen = subprocess.run(["docker", "exec", f"agentbox-{second}", "sh", "-c",
+                           f"ls /home/vscode/.vscode-server/extensions/planted-{first} "
+                           f"/home/vscode/.cursor-server/extensions/planted-{first} 2>&1; true"],
+                          capture_output=True, text=True, check=True).stdout
+    assert seen.count("No such file") == 2, seen
 
-    # Destroy removes the per-box volumes and keeps the shared one; the prune playbook lists it.
-    assert not run_module("agentbox_box", {"name": name, "state": "absent"})["failed"]
-    assert volume_names(f"io.agentbox.box={name}") == []
-    assert shared in volume_names("io.agentbox.kind=editor-extensions")
-    pruned = playbook("playbooks/prune_checkpoints.yml", "--check")
-    assert pruned.returncode == 0 and shared in pruned.stdout, pruned.stdout + pruned.stderr
-    # Leave the shared volume as it was: only this test's marker goes.
-    subprocess.run(
-        [
-            "docker",
-            "run",
-            "--rm",
-            "-v",
-            f"{shared}:/ext",
-            "--entrypoint",
-            "rm",
-            "agentbox/box:latest",
-            "-f",
-            f"/ext/marker-{name}",
-        ],
-        check=True,
-        capture_output=True,
-    )
-
-
-def test_cursor_extensions_volume_is_shared_and_listed_by_prune(home: Path, repo_factory, boxes: list[str]) -> None:
-    """The shared Cursor extensions volume is made, mounted, writable by the box user, kept when the box goes,
-    and listed by the prune playbook next to the VS Code one."""
-    repo = repo_factory("ws")
-    name = f"cx-{secrets.token_hex(3)}"
-    boxes.append(name)
-    made = run_module("agentbox_box", {"name": name, "workspace": str(repo), "boot": False})
-    assert not made["failed"], made.get("msg")
-    alias = f"agentbox-{name}"
-    mounts = json.loads(
-        subprocess.run(
-            ["docker", "inspect", "--format", "{{json .Mounts}}", alias], capture_output=True, text=True, check=True
-        ).stdout
-    )
-    by_path = {mount["Destination"]: mount.get("Name") for mount in mounts}
-    vscode_shared = by_path["/home/vscode/.vscode-server/extensions"]
-    cursor_shared = by_path["/home/vscode/.cursor-server/extensions"]
-    assert cursor_shared.startswith("agentbox-cursor-extensions-")
-    assert cursor_shared.removeprefix("agentbox-cursor-") == vscode_shared.removeprefix("agentbox-vscode-")  # same user
-    labels = json.loads(
-        subprocess.run(
-            ["docker", "volume", "inspect", "--format", "{{json .Labels}}", cursor_shared],
-            capture_output=True, text=True, check=True,
-        ).stdout
-    )  # fmt: skip
-    assert labels["io.agentbox.kind"] == "editor-extensions" and labels["io.agentbox.editor"] == "cursor", labels
-    wrote = ssh(home, alias, f"echo ext > ~/.cursor-server/extensions/marker-{name} && echo wrote")
-    assert wrote.stdout == "wrote\n", wrote.stdout + wrote.stderr
-
-    assert not run_module("agentbox_box", {"name": name, "state": "absent"})["failed"]
-    kept = volume_names("io.agentbox.kind=editor-extensions")
-    assert cursor_shared in kept and vscode_shared in kept
-    pruned = playbook("playbooks/prune_checkpoints.yml", "--check")
-    assert pruned.returncode == 0, pruned.stdout + pruned.stderr
-    flat = " ".join(pruned.stdout.split())  # the YAML callback folds long lines
-    listed = flat.split("editor extension volumes", 1)[1]
-    assert cursor_shared in listed and vscode_shared in listed, pruned.stdout
-    subprocess.run(
-        ["docker", "run", "--rm", "-v", f"{cursor_shared}:/ext", "--entrypoint", "rm", "agentbox/box:latest",
-         "-f", f"/ext/marker-{name}"],
-        check=True, capture_output=True,
-    )  # fmt: skip
+    # Destroy removes every editor volume of the box.
+    assert not run_module("agentbox_box", {"name": first, "state": "absent"})["failed"]
+    assert volume_names(f"io.agentbox.box={first}") == []
 
 
 def test_attach_starts_a_stopped_box_and_runs_only_the_editor_asked_for(

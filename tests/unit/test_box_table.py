@@ -64,3 +64,15 @@ def test_every_column_aligned(tmp_path: Path) -> None:
 
 def test_no_boxes_says_so_under_the_header(tmp_path: Path) -> None:
     assert table([], tmp_path).splitlines() == ["BOX  STATE  PROVIDER  BRANCH  WORKSPACE  PORTS  AGE  AGENT", "(no boxes)"]
+
+
+def test_an_unisolated_box_is_marked_so() -> None:
+    from ansible_collections.agentbox.box.plugins.filter.box_table import box_table
+
+    boxes = [
+        {"name": "old", "state": "running", "provider": "docker", "engine": "local", "labels": {"isolation": "none"}},
+        {"name": "new", "state": "running", "provider": "docker", "engine": "local", "labels": {"isolation": "userns"}},
+    ]
+    lines = box_table(boxes, now=NOW).splitlines()
+    assert "docker (unisolated)" in lines[1] and lines[1].startswith("old")
+    assert "unisolated" not in lines[2] and lines[2].startswith("new")
