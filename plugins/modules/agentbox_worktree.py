@@ -24,8 +24,11 @@ description:
     which otherwise shows them as they were when the box started.
   - O(state=downloaded) copies the box's working tree - uncommitted work included, ignored files left out by
     the box's C(.gitignore) rules - to O(dest) on the controller, without committing anything, on every
-    provider. The files are unpacked as untrusted (no paths or links leaving O(dest), no devices, no setuid)
-    into a temporary directory renamed into place; the host workspace is never written.
+    provider. The box's archive is streamed and unpacked as untrusted into a temporary directory renamed into
+    place. An absolute or C(..) name, a hard link, a device or fifo, or an entry through a symbolic link
+    fails the task naming the entry, with nothing written; symbolic links leaving the tree are left out and
+    listed. No setuid bits or owners are kept; the host workspace is never written. See the architecture
+    document, section "Trees copied out of a box".
   - M(agentbox.box.agentbox_box) seeds by itself when it creates a box; this module is for boxes made empty,
     and for bringing work back.
 author:
@@ -130,8 +133,8 @@ fetched:
   returned: with O(state=fetched)
   type: dict
 downloaded:
-  description: "Where the tree went (C(dest)), C(files) and C(bytes) copied, C(seconds), and C(uncommitted) (the
-    box's C(git status --porcelain) lines)."
+  description: "Where the tree went (C(dest)), C(files) and C(bytes) copied, C(seconds), C(uncommitted) (the
+    box's C(git status --porcelain) lines) and C(skipped) (entries left out, each with the reason)."
   returned: with O(state=downloaded)
   type: dict
 """

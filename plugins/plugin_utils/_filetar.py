@@ -5,7 +5,8 @@
 Note that this plugin util is PRIVATE to the collection: it can change at any time.
 
 A 50 MB file never sits in memory whole: `single_file_tar` reads it in 64 KiB chunks while the
-engine consumes the stream, and `extract_single_file` writes each chunk out as it arrives.
+engine consumes the stream, and `extract_single_file` writes each chunk out as it arrives (headers
+the box made are read bounded, by `_safe_extract`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import tarfile
 import time
 from collections.abc import Iterable, Iterator
 from typing import IO
+
+from ansible_collections.agentbox.box.plugins.module_utils._safe_extract import ArchiveRefused, first_entry
 
 CHUNK = 1 << 16
 
@@ -52,30 +55,6 @@ def single_file_tar(local_path: str, member_name: str, uid: int, gid: int, mode:
     yield b"\0" * (2 * tarfile.BLOCKSIZE)
 
 
-class IterReader:
-    """A read-only file object over an iterator of byte chunks (for tarfile's stream mode)."""
-
-    def __init__(self, chunks: Iterable[bytes]):
-        self._chunks = iter(chunks)
-        self._buffer = b""
-
-    def read(self, size: int = -1) -> bytes:
-        if size is None or size < 0:
-            parts = [self._buffer, *self._chunks]
-            self._buffer = b""
-            return b"".join(parts)
-        while len(self._buffer) < size:
-            try:
-                self._buffer += next(self._chunks)
-            except StopIteration:
-                break
-        data, self._buffer = self._buffer[:size], self._buffer[size:]
-        return data
-
-    def readable(self) -> bool:
-        return True
-
-
 class NotARegularFile(Exception):
     """The archive's first member is not a regular file; `link_target` is set for symlinks."""
 
@@ -85,20 +64,21 @@ class NotARegularFile(Exception):
 
 
 def extract_single_file(chunks: Iterable[bytes], out: IO[bytes]) -> int:
-    """Write the one regular file of a tar stream to `out`; returns its size."""
-    with tarfile.open(fileobj=IterReader(chunks), mode="r|", encoding="utf-8", errors="surrogateescape") as tar:
-        member = tar.next()
+    """Write the one regular file of a tar stream to `out`; returns its size. The box made the stream:
+    it is read with `_safe_extract`'s bounded reader (tarfile would hold any header whole)."""
+    try:
+        member, data = first_entry(chunks)
         if member is None:
             raise NotARegularFile("the box sent an empty archive")
-        if member.issym():
-            raise NotARegularFile(f"{member.name} is a symbolic link", link_target=member.linkname)
-        if not member.isreg():
-            raise NotARegularFile(f"{member.name} is not a regular file")
-        source = tar.extractfile(member)
-        if source is None:
-            raise AssertionError('a regular file member always has its data')
+        if member.kind == "symlink":
+            link = member.link.decode("utf-8", "surrogateescape")
+            raise NotARegularFile(f"{member.shown} is a symbolic link", link_target=link)
+        if member.kind != "file":
+            raise NotARegularFile(f"{member.shown} is not a regular file")
         written = 0
-        while chunk := source.read(CHUNK):
+        for chunk in data:
             out.write(chunk)
             written += len(chunk)
         return written
+    except ArchiveRefused as exc:
+        raise NotARegularFile(f"the box's archive was refused: {exc}") from None

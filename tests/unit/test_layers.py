@@ -46,6 +46,7 @@ RANKS: dict[str, int] = {
     "_git_view": HOST,
     "_journal": HOST,
     "_tarstream": HOST,
+    "_safe_extract": HOST,
     "_preflight": HOST,
     "_relay_state": HOST,
     "_relay_channel": HOST,
