@@ -15,6 +15,7 @@ import json
 import re
 import subprocess
 import time
+import unicodedata
 from typing import Any
 
 from ._naming import validate_checkpoint_name
@@ -67,8 +68,21 @@ class Request:
             value = self.args[key]
             if value is None or value is False:
                 continue
-            parts.append(key if value is True else f"{key}={value}")
+            parts.append(key if value is True else f"{key}={shown(value) if isinstance(value, str) else value}")
         return " ".join(parts) or "-"
+
+
+def shown(text: str) -> str:
+    """`text` as an approval line shows it: printable ASCII as it is; anything else escaped (`\\u0430`) and the
+    whole flagged with the characters' names, so a look-alike (`mаin` with a Cyrillic а) never reads as the
+    ASCII name the user would approve without a second look. git's ref rules allow such names."""
+    odd = [char for char in dict.fromkeys(text) if not (char.isascii() and char.isprintable())]
+    if not odd:
+        return text
+    escaped = "".join(char if char not in odd else
+                      (f"\\u{ord(char):04x}" if ord(char) <= 0xFFFF else f"\\U{ord(char):08x}") for char in text)
+    names = ", ".join(f"U+{ord(char):04X} {unicodedata.name(char, 'unnamed character')}" for char in odd[:8])
+    return f"{escaped} [not plain ASCII: {names}{', ...' if len(odd) > 8 else ''}]"
 
 
 def encode(message: dict[str, Any]) -> bytes:
@@ -249,12 +263,12 @@ def approval_reason(request: Request, own_branch: str) -> str | None:
     and pull requests from the box's branch. Anything that writes elsewhere waits.
     """
     if request.operation == "git.push":
-        target = request.args["as"] or own_branch
+        target = shown(request.args["as"] or own_branch)
         if request.args["delete"]:
             return f"deletes the remote branch {target}"
         if request.args["force"]:
             return f"force-pushes {target}"
-        if target != own_branch:
+        if (request.args["as"] or own_branch) != own_branch:
             return f"pushes to {target}, which is not the box's own branch {own_branch}"
         return None
     if request.operation == "gh.pr" and request.args["action"] == "merge":
