@@ -6,12 +6,13 @@ Settings come from the host file ~/.agentbox/idle/policy.json, read again before
 edit applies without a restart); every key is optional:
 
     {"enabled": true, "interval": 30, "max_running": 5, "idle_minutes": 5, "stop_after_hours": 12,
-     "include_agentless": false}
+     "include_agentless": false, "scope": "project"}
 
 `"enabled": false` (or `"interval": 0`) is the off switch. The environment variable
 AGENTBOX_IDLE_INTERVAL, when set in the relay's environment, overrides the interval (0: off).
 One pass covers the boxes registered with this relay (the boxes this user made), on every engine
-it serves a box on; other boxes on a shared engine are never counted or touched.
+it serves a box on; other boxes on a shared engine are never counted or touched. max_running counts each
+project's boxes apart (scope "project", the default): one relay serves every project of the user.
 """
 
 from __future__ import annotations
