@@ -86,7 +86,13 @@ options:
     description:
       - Instead of capturing or removing, remove every C(agentbox-ckpt-*) image that no box (container) and no
         manifest on this host refers to, plus dangling checkpoint images. In check mode they are only listed.
-      - With O(workspace), only that workspace's project is pruned.
+      - Only the project of O(workspace) (default the current directory) is pruned, unless O(all_projects=true):
+        an engine may hold other projects' checkpoints, and other users', whose manifests this host does not have.
+    type: bool
+    default: false
+  all_projects:
+    description:
+      - With O(prune=true), prune the checkpoint images of every project on the engine, not only the workspace's.
     type: bool
     default: false
 notes:
@@ -197,7 +203,9 @@ def _run(module: AnsibleModule) -> dict:
     result: dict = {"changed": False, "box": facts.to_dict() if facts else {}}
 
     if params["prune"]:
-        project = _project(params, None) if params["workspace"] else None
+        if params["all_projects"] and params["workspace"]:
+            module.fail_json(msg="all_projects and workspace do not go together: give one, the project or every project")
+        project = None if params["all_projects"] else _project(params, None)
         outcome = _checkpoint.prune(provider, check_mode=module.check_mode, project=project)
         result["removed"] = outcome
         result["changed"] = bool(outcome["removed"])
@@ -275,6 +283,7 @@ def main() -> None:
         "max_layers": {"type": "int", "default": _checkpoint.DEFAULT_MAX_LAYERS},
         "cleanup": {"type": "bool", "default": True},
         "prune": {"type": "bool", "default": False},
+        "all_projects": {"type": "bool", "default": False},
     }
     run_provider_module(options, _run, mutually_exclusive=[("prune", "name"), ("prune", "box")])
 
