@@ -34,13 +34,13 @@ MAX_TEXT_LENGTH = 16 * 1024  # a pull request's title or body
 # A push's new commits, sent by the box over its socket as one git bundle: the host streams at most
 # this many bytes to a temporary file (docs/relay.md, "Bundles over the socket").
 MAX_BUNDLE_BYTES = 1024 * 1024 * 1024
-# All of a bundle's bytes must arrive within BUNDLE_FLOOR seconds plus its size at BUNDLE_MIN_RATE,
-# at most BUNDLE_DEADLINE_CAP (1 GiB: 60 + 1024 s). The box sends a file it has already made over a
-# unix socket on this host, hundreds of MiB/s when idle: 1 MiB/s leaves a loaded host 100x slack,
-# and bounds how long a box that trickles bytes holds its lock, a worker thread and disk.
-BUNDLE_FLOOR = 60.0
+# The bytes of a bundle must keep up BUNDLE_MIN_RATE on average once BUNDLE_GRACE seconds have passed since
+# its header, all along (bundle_behind_at): a bundle that does arrives within BUNDLE_GRACE plus 1 s per MiB
+# (1 GiB: 10 + 1024 s); one that falls behind is cut then. The box sends a file it has already made over a
+# unix socket on this host, hundreds of MiB/s when idle: 1 MiB/s leaves a loaded host 100x slack. A deadline
+# alone let a box declaring 1 GiB and sending a byte every 29 s hold its slot for 1084 s.
+BUNDLE_GRACE = 10.0
 BUNDLE_MIN_RATE = 1024 * 1024  # bytes per second
-BUNDLE_DEADLINE_CAP = 1200.0
 # Bundles received at once, all boxes together: each holds one of the relay's few worker threads
 # (asyncio's default pool: cores + 4) and up to MAX_BUNDLE_BYTES of disk. One more is refused.
 MAX_BUNDLE_RECEPTIONS = 2
@@ -141,9 +141,10 @@ def bundle_header(raw: bytes) -> dict[str, Any]:
     return header
 
 
-def bundle_deadline(size: int, floor: float = BUNDLE_FLOOR) -> float:
-    """Seconds the host waits for all `size` bytes of a box's bundle (see BUNDLE_FLOOR)."""
-    return min(floor + size / BUNDLE_MIN_RATE, max(floor, BUNDLE_DEADLINE_CAP))
+def bundle_behind_at(received: int, grace: float = BUNDLE_GRACE, rate: float = BUNDLE_MIN_RATE) -> float:
+    """Seconds after its header when a box that has sent `received` bytes of its bundle falls below the
+    minimum rate: `grace`, plus the time those bytes buy at `rate`. Cut then, unless more came."""
+    return grace + received / rate
 
 
 def _fields(args: dict[str, Any], allowed: dict[str, type]) -> dict[str, Any]:
