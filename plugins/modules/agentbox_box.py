@@ -163,6 +163,21 @@ options:
         the repositories of O(workspace) (default the current directory); local engine only.
     type: bool
     default: false
+  fetch:
+    description:
+      - With O(state=absent), first bring the box's last commits into its branch on the host (local engine, where
+        they live in the box's own layer of the C(.git)). V(false) skips it: what the box committed since its
+        branch was last fetched goes with the box. Either way, what was not fetched is returned under
+        RV(destroyed.not_fetched) and warned about.
+    type: bool
+    default: true
+  fetch_timeout:
+    description:
+      - Seconds the box gets to hand its last commits over at O(state=absent) (all of the fetch's commands in the
+        box together). Root in a box can replace its C(git) with one that never answers; past the time the box is
+        destroyed anyway, and what was not fetched is reported.
+    type: float
+    default: 120
 """
 
 EXAMPLES = r"""
@@ -316,6 +331,14 @@ destroyed:
       description: "C(<repository>:<branch>) of each branch deleted."
       type: list
       elements: str
+    not_fetched:
+      description:
+        - "When the box's last commits could not be brought to the host (O(fetch=false), the box did not answer
+          within O(fetch_timeout), or its answer was refused): per repository, where the host's branch stayed
+          (C(repo), C(branch), C(commit), empty when the host has no such branch). Commits the box made after that
+          went with it."
+      type: list
+      elements: dict
 recovered:
   description:
     - "What an earlier, interrupted create of this name had made and this task rolled back: C(stage) it stopped at,
