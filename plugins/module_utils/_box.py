@@ -348,6 +348,7 @@ def destroy_box(
     moved_to: str | None = None,
     fetch: bool = True,
     fetch_timeout: float = FETCH_TIMEOUT,
+    keep_checkpoints: bool = False,
 ) -> dict[str, Any]:
     """Remove the box, its volumes and its worktree registrations; the branch stays unless asked.
 
@@ -355,6 +356,8 @@ def destroy_box(
     are found there by the box's id. What could not be found is reported, never claimed removed.
     The box's last commits are brought into its branch first (they live in the box's git layer), within
     `fetch_timeout` seconds; `fetch` False skips that. What was not fetched is reported (`not_fetched`).
+    The checkpoints the box took itself (through the relay) go too, unless kept (`keep_checkpoints`, or the
+    user kept one: _checkpoint.remove_box_checkpoints).
     """
     warnings: list[str] = []
     report: dict[str, Any] = {}
@@ -384,6 +387,16 @@ def destroy_box(
     from . import _access
 
     _access.box_removed(facts.name, facts.engine)
+    if not keep_checkpoints and facts.project:
+        from . import _checkpoint
+
+        try:
+            taken = _checkpoint.remove_box_checkpoints(provider, facts)
+        except ProviderError as exc:
+            warnings.append(f"the checkpoints the box took could not be looked up to be removed: {exc}")
+        else:
+            report.update(checkpoints_removed=taken["removed"], checkpoints_kept=taken["kept"])
+            warnings.extend(taken["warnings"])
     removed_worktrees: list[str] = []
     not_found: list[str] = []
     deleted_branches: list[str] = []

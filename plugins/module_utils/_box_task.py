@@ -36,6 +36,7 @@ BOX_ARGUMENT_SPEC: dict[str, Any] = {
     "delete_branch": {"type": "bool", "default": False},
     "fetch": {"type": "bool", "default": True},
     "fetch_timeout": {"type": "float", "default": _box.FETCH_TIMEOUT},
+    "keep_checkpoints": {"type": "bool", "default": False},
     "with_env": {"type": "bool", "default": False},
     "carry_ignored": {"type": "list", "elements": "str", "default": []},
     **_daytona_options.BOX_OPTIONS,
@@ -132,6 +133,7 @@ def _run(
                 result["destroyed"] = _box.destroy_box(
                     provider, existing, delete_branch=params["delete_branch"], moved_to=moved_to,
                     fetch=params["fetch"], fetch_timeout=params["fetch_timeout"],
+                    keep_checkpoints=params["keep_checkpoints"],
                 )
                 result["destroyed"]["box_removed"] = True
                 warnings.extend(result["destroyed"].pop("warnings", []))

@@ -18,7 +18,7 @@ import time
 import unicodedata
 from typing import Any
 
-from ._naming import validate_checkpoint_name
+from ._naming import check_checkpoint_name_free, validate_checkpoint_name
 
 PROTOCOL_VERSION = 1
 MAX_REQUEST_BYTES = 64 * 1024
@@ -213,7 +213,7 @@ def _check_checkpoint(args: dict[str, Any]) -> dict[str, Any]:
     if checked["name"] is None:
         raise RequestError("checkpoint needs --name NAME")
     try:
-        validate_checkpoint_name(checked["name"])
+        check_checkpoint_name_free(validate_checkpoint_name(checked["name"]))
     except ValueError as exc:
         raise RequestError(str(exc)) from exc
     return checked
@@ -257,21 +257,27 @@ _CHECKERS = {
 }
 
 
-def approval_reason(request: Request, own_branch: str) -> str | None:
+def approval_reason(request: Request, own_branch: str, ci: list[str] | tuple[str, ...] = ()) -> str | None:
     """Why the request must wait for the user, or None when the box may do it alone.
 
     Allowed alone: push of the box's own branch to its own name, fetch, pull, checkpoint, open,
-    and pull requests from the box's branch. Anything that writes elsewhere waits.
+    and pull requests from the box's branch. Anything that writes elsewhere waits, and so does a push
+    whose commits add or change CI configuration (`ci`: those files; CI runs what a pushed branch says,
+    with the repository's secrets).
     """
     if request.operation == "git.push":
         target = shown(request.args["as"] or own_branch)
+        reasons = []
         if request.args["delete"]:
-            return f"deletes the remote branch {target}"
-        if request.args["force"]:
-            return f"force-pushes {target}"
-        if (request.args["as"] or own_branch) != own_branch:
-            return f"pushes to {target}, which is not the box's own branch {own_branch}"
-        return None
+            reasons.append(f"deletes the remote branch {target}")
+        elif request.args["force"]:
+            reasons.append(f"force-pushes {target}")
+        elif (request.args["as"] or own_branch) != own_branch:
+            reasons.append(f"pushes to {target}, which is not the box's own branch {own_branch}")
+        if ci and not request.args["delete"]:
+            listed = ", ".join(shown(path) for path in ci[:5]) + (f" and {len(ci) - 5} more" if len(ci) > 5 else "")
+            reasons.append(f"adds or changes CI configuration ({listed})")
+        return "; ".join(reasons) or None
     if request.operation == "gh.pr" and request.args["action"] == "merge":
         return f"merges pull request #{request.args['number']}"
     return None

@@ -25,7 +25,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
-from . import _relay_idle, _relay_ops, _relay_state
+from . import _relay_idle, _relay_ops, _relay_policy, _relay_state
 from ._provider import ProviderError
 from ._relay_poll import Poller
 from ._relay_protocol import (
@@ -255,6 +255,7 @@ class Relay:
         self.tunnels: dict[str, Tunnel | Poller] = {}  # channels of docker_ssh and Daytona boxes
         self.facts: dict[str, tuple[float, Any]] = {}  # box id -> (when looked up, BoxFacts)
         self.stopping = asyncio.Event()
+        self.policy_problems: list[str] = []  # what was last logged of the policy file
         self.started = time.time()
         self.idle_since = time.monotonic()
 
@@ -395,7 +396,20 @@ class Relay:
             return
         try:
             decision = "allowed"
-            reason = approval_reason(request, facts.branch)
+            lock = self.box_locks.setdefault(box_id, asyncio.Lock())
+            staged = None
+            if request.operation == "git.push":
+                # The push's first half: the box's commits into the host repository (its own branch only), so
+                # the policy sees what the push carries (CI configuration) before anything reaches the remote.
+                async with lock:
+                    staged = await asyncio.to_thread(_relay_ops.stage, provider, facts, request,
+                                                     bundles if request.bundles else None, self.ci_patterns())
+                if isinstance(staged, _relay_ops.Outcome):
+                    self._audit(entry, decision, staged.summary())
+                    await send({"type": "result", "rc": staged.rc, "stdout": staged.stdout, "stderr": staged.stderr,
+                                "data": staged.data})
+                    return
+            reason = approval_reason(request, facts.branch, staged.ci if staged else ())
             if reason:
                 entry["reason"] = reason
                 decision = await self._ask_user(registration, request, reason, send, hangup, entry)
@@ -408,13 +422,13 @@ class Relay:
                     self._audit(entry, decision, {"rc": 1})
                     await send(_error(message, rc=1))
                     return
-                # The answer may have come hours later: a box paused or stopped meanwhile runs again first.
-                facts = await asyncio.to_thread(_relay_ops.wake, provider, facts)
-            lock = self.box_locks.setdefault(box_id, asyncio.Lock())
+                if staged is None:  # a staged push needs nothing more of the box
+                    # The answer may have come hours later: a box paused or stopped meanwhile runs again first.
+                    facts = await asyncio.to_thread(_relay_ops.wake, provider, facts)
             started = time.monotonic()
             async with lock:
                 outcome = await asyncio.to_thread(_relay_ops.carry_out, provider, facts, request,
-                                                  bundles if request.bundles else None)
+                                                  bundles if request.bundles else None, staged)
             entry["seconds"] = round(time.monotonic() - started, 3)
             self._audit(entry, decision, outcome.summary())
             if request.operation == "open":
@@ -427,6 +441,16 @@ class Relay:
                 self._audit({**entry, "phase": "after the answer"}, decision, later.summary())
         finally:
             await asyncio.to_thread(provider.close)
+
+    def ci_patterns(self) -> tuple[str, ...]:
+        """The CI configuration paths of the policy file (_relay_policy), read for each push; a problem in the
+        file is logged once (its defaults apply)."""
+        policy = _relay_policy.load()
+        if policy["problems"] != self.policy_problems:
+            for problem in policy["problems"]:
+                LOG.warning("relay policy file %s: %s (the default applies there)", _relay_policy.policy_path(), problem)
+            self.policy_problems = policy["problems"]
+        return policy["ci_paths"]
 
     async def _box(self, registration: dict[str, Any]) -> tuple[Any, Any]:
         """The box's provider and facts. The facts (workspace, branch, labels) never change for a box

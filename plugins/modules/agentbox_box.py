@@ -178,6 +178,14 @@ options:
         destroyed anyway, and what was not fetched is reported.
     type: float
     default: 120
+  keep_checkpoints:
+    description:
+      - With O(state=absent), keep the checkpoints the box took itself (C(agentbox-ctl checkpoint), through the
+        relay). By default they are removed with the box, except those the user kept
+        (M(agentbox.box.agentbox_checkpoint) O(agentbox.box.agentbox_checkpoint#module:keep=true)) and the
+        project's default.
+    type: bool
+    default: false
 """
 
 EXAMPLES = r"""
@@ -339,6 +347,14 @@ destroyed:
           went with it."
       type: list
       elements: dict
+    checkpoints_removed:
+      description: "Names of the checkpoints the box took itself, removed with it."
+      type: list
+      elements: str
+    checkpoints_kept:
+      description: "Checkpoints the box took that stay: the project's default, or one another box runs on."
+      type: list
+      elements: str
 recovered:
   description:
     - "What an earlier, interrupted create of this name had made and this task rolled back: C(stage) it stopped at,

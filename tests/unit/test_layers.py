@@ -46,6 +46,7 @@ RANKS: dict[str, int] = {
     "_tarstream": HOST,
     "_preflight": HOST,
     "_relay_state": HOST,
+    "_relay_policy": HOST,
     "_relay_channel": HOST,
     "_filetar": HOST,
     "_bytecode": HOST,
