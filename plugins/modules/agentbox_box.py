@@ -166,7 +166,7 @@ options:
   fetch:
     description:
       - With O(state=absent), first bring the box's last commits into its branch on the host (local engine, where
-        they live in the box's own layer of the C(.git)). V(false) skips it: what the box committed since its
+        they live in the box's own layer of the C(.git)). V(false) skips it, and what the box committed since its
         branch was last fetched goes with the box. Either way, what was not fetched is returned under
         RV(destroyed.not_fetched) and warned about.
     type: bool

@@ -86,8 +86,8 @@ options:
     description:
       - Instead of capturing or removing, remove every C(agentbox-ckpt-*) image that no box (container) and no
         manifest on this host refers to, plus dangling checkpoint images. In check mode they are only listed.
-      - Only the project of O(workspace) (default the current directory) is pruned, unless O(all_projects=true):
-        an engine may hold other projects' checkpoints, and other users', whose manifests this host does not have.
+      - Only the project of O(workspace) (default the current directory) is pruned, unless O(all_projects=true).
+        An engine may hold other projects' checkpoints, and other users', whose manifests this host does not have.
     type: bool
     default: false
   keep:
