@@ -72,8 +72,8 @@ def test_ci_changes_counts_only_what_the_remote_and_the_users_branches_lack(tmp_
     changed = commit(OWN, {".github/workflows/ci.yml": "on: push\njobs: {steal: {}}\n",
                            ".github/workflows/new.yml": "on: push\n"}, "the box's CI change")
     later = commit(OWN, {"src.py": "x = 2\n"}, "more code")
-    assert _relay_ops.ci_changes(str(repo), later, "origin", patterns) == [".github/workflows/ci.yml",
-                                                                          ".github/workflows/new.yml"]
+    workflows = [".github/workflows/ci.yml", ".github/workflows/new.yml"]
+    assert _relay_ops.ci_changes(str(repo), later, "origin", patterns) == workflows
     # Once the remote has that commit (pushed, approved), later pushes bring nothing new of CI.
     git(repo, "update-ref", f"refs/remotes/origin/{OWN}", changed)
     assert _relay_ops.ci_changes(str(repo), later, "origin", patterns) == []
