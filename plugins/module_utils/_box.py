@@ -17,10 +17,15 @@ from typing import Any
 
 from . import _agent, _git, _gitlayer, _journal, _naming, _preflight, _relay_state, _rollback, _seed
 from ._boot import BOOT_COMMAND, boot_box, boot_box_then  # below the providers, which run it after a restart
-from ._provider import BoxFacts, BoxSpec, Provider, ProviderError, worktree_records
+from ._provider import BoxFacts, BoxSpec, ExecTimedOut, Provider, ProviderError, exec_deadline, worktree_records
 
 DEFAULT_IMAGE = "agentbox/box:latest"
 WEB_PORT = 80
+# Seconds a box gets to hand its last commits over at destroy and stop (every exec of the fetch-back
+# together): root in a box can replace its git with one that never answers.
+FETCH_TIMEOUT = 120.0
+# Seconds the in-box shutdown of a stop may take; after it the engine's stop ends the box anyway.
+SHUTDOWN_TIMEOUT = 60.0
 
 
 @dataclasses.dataclass
@@ -343,28 +348,61 @@ def early_boot_command() -> str:
 
 
 def destroy_box(
-    provider: Provider, facts: BoxFacts, delete_branch: bool = False, moved_to: str | None = None
+    provider: Provider,
+    facts: BoxFacts,
+    delete_branch: bool = False,
+    moved_to: str | None = None,
+    fetch: bool = True,
+    fetch_timeout: float = FETCH_TIMEOUT,
+    keep_checkpoints: bool = False,
 ) -> dict[str, Any]:
     """Remove the box, its volumes and its worktree registrations; the branch stays unless asked.
 
     `moved_to`: where the workspace is now, when it moved after the box was made; its registrations
     are found there by the box's id. What could not be found is reported, never claimed removed.
-    The box's last commits are brought into its branch first (they live in the box's git layer).
+    The box's last commits are brought into its branch first (they live in the box's git layer), within
+    `fetch_timeout` seconds; `fetch` False skips that. What was not fetched is reported (`not_fetched`).
+    The checkpoints the box took itself (through the relay) go too, unless kept (`keep_checkpoints`, or the
+    user kept one: _checkpoint.remove_box_checkpoints).
     """
     warnings: list[str] = []
+    report: dict[str, Any] = {}
     if provider.shares_host_filesystem and _gitlayer.has_layers(facts) and not delete_branch:
-        try:
-            if facts.state != "running":
-                facts = provider.start(facts.name)  # the container only: git is all that runs
-            _gitlayer.import_work(provider, dataclasses.replace(facts, workspace=moved_to) if moved_to else facts)
-        except (ProviderError, _git.GitError) as exc:
-            warnings.append(f"the box's last commits could not be brought into {facts.branch} on the host: {exc}")
+        where = dataclasses.replace(facts, workspace=moved_to) if moved_to else facts
+        why = "fetch=false"
+        if fetch:
+            try:
+                if facts.state != "running":
+                    facts = provider.start(facts.name)  # the container only: git is all that runs
+                with exec_deadline(fetch_timeout):
+                    _gitlayer.import_work(provider, dataclasses.replace(facts, workspace=where.workspace))
+                why = ""
+            except ExecTimedOut:
+                why = f"the box did not answer within {fetch_timeout:g} s (fetch_timeout)"
+            except (ProviderError, _git.GitError) as exc:
+                why = str(exc)
+        if why:
+            report["not_fetched"] = _host_tips(where)
+            kept = ", ".join(f"{item['repo']} at {item['commit'][:12] or 'nothing'}" for item in report["not_fetched"])
+            warnings.append(f"the box's last commits were not brought into {facts.branch} on the host ({why}): what "
+                            f"it committed since its branch was last fetched went with the box; the host's "
+                            f"{facts.branch} stays as it was ({kept})")
     provider.destroy(facts.name)
     if facts.id:
         _relay_state.forget_box(facts.id)
     from . import _access
 
     _access.box_removed(facts.name, facts.engine)
+    if not keep_checkpoints and facts.project:
+        from . import _checkpoint
+
+        try:
+            taken = _checkpoint.remove_box_checkpoints(provider, facts)
+        except ProviderError as exc:
+            warnings.append(f"the checkpoints the box took could not be looked up to be removed: {exc}")
+        else:
+            report.update(checkpoints_removed=taken["removed"], checkpoints_kept=taken["kept"])
+            warnings.extend(taken["warnings"])
     removed_worktrees: list[str] = []
     not_found: list[str] = []
     deleted_branches: list[str] = []
@@ -387,12 +425,26 @@ def destroy_box(
                     )
             if delete_branch and facts.branch and _rollback.remove_branch(repo_root, facts.branch):
                 deleted_branches.append(f"{repo_root}:{facts.branch}")
-    report: dict[str, Any] = {"worktrees_removed": removed_worktrees, "branches_deleted": deleted_branches}
+    report.update(worktrees_removed=removed_worktrees, branches_deleted=deleted_branches)
     if not_found:
         report["worktrees_not_found"] = not_found
     if warnings:
         report["warnings"] = warnings
     return report
+
+
+def _host_tips(facts: BoxFacts) -> list[dict[str, str]]:
+    """[{repo, branch, commit}]: where the box's branch is in each host repository (commit '' when absent)."""
+    tips = []
+    for record in worktree_records(facts) or [{"sub": ""}]:
+        root = facts.workspace if not record.get("sub") else f"{facts.workspace}/{record['sub']}"
+        try:
+            found = _git.git(root, "rev-parse", "--verify", "-q", f"refs/heads/{facts.branch}", check=False)
+            commit = found.stdout.decode().strip()
+        except (_git.GitError, OSError):  # the workspace is gone: nothing there to say
+            commit = ""
+        tips.append({"repo": root, "branch": facts.branch, "commit": commit})
+    return tips
 
 
 def set_state(provider: Provider, facts: BoxFacts, state: str, boot: bool = True) -> BoxFacts:
@@ -422,12 +474,13 @@ def set_state(provider: Provider, facts: BoxFacts, state: str, boot: bool = True
             facts = provider.resume(facts.name)
         if facts.state == "running":
             if provider.shares_host_filesystem:
-                # A stopped box's commits are on the host. A box that broke its own git keeps them
-                # in its layer: destroy tries again (and says so), the stop goes ahead.
-                with contextlib.suppress(ProviderError, _git.GitError):
+                # A stopped box's commits are on the host. A box that broke its own git (or whose git
+                # never answers) keeps them in its layer: destroy tries again (and says so), the stop goes ahead.
+                with contextlib.suppress(ProviderError, _git.GitError), exec_deadline(FETCH_TIMEOUT):
                     _gitlayer.import_work(provider, facts)
-            # Let the supervisor stop services cleanly: `docker stop` alone SIGKILLs them.
-            provider.exec(facts.name, ["sh", "-c", "command -v agentbox-ctl >/dev/null && agentbox-ctl shutdown || true"])
+            # Let the supervisor stop services cleanly: `docker stop` alone SIGKILLs them (and does, past the bound).
+            with contextlib.suppress(ExecTimedOut), exec_deadline(SHUTDOWN_TIMEOUT):
+                provider.exec(facts.name, ["sh", "-c", "command -v agentbox-ctl >/dev/null && agentbox-ctl shutdown || true"])
         return provider.stop(facts.name)
     if state == "paused":
         if facts.state == "stopped":

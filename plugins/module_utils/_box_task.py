@@ -34,6 +34,9 @@ BOX_ARGUMENT_SPEC: dict[str, Any] = {
     "ship_depth": {"type": "int"},
     "boot": {"type": "bool", "default": True},
     "delete_branch": {"type": "bool", "default": False},
+    "fetch": {"type": "bool", "default": True},
+    "fetch_timeout": {"type": "float", "default": _box.FETCH_TIMEOUT},
+    "keep_checkpoints": {"type": "bool", "default": False},
     "with_env": {"type": "bool", "default": False},
     "carry_ignored": {"type": "list", "elements": "str", "default": []},
     **_daytona_options.BOX_OPTIONS,
@@ -128,7 +131,9 @@ def _run(
             result["box"] = {}
             if not check_mode:
                 result["destroyed"] = _box.destroy_box(
-                    provider, existing, delete_branch=params["delete_branch"], moved_to=moved_to
+                    provider, existing, delete_branch=params["delete_branch"], moved_to=moved_to,
+                    fetch=params["fetch"], fetch_timeout=params["fetch_timeout"],
+                    keep_checkpoints=params["keep_checkpoints"],
                 )
                 result["destroyed"]["box_removed"] = True
                 warnings.extend(result["destroyed"].pop("warnings", []))

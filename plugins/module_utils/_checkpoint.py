@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from . import _checkpoint_records, _gitlayer
+from . import _checkpoint_records, _gitlayer, _naming
 from ._checkpoint_records import (
     COLLECTION_VERSION,
     DEFAULT_MAX_LAYERS,
@@ -29,26 +29,29 @@ from ._checkpoint_records import (
     CapturePlan,
     Checkpoint,
     CheckpointError,
+    kept_checkpoints,
     next_number,
     parse_reference,
     project_config_path,
     project_default,
     read_manifest,
     record_number,
+    set_kept,
     set_project_default,
 )
 from ._image_flatten import EXCLUDED_FROM_FLATTEN, config_changes, filter_tar, flatten
 from ._image_store import LABEL_KEYS, labels_to_record, record_to_labels
-from ._provider import BoxFacts, Provider, worktree_records
+from ._provider import BoxFacts, Provider, ProviderError, worktree_records
 from ._restore import RESTORE_SCRIPT, RestorePlan, RestoreResult, plan_restore, restore_workspace
 
 # The checkpoint API the modules, _box, _relay_ops and the tests use, whichever file defines it.
 __all__ = [
     "COLLECTION_VERSION", "DEFAULT_MAX_LAYERS", "EXCLUDED_FROM_FLATTEN", "LABEL_KEYS", "RESTORE_SCRIPT",
-    "SCHEMA_VERSION", "CapturePlan", "Checkpoint", "CheckpointError", "RestorePlan", "RestoreResult", "capture",
-    "config_changes", "current_fingerprint", "filter_tar", "find_checkpoint", "is_stale", "list_checkpoints",
-    "parse_reference", "plan_capture", "plan_restore", "project_config_path", "project_default", "prune",
-    "read_manifest", "remove", "restore_workspace", "run_cleanup", "set_project_default",
+    "SCHEMA_VERSION", "CapturePlan", "Checkpoint", "CheckpointError", "RestorePlan", "RestoreResult",
+    "box_checkpoints", "capture", "config_changes", "current_fingerprint", "filter_tar", "find_checkpoint",
+    "is_stale", "keep", "kept_checkpoints", "list_checkpoints", "parse_reference", "plan_capture", "plan_restore",
+    "project_config_path", "project_default", "prune", "read_manifest", "remove", "remove_box_checkpoints",
+    "restore_workspace", "run_cleanup", "set_project_default",
 ]
 
 # The private names the tests read from here since before the split (tests/unit/test_checkpoint.py,
@@ -94,11 +97,18 @@ def plan_capture(
     merged: bool = False,
     replace: bool = False,
     max_layers: int = DEFAULT_MAX_LAYERS,
+    made_by: str = "",
 ) -> CapturePlan:
-    """Decide name, type and parents; validates everything before any side effect."""
+    """Decide name, type and parents; validates everything before any side effect. `made_by` "box": the box
+    takes it itself (the relay), so it counts against the box's quota and goes with the box (box_checkpoints)."""
     if max_layers < 1:
         raise CheckpointError(f"max_layers must be 1 or more, not {max_layers}")
-    return provider.checkpoint_store().plan_capture(facts, name, replace, merged=merged, max_layers=max_layers)
+    plan = provider.checkpoint_store().plan_capture(facts, name, replace, merged=merged, max_layers=max_layers)
+    try:
+        _naming.check_checkpoint_name_free(plan.name)
+    except ValueError as exc:
+        raise CheckpointError(str(exc), box=facts.name) from exc
+    return dataclasses.replace(plan, made_by=made_by) if made_by else plan
 
 
 def capture(provider: Provider, plan: CapturePlan, cleanup: bool = True) -> dict[str, Any]:
@@ -118,7 +128,48 @@ def run_cleanup(provider: Provider, box: str, mounts: list[str] | None = None) -
 
 def remove(provider: Provider, checkpoint: Checkpoint) -> dict[str, Any]:
     """Delete the checkpoint's image or snapshot, its manifest and its commit refs."""
-    return provider.checkpoint_store().remove(checkpoint)
+    removed = provider.checkpoint_store().remove(checkpoint)
+    if checkpoint.name in kept_checkpoints(provider, checkpoint.project):
+        set_kept(checkpoint.project, checkpoint.name, False, provider=provider)  # a later one of that name is new
+    return removed
+
+
+def box_checkpoints(provider: Provider, facts: BoxFacts) -> list[Checkpoint]:
+    """The checkpoints box `facts` took itself (through the relay, `made_by` box) that the user has not kept:
+    what its quota counts, and what goes with it."""
+    kept = kept_checkpoints(provider, facts.project)
+    return [found for found in list_checkpoints(provider, facts.project)
+            if found.record.get("made_by") == "box" and found.record.get("source_box_id") == facts.id
+            and found.name not in kept]  # fmt: skip
+
+
+def keep(provider: Provider, project: str, name: str) -> Checkpoint:
+    """Make a checkpoint the user's: one a box took stays when the box goes."""
+    found = find_checkpoint(provider, project, name)
+    if found is None:
+        raise CheckpointError(f"no checkpoint {name!r} in this project (on engine {provider.engine}): "
+                              "agentbox.box.agentbox_checkpoint_info lists them")
+    set_kept(project, name, True, provider=provider)
+    return found
+
+
+def remove_box_checkpoints(provider: Provider, facts: BoxFacts) -> dict[str, list[str]]:
+    """At the box's destroy: remove the checkpoints it took itself, but the ones the user kept (keep) and the
+    project's default. {removed, kept, warnings}: a removal that fails (another box runs on it) keeps it."""
+    default = project_default(provider, facts.project)
+    done: dict[str, list[str]] = {"removed": [], "kept": [], "warnings": []}
+    for found in box_checkpoints(provider, facts):
+        if found.name == default:
+            done["kept"].append(found.name)  # the user made it the project's default
+            continue
+        try:
+            remove(provider, found)
+        except ProviderError as exc:
+            done["kept"].append(found.name)
+            done["warnings"].append(f"checkpoint {found.name}, which the box took, was kept: {exc}")
+            continue
+        done["removed"].append(found.name)
+    return done
 
 
 def prune(provider: Provider, check_mode: bool = False, project: str | None = None) -> dict[str, Any]:

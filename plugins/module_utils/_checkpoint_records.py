@@ -136,6 +136,31 @@ def set_project_default(project: str, name: str | None, workspace: str | None = 
         write_json(path, config)
 
 
+def kept_checkpoints(provider: Provider, project: str) -> set[str]:
+    """The box-made checkpoints of the project (on this provider and engine) the user kept (set_kept): they
+    stay when their box goes."""
+    scoped = (read_json(project_config_path(project)) or {}).get("kept_checkpoints")
+    names = scoped.get(engine_scope(provider)) if isinstance(scoped, dict) else None
+    return {name for name in names if isinstance(name, str)} if isinstance(names, list) else set()
+
+
+def set_kept(project: str, name: str, kept: bool, *, provider: Provider) -> None:
+    """Keep (or forget keeping) the checkpoint `name` of the project on this provider and engine."""
+    path = project_config_path(project)
+    with locked(path):
+        config = read_json(path) or {}
+        scoped = config.get("kept_checkpoints")
+        scoped = dict(scoped) if isinstance(scoped, dict) else {}
+        names = set(kept_checkpoints(provider, project))
+        names = names | {name} if kept else names - {name}
+        if names:
+            scoped[engine_scope(provider)] = sorted(names)
+        else:
+            scoped.pop(engine_scope(provider), None)
+        config["kept_checkpoints"] = scoped
+        write_json(path, config)
+
+
 def foreign(provider: Provider, manifest: dict[str, Any] | None) -> bool:
     """A manifest of a checkpoint on another provider or engine (its name is taken there)."""
     engine = (manifest or {}).get("engine")
@@ -259,6 +284,9 @@ class CapturePlan:
     # The box's worktree heads when the workflow read them (a box with git layers, whose heads are in
     # its layer and are brought into the host first: _gitlayer.box_heads); None: the store reads them.
     heads: list[dict[str, str]] | None = None
+    # "box": the box took it itself (agentbox-ctl checkpoint, through the relay): counted against its quota and
+    # removed with it unless the user keeps it; "": the user's.
+    made_by: str = ""
 
     def record(
         self,
@@ -282,6 +310,7 @@ class CapturePlan:
             "layers": self.layers,
             "source_box": facts.name,
             "source_box_id": facts.id,
+            "made_by": self.made_by,
             **(extra or {}),
             "branch": heads[0]["branch"] if heads else facts.branch,
             "commit": heads[0]["commit"] if heads else "",

@@ -41,6 +41,7 @@ from ._provider import (
     Provider,
     ProviderError,
     SshProxy,
+    exec_time_left,
 )
 
 
@@ -679,7 +680,9 @@ class DockerProvider(Provider):
         cname = container_name(name)
         argv, user, workdir, env, stdin = command.argv, command.user, command.workdir, command.env, command.stdin
         with self._engine_call(name, "exec") as engine:
-            rc, stdout, stderr = engine.exec(cname, argv, user=user, workdir=workdir, env=env, stdin=stdin)
+            # The time bound on the local engine's own client; the SDK's (remote engines) has none.
+            bound = {"timeout": command.timeout} if isinstance(engine, EngineAPI) and command.timeout is not None else {}
+            rc, stdout, stderr = engine.exec(cname, argv, user=user, workdir=workdir, env=env, stdin=stdin, **bound)
         return ExecResult(rc=rc, stdout=stdout, stderr=stderr)
 
     def exec_bounded(self, name: str, argv: list[str], limit: int, *, user: str = BOX_USER) -> ExecResult:
@@ -689,7 +692,8 @@ class DockerProvider(Provider):
             return super().exec_bounded(name, argv, limit, user=user)
         try:
             with self._engine_call(name, "exec"):  # its error mapping; the read itself stops at `limit`
-                rc, stdout, stderr = direct.exec(container_name(name), argv, user=user, max_output=limit)
+                rc, stdout, stderr = direct.exec(container_name(name), argv, user=user, max_output=limit,
+                                                 timeout=exec_time_left())
         except OutputTooLarge as exc:
             raise OutputTooLarge(str(exc), box=name) from exc
         return ExecResult(rc=rc, stdout=stdout, stderr=stderr)

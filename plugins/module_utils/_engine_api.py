@@ -21,6 +21,7 @@ Note that this module_utils is PRIVATE to the collection: it can change at any t
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -31,7 +32,7 @@ import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import IO, Any
 
-from ._errors import OutputTooLarge
+from ._errors import ExecTimedOut, OutputTooLarge
 
 CHUNK = 1 << 16
 DEFAULT_SOCKET = "/var/run/docker.sock"
@@ -259,9 +260,11 @@ class EngineAPI:
         env: dict[str, str] | None = None,
         stdin: bytes | IO[bytes] | None = None,
         max_output: int | None = None,
+        timeout: float | None = None,
     ) -> tuple[int, bytes, bytes]:
         """Run argv in the container; (exit code, stdout, stderr). stdin is streamed while the
-        output is read, so neither side can fill a pipe and stall the other. With `max_output`,
+        output is read, so neither side can fill a pipe and stall the other. With `timeout` (seconds),
+        the host stops waiting then (the stream is shut down) and raises ExecTimedOut. With `max_output`,
         stdout and stderr together are read up to that many bytes: one frame more and the stream
         is closed and OutputTooLarge raised (the container's output is the container's to forge)."""
         config: dict[str, Any] = {
@@ -284,18 +287,22 @@ class EngineAPI:
             feeder.start()
         streams: dict[int, list[bytes]] = {1: [], 2: []}
         total = 0
+        watchdog = _Watchdog(sock, timeout)
         try:
-            while len(header := reader.read(8)) == 8:
+            while len(header := watchdog.read(reader, 8)) == 8:
                 size = int.from_bytes(header[4:8], "big")
                 total += size
                 if max_output is not None and total > max_output:  # the frame is not read
                     raise OutputTooLarge(f"{argv[0]} printed more than the {max_output} bytes the host reads: refused")
-                streams.setdefault(header[0], []).append(reader.read(size))
+                streams.setdefault(header[0], []).append(watchdog.read(reader, size))
         finally:
+            watchdog.cancel()
             if feeder is not None:
                 feeder.join(timeout=5)
             reader.close()
             sock.close()
+        if watchdog.fired:
+            raise ExecTimedOut(f"{argv[0]} did not finish within {timeout:g} s: the host stopped waiting for it")
         code = exec_exit_code(lambda: self._checked("GET", f"/exec/{exec_id}/json"))
         return code, b"".join(streams[1]), b"".join(streams[2])
 
@@ -504,6 +511,36 @@ def pause_patiently(
                 raise
         time.sleep(delay)
     pause(container)
+
+
+class _Watchdog:
+    """An exec's time bound: after `timeout` seconds it shuts the exec's stream down (a read then ends, short
+    or with an error), and `fired` says the time, not the command, ended it. No timeout: reads as they are."""
+
+    def __init__(self, sock: socket.socket, timeout: float | None):
+        self.fired = False
+        self._sock = sock
+        self._timer = None if timeout is None else threading.Timer(max(0.0, timeout), self._cut)
+        if self._timer is not None:
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _cut(self) -> None:
+        self.fired = True
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+
+    def read(self, reader: IO[bytes], size: int) -> bytes:
+        try:
+            return reader.read(size)
+        except (OSError, ValueError):
+            if self.fired:  # the stream was shut down under the read
+                return b""
+            raise
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
 
 
 def exec_exit_code(inspect: Callable[[], dict[str, Any]], deadline_seconds: float = 10.0) -> int:

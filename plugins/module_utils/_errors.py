@@ -30,3 +30,8 @@ class BoxNotFound(ProviderError):
 
 class OutputTooLarge(ProviderError):
     """A command in the box printed more than the host agreed to read (a box may be hostile)."""
+
+
+class ExecTimedOut(ProviderError):
+    """A command in the box did not finish within the time the host gave it (a box may be hostile, or its
+    program hung); the host stopped waiting, the command may still run in the box."""

@@ -31,7 +31,11 @@ from . import _agent, _box
 from ._access import BOX_USER
 from ._provider import BoxFacts, Provider, ProviderError
 
-DEFAULTS: dict[str, Any] = {"max_running": 5, "idle_minutes": 5.0, "stop_after_hours": 12.0, "include_agentless": False}
+DEFAULTS: dict[str, Any] = {"max_running": 5, "idle_minutes": 5.0, "stop_after_hours": 12.0, "include_agentless": False,
+                            "scope": "project"}
+# What max_running counts: each project's running boxes apart (one relay serves all of a user's projects, and
+# one project's boxes must not pause another's), or every box in the pass together.
+SCOPES = ("project", "all")
 ACTIVE = ("working", "waiting")
 EPHEMERAL_REASON = ("ephemeral: the engine deletes it as soon as it stops, so it is left to the engine's own "
                     "auto-stop (never paused or stopped by the idle policy)")  # fmt: skip
@@ -97,6 +101,8 @@ def validate(settings: dict[str, Any]) -> dict[str, Any]:
     merged = {**DEFAULTS, **{k: v for k, v in settings.items() if v is not None}}
     if not isinstance(merged["max_running"], int) or merged["max_running"] < 0:
         raise ValueError(f"max_running must be a whole number of boxes, 0 or more, not {merged['max_running']!r}")
+    if merged["scope"] not in SCOPES:
+        raise ValueError(f"scope must be one of {', '.join(SCOPES)}, not {merged['scope']!r}")
     for key in ("idle_minutes", "stop_after_hours"):
         try:
             merged[key] = float(merged[key])
@@ -122,7 +128,8 @@ def plan(
     idle_minutes); never one whose agent is working or waiting, nor one with an ssh session open or a
     connection on its web port (`activity`, see parse_activity); idle time runs from the later of the
     agent's idle `since` and the last terminal input. An agentless box (no agent, or its agent stopped)
-    only with include_agentless, after every idle one. Paused boxes: stop those paused longer than
+    only with include_agentless, after every idle one. With scope `project` (the default) the cap counts each
+    project's running boxes apart (facts `project`); with `all`, every box of the pass. Paused boxes: stop those paused longer than
     stop_after_hours (by `paused_since`, keyed by record_key). Ephemeral boxes (facts `ephemeral`) are kept
     and not counted: the engine deletes them when they stop, its own auto-stop ends them.
     """
@@ -131,7 +138,8 @@ def plan(
     idle_floor = settings["idle_minutes"] * 60
     decisions: list[dict[str, Any]] = []
     candidates: list[tuple[float, int, dict[str, Any]]] = []
-    running = 0
+    running: dict[str, int] = {}  # per project (scope project), or all under "" (scope all)
+    group: dict[str, str] = {}  # box name -> its key in `running`
     for facts in sorted(boxes, key=lambda b: b["name"]):
         agent = agents.get(facts["name"])
         entry: dict[str, Any] = {"name": facts["name"], "state": facts["state"], "action": "keep",
@@ -157,7 +165,9 @@ def plan(
         if facts["state"] != "running":
             entry["reason"] = f"the box is {facts['state']}"
             continue
-        running += 1
+        key = str(facts.get("project") or "") if settings["scope"] == "project" else ""
+        running[key] = running.get(key, 0) + 1
+        group[facts["name"]] = key
         state = agent["state"] if agent else None
         if state in ACTIVE:
             entry["reason"] = f"its agent is {state}"
@@ -197,22 +207,20 @@ def plan(
         candidates.append((0.0 if typed is None else now - typed, 1, entry))  # after every idle agent
     # Longest idle first; agentless boxes last (their idleness is unknown); then by name, for a stable plan.
     candidates.sort(key=lambda item: (item[1], -item[0], item[2]["name"]))
-    excess = running - settings["max_running"]
+    excess = {key: count - settings["max_running"] for key, count in running.items()}
     for _idle, _kind, entry in candidates:
-        if excess <= 0:
-            entry["reason"] = entry.get("reason") or (
-                f"{running} running is within max_running ({settings['max_running']})"
-            )
+        key = group[entry["name"]]
+        counted = f"{running[key]} running" + (f" in project {key}" if key else "")
+        if excess[key] <= 0:
+            entry["reason"] = entry.get("reason") or f"{counted} is within max_running ({settings['max_running']})"
             if entry["idle_seconds"] is not None:
-                entry["reason"] = (f"idle {entry['idle_seconds'] / 60:.1f} min, but the running boxes are within "
+                entry["reason"] = (f"idle {entry['idle_seconds'] / 60:.1f} min, but {counted} is within "
                                    f"max_running ({settings['max_running']})")  # fmt: skip
             continue
-        excess -= 1
+        excess[key] -= 1
         why = (f"idle {entry['idle_seconds'] / 60:.1f} min" if entry["idle_seconds"] is not None
                else "agentless (include_agentless)")  # fmt: skip
-        entry.update(
-            action="pause", reason=f"{why}; {running} running, more than max_running ({settings['max_running']})"
-        )
+        entry.update(action="pause", reason=f"{why}; {counted}, more than max_running ({settings['max_running']})")
     return decisions
 
 

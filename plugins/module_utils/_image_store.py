@@ -73,6 +73,7 @@ LABEL_KEYS = (
     CKPT + "engine",
     CKPT + "source_box",
     CKPT + "source_box_id",
+    CKPT + "made_by",
 )
 
 
@@ -125,6 +126,7 @@ def labels_to_record(labels: dict[str, str]) -> dict[str, Any]:
         "layers": layers,
         "source_box": short.get(CKPT + "source_box", "") or short.get("box", ""),
         "source_box_id": short.get(CKPT + "source_box_id", "") or short.get("id", ""),
+        "made_by": short.get(CKPT + "made_by", ""),
         "branch": short.get("branch", ""),
         "commit": short.get(CKPT + "commit", ""),
         "worktrees": loads(CKPT + "worktrees", []),
@@ -160,6 +162,7 @@ def record_to_labels(record: dict[str, Any]) -> dict[str, str]:
         CKPT + "engine": record["engine"],
         CKPT + "source_box": record["source_box"],
         CKPT + "source_box_id": record["source_box_id"],
+        CKPT + "made_by": record.get("made_by", ""),
     }
     return {_naming.label(key): value for key, value in values.items()}
 

@@ -52,6 +52,20 @@ def validate_checkpoint_name(name: str) -> str:
     return name
 
 
+# Names no new checkpoint takes: as a create's `checkpoint`, `default` means the project's default and `none`
+# no checkpoint, so a checkpoint called so could never be chosen by its name (and a box naming one `default`
+# would pass for the project's default in a listing).
+RESERVED_CHECKPOINT_NAMES = ("default", "none")
+
+
+def check_checkpoint_name_free(name: str) -> str:
+    """`name`, unless it is reserved (RESERVED_CHECKPOINT_NAMES): NameError_ saying so."""
+    if name in RESERVED_CHECKPOINT_NAMES:
+        raise NameError_(f"checkpoint name {name!r} is reserved (as a create's checkpoint, 'default' means the "
+                         "project's default and 'none' no checkpoint): pick another name")
+    return name
+
+
 def workspace_path(path: str | None) -> str:
     """The absolute, symlink-free path of a workspace directory that must exist."""
     raw = path or os.getcwd()

@@ -11,8 +11,11 @@ find, change and run commands in a box. Workspace seeding (`_seed`) and checkpoi
 from __future__ import annotations
 
 import abc
+import contextlib
+import contextvars
 import dataclasses
 import json
+import time
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
@@ -20,6 +23,7 @@ from typing import IO, Any
 from ._errors import (  # noqa: F401  # pylint: disable=unused-import
     BoxNotFound,
     EngineUnreachable,
+    ExecTimedOut,
     OutputTooLarge,
     ProviderError,
 )
@@ -247,8 +251,10 @@ class Provider(abc.ABC):
         stdin: bytes | IO[bytes] | None = None,
         timeout: float | None = None,
     ) -> ExecResult:
-        """Run argv in the box and wait; stdout and stderr kept apart, exit code exact."""
-        return self.run_command(name, Command(argv, user, workdir, env, stdin, timeout))
+        """Run argv in the box and wait; stdout and stderr kept apart, exit code exact. `timeout` (and any
+        exec_deadline around the call, whichever ends first): ExecTimedOut past it, where the provider bounds
+        an exec's time (the local engine, Daytona, boxd)."""
+        return self.run_command(name, Command(argv, user, workdir, env, stdin, exec_time_left(timeout)))
 
     def run_command(self, name: str, command: Command) -> ExecResult:
         """exec's work, the one method a provider writes for it (a provider may override exec itself instead)."""
@@ -336,3 +342,34 @@ class Provider(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook: most providers hold nothing to release
         """Release connections. Safe to call twice."""
+
+
+# The end (time.monotonic) of every exec in the box made inside exec_deadline(): a workflow that runs several
+# execs in a box that may never answer (a hostile box's replaced git) bounds them all at once, without each
+# helper on the way passing a timeout along.
+_EXEC_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("agentbox_exec_deadline", default=None)
+
+
+@contextlib.contextmanager
+def exec_deadline(seconds: float | None) -> Iterator[None]:
+    """Every Provider.exec inside ends within `seconds` from now, all of them together (None: no bound);
+    past it, ExecTimedOut. An outer deadline that ends first still applies."""
+    if seconds is None:
+        yield
+        return
+    ends = time.monotonic() + max(0.0, seconds)
+    outer = _EXEC_DEADLINE.get()
+    token = _EXEC_DEADLINE.set(ends if outer is None else min(ends, outer))
+    try:
+        yield
+    finally:
+        _EXEC_DEADLINE.reset(token)
+
+
+def exec_time_left(timeout: float | None = None) -> float | None:
+    """Seconds an exec may take now: its own `timeout` or what is left of exec_deadline, whichever is less."""
+    ends = _EXEC_DEADLINE.get()
+    if ends is None:
+        return timeout
+    left = max(0.0, ends - time.monotonic())
+    return left if timeout is None else min(timeout, left)

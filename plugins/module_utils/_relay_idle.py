@@ -6,24 +6,25 @@ Settings come from the host file ~/.agentbox/idle/policy.json, read again before
 edit applies without a restart); every key is optional:
 
     {"enabled": true, "interval": 30, "max_running": 5, "idle_minutes": 5, "stop_after_hours": 12,
-     "include_agentless": false}
+     "include_agentless": false, "scope": "project"}
 
 `"enabled": false` (or `"interval": 0`) is the off switch. The environment variable
 AGENTBOX_IDLE_INTERVAL, when set in the relay's environment, overrides the interval (0: off).
 One pass covers the boxes registered with this relay (the boxes this user made), on every engine
-it serves a box on; other boxes on a shared engine are never counted or touched.
+it serves a box on; other boxes on a shared engine are never counted or touched. max_running counts each
+project's boxes apart (scope "project", the default): one relay serves every project of the user.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 from typing import Any
 
 from . import _idle, _relay_ops
+from ._relay_policy import read_settings
 
 LOG = logging.getLogger("agentbox-relay")
 DEFAULT_INTERVAL = 30.0
@@ -37,19 +38,7 @@ def policy_path() -> str:
 def load_policy(path: str | None = None, environ: dict[str, str] | None = None) -> dict[str, Any]:
     """{enabled, interval, settings}: the file's values over the defaults; a broken file is reported, not fatal."""
     environ = dict(os.environ if environ is None else environ)
-    raw: dict[str, Any] = {}
-    problem = None
-    try:
-        with open(path or policy_path(), encoding="utf-8") as handle:
-            loaded = json.load(handle)
-        if isinstance(loaded, dict):
-            raw = loaded
-        else:
-            problem = "it is not a JSON object"
-    except FileNotFoundError:
-        pass
-    except (OSError, ValueError) as exc:
-        problem = str(exc)
+    raw, problem = read_settings(path or policy_path())
     interval = raw.get("interval", DEFAULT_INTERVAL)
     if environ.get("AGENTBOX_IDLE_INTERVAL"):
         interval = environ["AGENTBOX_IDLE_INTERVAL"]

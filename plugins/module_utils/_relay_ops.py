@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 from . import _box, _git, _gitlayer
 from ._provider import BoxFacts, Provider, ProviderError
 from ._registry import get_provider
+from ._relay_policy import DEFAULT_CI_PATHS, ci_files, policy_path
+from ._relay_policy import load as load_policy
 from ._relay_protocol import Request
 
 if TYPE_CHECKING:  # imported when a push needs it
@@ -130,8 +132,20 @@ def _check_remote(repo: str, remote: str) -> Outcome | None:
     return Outcome(2, stderr=f"the host repository {repo} has no remote {remote!r} (its remotes: {listed})")
 
 
-def push(provider: Provider, facts: BoxFacts, request: Request, bundles: BundleSource | None = None) -> Outcome:
-    """Push the box's own branch from the host repository, as itself or (approved) as another name.
+@dataclasses.dataclass
+class StagedPush:
+    """A push's first half, done before the policy decides (the server asks the user in between): the box's
+    commits brought into the host repository, the commit the push will send, and the CI configuration files
+    its new commits add or change. The second half pushes exactly `tip`, whatever the box does meanwhile."""
+
+    tip: str  # "" for a delete
+    notes: str = ""
+    ci: list[str] = dataclasses.field(default_factory=list)
+
+
+def stage_push(provider: Provider, facts: BoxFacts, request: Request, bundles: BundleSource | None = None,
+               ci_patterns: tuple[str, ...] = DEFAULT_CI_PATHS) -> StagedPush | Outcome:
+    """The first half of a push (see StagedPush); an Outcome when the push cannot go on.
     `bundles`: the box's client sends its new commits on its own connection (local boxes' socket)."""
     branch = _own_branch(facts)
     args = request.args
@@ -139,24 +153,58 @@ def push(provider: Provider, facts: BoxFacts, request: Request, bundles: BundleS
     refused = _check_remote(repo, args["remote"])
     if refused:
         return refused
+    if args["delete"]:
+        return StagedPush(tip="")
     notes = ""
     if not provider.shares_host_filesystem or _gitlayer.has_layers(facts):
         # The box's commits live in its own clone, or its own git layer: bring them into the host repository first.
+        # Only the box's own branch moves there; nothing reaches the remote before the policy said yes.
         from ._ship import fetch_box_branch
 
         fetched = fetch_box_branch(provider, facts, force=bool(args["force"]), record=_seed_record(provider, facts),
                                    bundles=bundles)
         new = sum(item["new_commits"] for item in fetched["repos"])
         notes = f"fetched {new} new commit(s) of {branch} from the box into {repo}\n"
+    found = _git.git(repo, "rev-parse", "--verify", "-q", f"refs/heads/{branch}^{{commit}}", check=False)
+    tip = found.stdout.decode().strip()
+    if found.returncode != 0 or not tip:
+        return Outcome(1, stderr=f"{notes}the host repository {repo} has no branch {branch} to push\n")
+    return StagedPush(tip=tip, notes=notes, ci=ci_changes(repo, tip, args["remote"], ci_patterns))
+
+
+def ci_changes(repo: str, tip: str, remote: str, patterns: tuple[str, ...]) -> list[str]:
+    """The CI configuration files (`patterns`, _relay_policy) that the commits `tip` brings add or change: the
+    paths its commits touch that neither `remote` (as the host last fetched or pushed it) nor the user's own
+    branches have. Other boxes' agentbox/* branches, the pushing box's own included, are not the user's. A
+    merge counts only for what differs from every parent (`-c`), so merging the user's main brings nothing."""
+    if not patterns:
+        return []
+    listed = _git.git(repo, "log", "--format=", "--name-only", "-c", "--no-renames", "-z", tip, "--not",
+                      f"--remotes={remote}", "--exclude=agentbox/*", "--branches")  # fmt: skip
+    paths = {part.strip("\n") for part in listed.stdout.decode("utf-8", "surrogateescape").split("\0")}
+    return ci_files((path for path in paths if path), patterns)
+
+
+def push(provider: Provider, facts: BoxFacts, request: Request, bundles: BundleSource | None = None,
+         staged: StagedPush | None = None) -> Outcome:
+    """Push the box's own branch from the host repository, as itself or (approved) as another name: the
+    commit `staged` names (staged here when not given)."""
+    if staged is None:
+        made = stage_push(provider, facts, request, bundles)
+        if isinstance(made, Outcome):
+            return made
+        staged = made
+    branch = _own_branch(facts)
+    args = request.args
     target = args["as"] or branch
     if args["delete"]:
         refspec = f":refs/heads/{target}"
     else:
-        refspec = f"{'+' if args['force'] else ''}refs/heads/{branch}:refs/heads/{target}"
-    result = _git.git(repo, "push", "--no-verify", args["remote"], refspec, check=False)
+        refspec = f"{'+' if args['force'] else ''}{staged.tip}:refs/heads/{target}"
+    result = _git.git(facts.workspace, "push", "--no-verify", args["remote"], refspec, check=False)
     stdout, stderr = _text(result)
-    return Outcome(result.returncode, stdout=stdout, stderr=notes + stderr,
-                   data={"remote": args["remote"], "branch": branch, "target": target})
+    return Outcome(result.returncode, stdout=stdout, stderr=staged.notes + stderr,
+                   data={"remote": args["remote"], "branch": branch, "target": target, "commit": staged.tip})
 
 
 def fetch(provider: Provider, facts: BoxFacts, request: Request) -> Outcome:
@@ -234,10 +282,15 @@ def pull(provider: Provider, facts: BoxFacts, request: Request) -> Outcome:
 
 
 def checkpoint(provider: Provider, facts: BoxFacts, request: Request) -> Outcome:
-    """Capture the box as playbooks/checkpoint.yml would (same planning, same capture)."""
+    """Capture the box as playbooks/checkpoint.yml would (same planning, same capture), as a checkpoint the box
+    took itself: within its quota (box_checkpoints, box_checkpoint_bytes in the policy file), and removed with
+    the box unless the user keeps it."""
     from . import _checkpoint
 
-    plan = _checkpoint.plan_capture(provider, facts, request.args["name"])  # every check, before the answer
+    plan = _checkpoint.plan_capture(provider, facts, request.args["name"], made_by="box")  # every check, first
+    refused = _over_quota(provider, facts, taken=False)
+    if refused:
+        return Outcome(1, stderr=refused)
     if provider.snapshot_stops_box:
         # The snapshot stops the box, which would end the command waiting for this answer: answer first.
         text = (f"checkpoint {plan.name} (snapshot) is being taken: this box stops for it and starts again (its "
@@ -246,8 +299,42 @@ def checkpoint(provider: Provider, facts: BoxFacts, request: Request) -> Outcome
         return Outcome(0, stdout=text, data={"checkpoint": plan.name, "deferred": True},
                        after=lambda: _capture_after_answer(provider, plan))
     made = _checkpoint.capture(provider, plan)
+    return _captured(provider, facts, made)
+
+
+def _over_quota(provider: Provider, facts: BoxFacts, taken: bool) -> str | None:
+    """Why the box may not take one more checkpoint of its own (`taken`: may not keep the one it just took,
+    which its own already count), or None."""
+    from . import _checkpoint
+
+    policy = load_policy()
+    own = _checkpoint.box_checkpoints(provider, facts)
+    count, size = len(own), sum(found.size for found in own)
+    how = ("remove one on the host (agentbox_checkpoint name=NAME state=absent), or keep it as yours "
+           f"(agentbox_checkpoint name=NAME keep=true), which takes it out of the box's count; "
+           f"the box's own now: {', '.join(found.name for found in own) or 'none'}")
+    if not taken and count >= policy["box_checkpoints"]:
+        return (f"this box has {count} checkpoint(s) of its own, the most it may keep (box_checkpoints "
+                f"{policy['box_checkpoints']} in {policy_path()}): {how}\n")
+    if size > policy["box_checkpoint_bytes"] or (not taken and size >= policy["box_checkpoint_bytes"]):
+        return (f"this box's own checkpoints take {size} bytes, over the {policy['box_checkpoint_bytes']} it may "
+                f"keep (box_checkpoint_bytes in {policy_path()}): {how}\n")
+    return None
+
+
+def _captured(provider: Provider, facts: BoxFacts, made: dict[str, Any]) -> Outcome:
+    """The answer to a box's checkpoint once captured; over the box's bytes quota it is removed again."""
+    from . import _checkpoint
+
+    refused = _over_quota(provider, facts, taken=True)
+    if refused:
+        found = _checkpoint.find_checkpoint(provider, facts.project, made["name"])
+        if found is not None:
+            _checkpoint.remove(provider, found)
+        return Outcome(1, stderr=f"checkpoint {made['name']} was taken, and removed again: {refused}")
     warnings = "".join(f"warning: {text}\n" for text in made.get("warnings", []))
-    text = f"checkpoint {made['name']} ({made['type']}) saved as {made['image']}\n"
+    text = (f"checkpoint {made['name']} ({made['type']}) saved as {made['image']}; it goes when this box is "
+            "destroyed unless the user keeps it\n")
     return Outcome(0, stdout=text, stderr=warnings, data={"checkpoint": made["name"], "image": made["image"]})
 
 
@@ -262,11 +349,9 @@ def _capture_after_answer(provider: Provider, plan: Any) -> Outcome:
         provider.exec(box, ["sh", "-c", 'i=0; while [ "$i" -lt 50 ] && ls "$1"/*.out >/dev/null 2>&1; '
                                         'do sleep 0.2; i=$((i + 1)); done; true', "wait", QUEUE_DIR])
         made = _checkpoint.capture(provider, plan)
+        return _captured(provider, plan.facts, made)
     except (ProviderError, _git.GitError, ValueError) as exc:
         return Outcome(1, stderr=f"{exc}\n")
-    warnings = "".join(f"warning: {text}\n" for text in made.get("warnings", []))
-    return Outcome(0, stdout=f"checkpoint {made['name']} ({made['type']}) saved as {made['image']}\n",
-                   stderr=warnings, data={"checkpoint": made["name"], "image": made["image"]})
 
 
 def open_url(provider: Provider, facts: BoxFacts, request: Request) -> Outcome:
@@ -326,12 +411,23 @@ HANDLERS = {
 }
 
 
-def carry_out(provider: Provider, facts: BoxFacts, request: Request, bundles: BundleSource | None = None) -> Outcome:
+def carry_out(provider: Provider, facts: BoxFacts, request: Request, bundles: BundleSource | None = None,
+              staged: StagedPush | None = None) -> Outcome:
     """Run one checked request for the box; provider and git failures become an Outcome. `bundles`:
-    the box's connection can carry a push's bundle (None: the host fetches it with an exec)."""
+    the box's connection can carry a push's bundle (None: the host fetches it with an exec); `staged`:
+    a push's first half, done already (stage_push)."""
     try:
         if request.operation == "git.push":
-            return push(provider, facts, request, bundles)
+            return push(provider, facts, request, bundles, staged)
         return HANDLERS[request.operation](provider, facts, request)
+    except (ProviderError, _git.GitError, ValueError) as exc:
+        return Outcome(1, stderr=f"{exc}\n")
+
+
+def stage(provider: Provider, facts: BoxFacts, request: Request, bundles: BundleSource | None,
+          ci_patterns: tuple[str, ...]) -> StagedPush | Outcome:
+    """stage_push with failures as an Outcome, as carry_out gives them."""
+    try:
+        return stage_push(provider, facts, request, bundles, ci_patterns)
     except (ProviderError, _git.GitError, ValueError) as exc:
         return Outcome(1, stderr=f"{exc}\n")

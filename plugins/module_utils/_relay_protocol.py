@@ -15,9 +15,10 @@ import json
 import re
 import subprocess
 import time
+import unicodedata
 from typing import Any
 
-from ._naming import validate_checkpoint_name
+from ._naming import check_checkpoint_name_free, validate_checkpoint_name
 
 PROTOCOL_VERSION = 1
 MAX_REQUEST_BYTES = 64 * 1024
@@ -33,13 +34,13 @@ MAX_TEXT_LENGTH = 16 * 1024  # a pull request's title or body
 # A push's new commits, sent by the box over its socket as one git bundle: the host streams at most
 # this many bytes to a temporary file (docs/relay.md, "Bundles over the socket").
 MAX_BUNDLE_BYTES = 1024 * 1024 * 1024
-# All of a bundle's bytes must arrive within BUNDLE_FLOOR seconds plus its size at BUNDLE_MIN_RATE,
-# at most BUNDLE_DEADLINE_CAP (1 GiB: 60 + 1024 s). The box sends a file it has already made over a
-# unix socket on this host, hundreds of MiB/s when idle: 1 MiB/s leaves a loaded host 100x slack,
-# and bounds how long a box that trickles bytes holds its lock, a worker thread and disk.
-BUNDLE_FLOOR = 60.0
+# The bytes of a bundle must keep up BUNDLE_MIN_RATE on average once BUNDLE_GRACE seconds have passed since
+# its header, all along (bundle_behind_at): a bundle that does arrives within BUNDLE_GRACE plus 1 s per MiB
+# (1 GiB: 10 + 1024 s); one that falls behind is cut then. The box sends a file it has already made over a
+# unix socket on this host, hundreds of MiB/s when idle: 1 MiB/s leaves a loaded host 100x slack. A deadline
+# alone let a box declaring 1 GiB and sending a byte every 29 s hold its slot for 1084 s.
+BUNDLE_GRACE = 10.0
 BUNDLE_MIN_RATE = 1024 * 1024  # bytes per second
-BUNDLE_DEADLINE_CAP = 1200.0
 # Bundles received at once, all boxes together: each holds one of the relay's few worker threads
 # (asyncio's default pool: cores + 4) and up to MAX_BUNDLE_BYTES of disk. One more is refused.
 MAX_BUNDLE_RECEPTIONS = 2
@@ -67,8 +68,21 @@ class Request:
             value = self.args[key]
             if value is None or value is False:
                 continue
-            parts.append(key if value is True else f"{key}={value}")
+            parts.append(key if value is True else f"{key}={shown(value) if isinstance(value, str) else value}")
         return " ".join(parts) or "-"
+
+
+def shown(text: str) -> str:
+    """`text` as an approval line shows it: printable ASCII as it is; anything else escaped (`\\u0430`) and the
+    whole flagged with the characters' names, so a look-alike (`mаin` with a Cyrillic а) never reads as the
+    ASCII name the user would approve without a second look. git's ref rules allow such names."""
+    odd = [char for char in dict.fromkeys(text) if not (char.isascii() and char.isprintable())]
+    if not odd:
+        return text
+    escaped = "".join(char if char not in odd else
+                      (f"\\u{ord(char):04x}" if ord(char) <= 0xFFFF else f"\\U{ord(char):08x}") for char in text)
+    names = ", ".join(f"U+{ord(char):04X} {unicodedata.name(char, 'unnamed character')}" for char in odd[:8])
+    return f"{escaped} [not plain ASCII: {names}{', ...' if len(odd) > 8 else ''}]"
 
 
 def encode(message: dict[str, Any]) -> bytes:
@@ -127,9 +141,10 @@ def bundle_header(raw: bytes) -> dict[str, Any]:
     return header
 
 
-def bundle_deadline(size: int, floor: float = BUNDLE_FLOOR) -> float:
-    """Seconds the host waits for all `size` bytes of a box's bundle (see BUNDLE_FLOOR)."""
-    return min(floor + size / BUNDLE_MIN_RATE, max(floor, BUNDLE_DEADLINE_CAP))
+def bundle_behind_at(received: int, grace: float = BUNDLE_GRACE, rate: float = BUNDLE_MIN_RATE) -> float:
+    """Seconds after its header when a box that has sent `received` bytes of its bundle falls below the
+    minimum rate: `grace`, plus the time those bytes buy at `rate`. Cut then, unless more came."""
+    return grace + received / rate
 
 
 def _fields(args: dict[str, Any], allowed: dict[str, type]) -> dict[str, Any]:
@@ -198,7 +213,7 @@ def _check_checkpoint(args: dict[str, Any]) -> dict[str, Any]:
     if checked["name"] is None:
         raise RequestError("checkpoint needs --name NAME")
     try:
-        validate_checkpoint_name(checked["name"])
+        check_checkpoint_name_free(validate_checkpoint_name(checked["name"]))
     except ValueError as exc:
         raise RequestError(str(exc)) from exc
     return checked
@@ -242,21 +257,27 @@ _CHECKERS = {
 }
 
 
-def approval_reason(request: Request, own_branch: str) -> str | None:
+def approval_reason(request: Request, own_branch: str, ci: list[str] | tuple[str, ...] = ()) -> str | None:
     """Why the request must wait for the user, or None when the box may do it alone.
 
     Allowed alone: push of the box's own branch to its own name, fetch, pull, checkpoint, open,
-    and pull requests from the box's branch. Anything that writes elsewhere waits.
+    and pull requests from the box's branch. Anything that writes elsewhere waits, and so does a push
+    whose commits add or change CI configuration (`ci`: those files; CI runs what a pushed branch says,
+    with the repository's secrets).
     """
     if request.operation == "git.push":
-        target = request.args["as"] or own_branch
+        target = shown(request.args["as"] or own_branch)
+        reasons = []
         if request.args["delete"]:
-            return f"deletes the remote branch {target}"
-        if request.args["force"]:
-            return f"force-pushes {target}"
-        if target != own_branch:
-            return f"pushes to {target}, which is not the box's own branch {own_branch}"
-        return None
+            reasons.append(f"deletes the remote branch {target}")
+        elif request.args["force"]:
+            reasons.append(f"force-pushes {target}")
+        elif (request.args["as"] or own_branch) != own_branch:
+            reasons.append(f"pushes to {target}, which is not the box's own branch {own_branch}")
+        if ci and not request.args["delete"]:
+            listed = ", ".join(shown(path) for path in ci[:5]) + (f" and {len(ci) - 5} more" if len(ci) > 5 else "")
+            reasons.append(f"adds or changes CI configuration ({listed})")
+        return "; ".join(reasons) or None
     if request.operation == "gh.pr" and request.args["action"] == "merge":
         return f"merges pull request #{request.args['number']}"
     return None

@@ -25,11 +25,12 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
-from . import _relay_idle, _relay_ops, _relay_state
+from . import _relay_idle, _relay_ops, _relay_policy, _relay_state
 from ._provider import ProviderError
 from ._relay_poll import Poller
 from ._relay_protocol import (
-    BUNDLE_FLOOR,
+    BUNDLE_GRACE,
+    BUNDLE_MIN_RATE,
     MAX_APPROVAL_TIMEOUT,
     MAX_BUNDLE_BYTES,
     MAX_BUNDLE_RECEPTIONS,
@@ -39,7 +40,7 @@ from ._relay_protocol import (
     Request,
     RequestError,
     approval_reason,
-    bundle_deadline,
+    bundle_behind_at,
     bundle_header,
     encode,
     parse_request,
@@ -119,28 +120,38 @@ Hangup = Callable[[], Awaitable[Any]]
 
 class BundleGate:
     """The bounds all boxes' socket bundles share (docs/relay.md, "Bundles over the socket"): at most `slots`
-    at once, each within bundle_deadline(size, floor). Used on the loop only, so never locked.
+    at once and one per box, each sent at `rate` bytes per second or more once `grace` seconds have passed
+    (bundle_behind_at). Used on the loop only, so never locked.
 
-    AGENTBOX_RELAY_BUNDLE_FLOOR (seconds) and AGENTBOX_RELAY_BUNDLE_SLOTS in the relay's environment
-    at its start replace BUNDLE_FLOOR and MAX_BUNDLE_RECEPTIONS: for tests, which shrink them."""
+    AGENTBOX_RELAY_BUNDLE_GRACE (seconds) and AGENTBOX_RELAY_BUNDLE_SLOTS in the relay's environment
+    at its start replace BUNDLE_GRACE and MAX_BUNDLE_RECEPTIONS: for tests, which shrink them."""
 
     def __init__(self, environ: Mapping[str, str]) -> None:
-        self.floor = _positive(environ, "AGENTBOX_RELAY_BUNDLE_FLOOR", BUNDLE_FLOOR)
+        self.grace = _positive(environ, "AGENTBOX_RELAY_BUNDLE_GRACE", BUNDLE_GRACE)
         self.slots = int(_positive(environ, "AGENTBOX_RELAY_BUNDLE_SLOTS", MAX_BUNDLE_RECEPTIONS, whole=True))
-        self.busy = 0
+        self.rate = float(BUNDLE_MIN_RATE)
+        self.holders: set[str] = set()  # ids of the boxes receiving now: one slot each
+
+    @property
+    def busy(self) -> int:
+        return len(self.holders)
 
     @contextlib.contextmanager
-    def slot(self) -> Iterator[None]:
-        """One reception; refused at once when all slots are taken: waiting would hold the box's lock
+    def slot(self, box_id: str) -> Iterator[None]:
+        """One reception for box `box_id`; refused at once when the box holds one already (fairness: a box
+        never takes a second slot from the others) or all slots are taken: waiting would hold the box's lock
         and a worker thread, the very things the bound keeps free, and the box has made nothing yet."""
+        if box_id in self.holders:
+            raise RequestError("this box is sending the host another push's bundle now (one at a time per box): "
+                               "nothing was sent; run the same command again once that push ends")
         if self.busy >= self.slots:
             raise RequestError(f"the host is receiving {self.busy} other push(es) from boxes now (at most "
                                f"{self.slots} at once): nothing was sent; run the same command again in a minute")
-        self.busy += 1
+        self.holders.add(box_id)
         try:
             yield
         finally:
-            self.busy -= 1
+            self.holders.discard(box_id)
 
 
 def _positive(environ: Mapping[str, str], name: str, default: float, whole: bool = False) -> float:
@@ -168,17 +179,18 @@ class SocketBundles:
     thread; the reads run on the loop."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, loop: asyncio.AbstractEventLoop,
-                 gate: BundleGate):
+                 gate: BundleGate, box_id: str):
         self.reader = reader
         self.writer = writer
         self.loop = loop
         self.gate = gate
+        self.box_id = box_id
 
     def __call__(self, path: str, ref: str, base: str, have: str, destination: str) -> tuple[str, bool]:
         return asyncio.run_coroutine_threadsafe(self._receive(path, ref, base, have, destination), self.loop).result()
 
     async def _receive(self, path: str, ref: str, base: str, have: str, destination: str) -> tuple[str, bool]:
-        with self.gate.slot():  # taken before the box is asked: a refused box makes no bundle
+        with self.gate.slot(self.box_id):  # taken before the box is asked: a refused box makes no bundle
             return await self._receive_held(path, ref, base, have, destination)
 
     async def _receive_held(self, path: str, ref: str, base: str, have: str, destination: str) -> tuple[str, bool]:
@@ -196,28 +208,34 @@ class SocketBundles:
         if header.get("missing"):
             raise ProviderError(f"the box's repo at {path} has no branch {ref.removeprefix('refs/heads/')} any more",
                                 operation="fetch")
-        left = size = header["size"]
-        allowed = bundle_deadline(size, self.gate.floor)
-        ends = self.loop.time() + allowed
-        if left:
+        size = header["size"]
+        if size:
             with open(destination, "xb") as handle:  # a new file in the caller's private directory
-                while left:
-                    wait = min(READ_TIMEOUT, ends - self.loop.time())
-                    try:
-                        chunk = await asyncio.wait_for(self.reader.read(min(left, 1 << 20)), max(wait, 0.0))
-                    except TimeoutError as exc:
-                        if wait < READ_TIMEOUT:  # the deadline, not a pause, ended it
-                            LOG.warning("a bundle of %d bytes cut after %.0f s, %d bytes short", size, allowed, left)
-                            raise RequestError(
-                                f"the box's bundle of {size} bytes did not arrive within {allowed:.0f} s (the host "
-                                f"allows {self.gate.floor:.0f} s plus 1 s per MiB); {size - left} bytes came: cut, "
-                                "nothing fetched") from exc
-                        raise RequestError(f"the box stopped sending its bundle for {READ_TIMEOUT:.0f} s") from exc
-                    if not chunk:
-                        raise RequestError(f"the box's bundle ended {left} bytes short of the size it gave")
-                    handle.write(chunk)
-                    left -= len(chunk)
-        return header["tip"], bool(header["size"])
+                await self._take_in(size, handle)
+        return header["tip"], bool(size)
+
+    async def _take_in(self, size: int, handle: Any) -> None:
+        """`size` bytes of bundle into `handle`, each read under READ_TIMEOUT, and never below the gate's rate
+        once its grace has passed (bundle_behind_at): the first bound reached cuts the reception."""
+        gate, left = self.gate, size
+        started = self.loop.time()
+        while left:
+            behind = started + bundle_behind_at(size - left, gate.grace, gate.rate) - self.loop.time()
+            try:
+                chunk = await asyncio.wait_for(self.reader.read(min(left, 1 << 20)), max(min(READ_TIMEOUT, behind), 0))
+            except TimeoutError as exc:
+                if behind > READ_TIMEOUT:  # a pause, not the rate, ended it
+                    raise RequestError(f"the box stopped sending its bundle for {READ_TIMEOUT:.0f} s") from exc
+                came, took = size - left, self.loop.time() - started
+                LOG.warning("box %s: a bundle of %d bytes cut after %.0f s, %d bytes short (below the rate)",
+                            self.box_id, size, took, left)
+                raise RequestError(
+                    f"the box's bundle of {size} bytes came slower than the {gate.rate / (1 << 20):g} MiB/s the host "
+                    f"requires after {gate.grace:g} s ({came} bytes in {took:.0f} s): cut, nothing fetched") from exc
+            if not chunk:
+                raise RequestError(f"the box's bundle ended {left} bytes short of the size it gave")
+            handle.write(chunk)
+            left -= len(chunk)
 
     async def _send(self, data: bytes) -> None:
         self.writer.write(data)
@@ -237,6 +255,7 @@ class Relay:
         self.tunnels: dict[str, Tunnel | Poller] = {}  # channels of docker_ssh and Daytona boxes
         self.facts: dict[str, tuple[float, Any]] = {}  # box id -> (when looked up, BoxFacts)
         self.stopping = asyncio.Event()
+        self.policy_problems: list[str] = []  # what was last logged of the policy file
         self.started = time.time()
         self.idle_since = time.monotonic()
 
@@ -326,7 +345,7 @@ class Relay:
         except TimeoutError:
             await send(_error(f"no request within {READ_TIMEOUT:.0f} s"))
             return
-        bundles = SocketBundles(reader, writer, asyncio.get_running_loop(), self.bundle_gate)
+        bundles = SocketBundles(reader, writer, asyncio.get_running_loop(), self.bundle_gate, registration["id"])
         await self.handle(registration, line, send, lambda: reader.read(1), bundles)
 
     async def handle(
@@ -377,7 +396,20 @@ class Relay:
             return
         try:
             decision = "allowed"
-            reason = approval_reason(request, facts.branch)
+            lock = self.box_locks.setdefault(box_id, asyncio.Lock())
+            staged = None
+            if request.operation == "git.push":
+                # The push's first half: the box's commits into the host repository (its own branch only), so
+                # the policy sees what the push carries (CI configuration) before anything reaches the remote.
+                async with lock:
+                    staged = await asyncio.to_thread(_relay_ops.stage, provider, facts, request,
+                                                     bundles if request.bundles else None, self.ci_patterns())
+                if isinstance(staged, _relay_ops.Outcome):
+                    self._audit(entry, decision, staged.summary())
+                    await send({"type": "result", "rc": staged.rc, "stdout": staged.stdout, "stderr": staged.stderr,
+                                "data": staged.data})
+                    return
+            reason = approval_reason(request, facts.branch, staged.ci if staged else ())
             if reason:
                 entry["reason"] = reason
                 decision = await self._ask_user(registration, request, reason, send, hangup, entry)
@@ -390,13 +422,13 @@ class Relay:
                     self._audit(entry, decision, {"rc": 1})
                     await send(_error(message, rc=1))
                     return
-                # The answer may have come hours later: a box paused or stopped meanwhile runs again first.
-                facts = await asyncio.to_thread(_relay_ops.wake, provider, facts)
-            lock = self.box_locks.setdefault(box_id, asyncio.Lock())
+                if staged is None:  # a staged push needs nothing more of the box
+                    # The answer may have come hours later: a box paused or stopped meanwhile runs again first.
+                    facts = await asyncio.to_thread(_relay_ops.wake, provider, facts)
             started = time.monotonic()
             async with lock:
                 outcome = await asyncio.to_thread(_relay_ops.carry_out, provider, facts, request,
-                                                  bundles if request.bundles else None)
+                                                  bundles if request.bundles else None, staged)
             entry["seconds"] = round(time.monotonic() - started, 3)
             self._audit(entry, decision, outcome.summary())
             if request.operation == "open":
@@ -409,6 +441,16 @@ class Relay:
                 self._audit({**entry, "phase": "after the answer"}, decision, later.summary())
         finally:
             await asyncio.to_thread(provider.close)
+
+    def ci_patterns(self) -> tuple[str, ...]:
+        """The CI configuration paths of the policy file (_relay_policy), read for each push; a problem in the
+        file is logged once (its defaults apply)."""
+        policy = _relay_policy.load()
+        if policy["problems"] != self.policy_problems:
+            for problem in policy["problems"]:
+                LOG.warning("relay policy file %s: %s (the default applies there)", _relay_policy.policy_path(), problem)
+            self.policy_problems = policy["problems"]
+        return policy["ci_paths"]
 
     async def _box(self, registration: dict[str, Any]) -> tuple[Any, Any]:
         """The box's provider and facts. The facts (workspace, branch, labels) never change for a box

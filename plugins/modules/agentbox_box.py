@@ -163,6 +163,29 @@ options:
         the repositories of O(workspace) (default the current directory); local engine only.
     type: bool
     default: false
+  fetch:
+    description:
+      - With O(state=absent), first bring the box's last commits into its branch on the host (local engine, where
+        they live in the box's own layer of the C(.git)). V(false) skips it, and what the box committed since its
+        branch was last fetched goes with the box. Either way, what was not fetched is returned under
+        RV(destroyed.not_fetched) and warned about.
+    type: bool
+    default: true
+  fetch_timeout:
+    description:
+      - Seconds the box gets to hand its last commits over at O(state=absent) (all of the fetch's commands in the
+        box together). Root in a box can replace its C(git) with one that never answers; past the time the box is
+        destroyed anyway, and what was not fetched is reported.
+    type: float
+    default: 120
+  keep_checkpoints:
+    description:
+      - With O(state=absent), keep the checkpoints the box took itself (C(agentbox-ctl checkpoint), through the
+        relay). By default they are removed with the box, except those the user kept
+        (M(agentbox.box.agentbox_checkpoint) O(agentbox.box.agentbox_checkpoint#module:keep=true)) and the
+        project's default.
+    type: bool
+    default: false
 """
 
 EXAMPLES = r"""
@@ -314,6 +337,22 @@ destroyed:
       elements: str
     branches_deleted:
       description: "C(<repository>:<branch>) of each branch deleted."
+      type: list
+      elements: str
+    not_fetched:
+      description:
+        - "When the box's last commits could not be brought to the host (O(fetch=false), the box did not answer
+          within O(fetch_timeout), or its answer was refused): per repository, where the host's branch stayed
+          (C(repo), C(branch), C(commit), empty when the host has no such branch). Commits the box made after that
+          went with it."
+      type: list
+      elements: dict
+    checkpoints_removed:
+      description: "Names of the checkpoints the box took itself, removed with it."
+      type: list
+      elements: str
+    checkpoints_kept:
+      description: "Checkpoints the box took that stay: the project's default, or one another box runs on."
       type: list
       elements: str
 recovered:

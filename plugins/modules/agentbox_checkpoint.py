@@ -86,7 +86,20 @@ options:
     description:
       - Instead of capturing or removing, remove every C(agentbox-ckpt-*) image that no box (container) and no
         manifest on this host refers to, plus dangling checkpoint images. In check mode they are only listed.
-      - With O(workspace), only that workspace's project is pruned.
+      - Only the project of O(workspace) (default the current directory) is pruned, unless O(all_projects=true).
+        An engine may hold other projects' checkpoints, and other users', whose manifests this host does not have.
+    type: bool
+    default: false
+  keep:
+    description:
+      - With O(name) (and without O(box)), make that existing checkpoint yours. A checkpoint a box took itself
+        (C(agentbox-ctl checkpoint), through the relay) counts against that box's quota and is removed when the
+        box is destroyed; a kept one is not. The project's default is always kept.
+    type: bool
+    default: false
+  all_projects:
+    description:
+      - With O(prune=true), prune the checkpoint images of every project on the engine, not only the workspace's.
     type: bool
     default: false
 notes:
@@ -197,7 +210,9 @@ def _run(module: AnsibleModule) -> dict:
     result: dict = {"changed": False, "box": facts.to_dict() if facts else {}}
 
     if params["prune"]:
-        project = _project(params, None) if params["workspace"] else None
+        if params["all_projects"] and params["workspace"]:
+            module.fail_json(msg="all_projects and workspace do not go together: give one, the project or every project")
+        project = None if params["all_projects"] else _project(params, None)
         outcome = _checkpoint.prune(provider, check_mode=module.check_mode, project=project)
         result["removed"] = outcome
         result["changed"] = bool(outcome["removed"])
@@ -207,6 +222,22 @@ def _run(module: AnsibleModule) -> dict:
 
     project = _project(params, facts)
     default = _checkpoint.project_default(provider, project)
+
+    if params["keep"]:
+        if not params["name"] or facts is not None:
+            module.fail_json(msg="keep: true takes the checkpoint's name (and workspace), not a box: "
+                                 "name=NAME keep=true")
+        name = _checkpoint.parse_reference(params["name"], project)
+        found = _checkpoint.find_checkpoint(provider, project, name)
+        if found is None:
+            raise _checkpoint.CheckpointError(f"no checkpoint {name!r} in this project (on engine {provider.engine}): "
+                                              "agentbox.box.agentbox_checkpoint_info lists them")
+        result["checkpoint"] = found.to_dict()
+        result["changed"] = name not in _checkpoint.kept_checkpoints(provider, project)
+        if result["changed"] and not module.check_mode:
+            _checkpoint.keep(provider, project, name)
+        result["checkpoint"]["kept"] = True
+        return result
 
     if params["state"] == "absent":
         if not params["name"]:
@@ -275,6 +306,8 @@ def main() -> None:
         "max_layers": {"type": "int", "default": _checkpoint.DEFAULT_MAX_LAYERS},
         "cleanup": {"type": "bool", "default": True},
         "prune": {"type": "bool", "default": False},
+        "all_projects": {"type": "bool", "default": False},
+        "keep": {"type": "bool", "default": False},
     }
     run_provider_module(options, _run, mutually_exclusive=[("prune", "name"), ("prune", "box")])
 

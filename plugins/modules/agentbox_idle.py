@@ -9,7 +9,7 @@ module: agentbox_idle
 short_description: The idle policy for every provider - a running cap, pause the longest-idle first, stop after hours
 version_added: 0.1.0
 description:
-  - While more than O(max_running) boxes run, pauses the boxes whose agent has been V(idle) longest (idle at least
+  - While more than O(max_running) boxes of a project run (O(scope)), pauses the boxes whose agent has been V(idle) longest (idle at least
     O(idle_minutes)). Never pauses a box whose agent is V(working) or V(waiting), nor a box with no agent (or whose
     agent stopped) unless O(include_agentless).
   - Stops boxes paused longer than O(stop_after_hours), through the collection's stop (the box's commits reach the
@@ -49,6 +49,13 @@ options:
     description: Also pause boxes with no agent (or a stopped one), after every idle one.
     type: bool
     default: false
+  scope:
+    description:
+      - What O(max_running) counts. V(project) (the default) counts each project's running boxes apart, so one
+        project's boxes never pause another's; V(all) counts every box looked at together (one cap for the machine).
+    type: str
+    choices: [project, all]
+    default: project
   state_file:
     description: The host's record of when each box was paused. Default C(~/.agentbox/idle/paused.json).
     type: path
@@ -155,6 +162,7 @@ def main() -> None:
         "idle_minutes": {"type": "float", "default": 5},
         "stop_after_hours": {"type": "float", "default": 12},
         "include_agentless": {"type": "bool", "default": False},
+        "scope": {"type": "str", "default": "project", "choices": list(_idle.SCOPES)},
         "state_file": {"type": "path"},
         "now": {"type": "float"},
     }

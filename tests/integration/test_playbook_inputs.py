@@ -127,6 +127,43 @@ def test_prune_checkpoints_removes_only_what_nothing_refers_to(checkpoint_images
     assert again.returncode == 0 and "removed: nothing" in again.stdout, again.stdout[-3000:]
 
 
+def test_prune_checkpoints_keeps_to_the_project_it_is_run_in(docker_client: docker.DockerClient, box_image: str,
+                                                             tmp_path: Path) -> None:
+    """Run from workspace A without -e workspace, prune offers only A's orphan checkpoint image, never B's (an
+    engine holds other projects' and other users' checkpoints, whose manifests this HOME does not have);
+    -e all_projects=true offers both."""
+    from ansible_collections.agentbox.box.plugins.module_utils import _naming
+
+    workspaces = {key: make_repo(tmp_path / f"ws-{key}") for key in ("a", "b")}
+    refs = {key: _naming.checkpoint_image(_naming.project_id(str(path)), "orphan") for key, path in workspaces.items()}
+    image = docker_client.images.get(box_image)
+    for ref in refs.values():
+        image.tag(*ref.rsplit(":", 1))
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+           "HOME": str(tmp_path / "home"), "PWD": str(workspaces["a"])}
+
+    def prune(*args: str) -> str:
+        argv = [str(VENV_BIN / "ansible-playbook"), "-i", "localhost,", "-e",
+                f"ansible_python_interpreter={sys.executable}", str(REPO / "playbooks/prune_checkpoints.yml"), *args]
+        done = subprocess.run(argv, cwd=workspaces["a"], env=env, capture_output=True, text=True, timeout=600,
+                              check=False)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+        return " ".join(done.stdout.split())
+
+    try:
+        here = prune("--check")
+        assert refs["a"] in here and refs["b"] not in here and "this project only" in here, here[-3000:]
+        everywhere = prune("--check", "-e", "all_projects=true")
+        assert refs["a"] in everywhere and refs["b"] in everywhere, everywhere[-3000:]
+        assert _tags(docker_client, refs) == {"a", "b"}  # check mode removed nothing
+    finally:
+        for ref in refs.values():
+            try:
+                docker_client.images.remove(ref)
+            except docker.errors.ImageNotFound:
+                pass
+
+
 # -- create_box.yml with image= and checkpoint=none ---------------------------------------------------------
 def test_create_box_with_another_image_and_no_checkpoint(docker_client: docker.DockerClient, box_image: str,
                                                          tmp_path: Path) -> None:  # fmt: skip

@@ -225,6 +225,40 @@ def test_push_as_main_waits_is_denied_then_approved(
     assert decisions[-2:] == ["denied", "approved"]
 
 
+def test_a_push_that_adds_ci_configuration_waits_for_approval_then_later_pushes_do_not(
+    host: Host, make_box: Callable[[], str], project: dict[str, Path], engine: docker.DockerClient
+) -> None:
+    """CI runs what a pushed branch says, with the repository's secrets: a workflow the box adds waits for the
+    user even on the box's own branch. Once pushed, the box's next commits go alone."""
+    box = make_box()
+    rc, _out, err = in_box(engine, box, ["sh", "-c", "mkdir -p .github/workflows && echo 'on: push' > "
+                                                     ".github/workflows/exfiltrate.yml && git add .github"])
+    assert rc == 0, err
+    rc, _out, err = in_box(engine, box, [*BOX_GIT, "commit", "-q", "-m", "a workflow"])
+    assert rc == 0, err
+    head = in_box(engine, box, ["git", "rev-parse", "HEAD"])[1].strip()
+    reason = "adds or changes CI configuration (.github/workflows/exfiltrate.yml)"
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        asked = pool.submit(ctl, engine, box, "git", "push")
+        try:
+            approval = host.wait_pending(box)
+            assert not origin_ref(project, f"refs/heads/agentbox/{box}")  # nothing reached the remote meanwhile
+        finally:  # whatever failed, the box's client is answered, so the pool can end
+            for line in host.pending():
+                if line.split()[1] == box:
+                    host.relay("approvals", "--approve", line.split()[0])
+        rc, _out, err = asked.result(timeout=DEADLINE)
+    assert rc == 0, err
+    assert f"waiting for approval on the host: request {approval} ({reason})" in err, err
+    assert origin_ref(project, f"refs/heads/agentbox/{box}") == head
+    entry = [e for e in host.audit() if e.get("operation") == "git.push" and e["box"] == box][-1]
+    assert (entry["decision"], entry["reason"], entry["approval"]) == ("approved", reason, approval), entry
+    after = commit_in_box(engine, box, "code after the workflow")
+    rc, _out, err = ctl(engine, box, "git", "push")  # the workflow is on the remote now: nothing to ask
+    assert rc == 0, err
+    assert origin_ref(project, f"refs/heads/agentbox/{box}") == after
+
+
 def test_unanswered_request_is_denied_after_its_timeout(host: Host, box: str, engine: docker.DockerClient) -> None:
     rc, _out, err = ctl(engine, box, "git", "push", "--force", "--timeout", "1")
     assert rc == 1 and "no answer on the host in time" in err

@@ -72,6 +72,24 @@ def test_agentless_only_with_include_agentless_and_after_the_idle_ones() -> None
     assert [e["name"] for e in capped if e["action"] == "pause"] == ["d-idle10"]
 
 
+def test_max_running_counts_each_project_apart_unless_scope_all() -> None:
+    # Two projects, two idle boxes each, one relay for both: a cap of 2 leaves each project alone, as one
+    # project's boxes must not pause another's. scope all is the one cap over every box of the pass.
+    fleet = [{**box(name), "project": project} for name, project in
+             (("a1", "aaaa"), ("a2", "aaaa"), ("b1", "bbbb"), ("b2", "bbbb"))]  # fmt: skip
+    agents = {"a1": agent("idle", 600), "a2": agent("idle", 300), "b1": agent("idle", 900), "b2": agent("idle", 120)}
+    per_project = _idle.plan(fleet, agents, {}, NOW, {"max_running": 2, "idle_minutes": 1})
+    assert actions(per_project) == {"a1": "keep", "a2": "keep", "b1": "keep", "b2": "keep"}
+    assert "2 running in project aaaa is within max_running" in per_project[0]["reason"]
+    one_each = _idle.plan(fleet, agents, {}, NOW, {"max_running": 1, "idle_minutes": 1})
+    assert actions(one_each) == {"a1": "pause", "a2": "keep", "b1": "pause", "b2": "keep"}
+    assert "2 running in project bbbb, more than max_running (1)" in one_each[2]["reason"]
+    together = _idle.plan(fleet, agents, {}, NOW, {"max_running": 2, "idle_minutes": 1, "scope": "all"})
+    assert actions(together) == {"a1": "pause", "a2": "keep", "b1": "pause", "b2": "keep"}
+    with pytest.raises(ValueError, match="scope must be one of project, all"):
+        _idle.validate({"scope": "engine"})
+
+
 def test_paused_boxes_stop_after_hours_by_the_record() -> None:
     boxes = [box("old", "paused"), box("young", "paused"), box("unknown", "paused"), box("off", "stopped")]
     record = {_idle.record_key(boxes[0]): NOW - 13 * 3600, _idle.record_key(boxes[1]): NOW - 3600}

@@ -49,6 +49,7 @@ RANKS: dict[str, int] = {
     "_safe_extract": HOST,
     "_preflight": HOST,
     "_relay_state": HOST,
+    "_relay_policy": HOST,
     "_relay_channel": HOST,
     "_filetar": HOST,
     "_bytecode": HOST,

@@ -12,6 +12,7 @@ from ansible_collections.agentbox.box.plugins.module_utils._relay_protocol impor
     RequestError,
     approval_reason,
     parse_request,
+    shown,
 )
 
 OWN = "agentbox/fix-login"
@@ -102,6 +103,29 @@ def test_oversized_request_is_refused() -> None:
 def test_describe_is_one_line_of_what_was_asked() -> None:
     parsed = parse_request(request("git.push", **{"as": "main", "force": True}))
     assert parsed.describe() == "as=main force remote=origin"
+
+
+def test_look_alike_branch_names_are_escaped_and_flagged_on_the_approval_line() -> None:
+    import asyncio
+
+    from ansible_collections.agentbox.box.plugins.module_utils._relay_server import Pending
+
+    look_alike = "m\u0430in"  # a Cyrillic а: git's rules accept it, and it reads as main
+    parsed = parse_request(request("git.push", **{"as": look_alike}))
+    reason = approval_reason(parsed, OWN) or ""
+    loop = asyncio.new_event_loop()
+    try:
+        pending = Pending(id="3fa9c1", box="fix-login", box_id="0755d20b", request=parsed, reason=reason, asked=0.0,
+                          deadline=600.0, decision=loop.create_future())
+        line = pending.line()
+    finally:
+        loop.close()
+    flag = "[not plain ASCII: U+0430 CYRILLIC SMALL LETTER A]"
+    assert line == f"3fa9c1 fix-login git.push as=m\\u0430in {flag} remote=origin"
+    assert reason == f"pushes to m\\u0430in {flag}, which is not the box's own branch {OWN}"
+    assert look_alike not in line and look_alike not in reason
+    assert shown("feature/login") == "feature/login"  # plain ASCII is shown as it is
+    assert shown("a\u200bb") == "a\\u200bb [not plain ASCII: U+200B ZERO WIDTH SPACE]"
 
 
 def test_rate_limiter_allows_a_burst_then_refills() -> None:
