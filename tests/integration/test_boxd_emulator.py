@@ -237,3 +237,28 @@ def test_exposed_ports_forward_on_127_0_0_1(client, emu):
     assert [f for f in client.machines.ports.list() if f.machine_id == machine.id] == []
     with pytest.raises(ConnectionError):
         socket.create_connection((web.dns, web.public_port), timeout=5).close()  # the listener went with it
+
+
+def test_api_key_exchange_and_its_rate_limit(emu):
+    """The SDK's own key path: the key exchanged at the base URL's /api/v1/auth/token (HTTP/1.1 on the gRPC
+    port, as boxd's development server serves both), then gRPC with the token; a wrong key is 401, and past
+    the per-address limit the exchange answers 429 with Retry-After."""
+    import httpx
+
+    sdk = Boxd(api_key=emu.api_key, base_url=emu.base_url, max_retries=0)
+    try:
+        assert isinstance(sdk.machines.list(), list)
+    finally:
+        sdk.close()
+    with pytest.raises(AuthenticationError, match="invalid or expired API key"):
+        Boxd(api_key="bxd_wrong", base_url=emu.base_url, max_retries=0).machines.list()
+    url = f"{emu.base_url}/api/v1/auth/token"
+    emu.control.configure(exchange_limit=1, exchange_window=30)
+    try:
+        first = httpx.post(url, json={"api_key": emu.api_key}, timeout=10)
+        assert first.status_code == 200 and first.json()["expires_at"] > time.time() + 3000
+        again = httpx.post(url, json={"api_key": emu.api_key}, timeout=10)
+        assert again.status_code == 429 and 0 < int(again.headers["retry-after"]) <= 30
+    finally:
+        emu.control.configure(exchange_limit=10, exchange_window=60)
+    assert [r["status"] for r in emu.control.requests() if r["method"] == "ExchangeToken"][-4:] == [200, 401, 200, 429]
