@@ -55,6 +55,14 @@ class Control:
     def configure(self, **settings: Any) -> dict[str, Any]:
         return self._call("Configure", settings)
 
+    def fail_snapshot(self, name: str, reason: str = "injected") -> str:
+        """The capture in progress of snapshot `name` fails, as a worker would report it."""
+        return self._call("FailSnapshot", {"name": name, "reason": reason})
+
+    def archive_snapshot(self, name: str) -> str:
+        """Snapshot `name` goes to object storage (storage archived), as boxd archives unused snapshots."""
+        return self._call("ArchiveSnapshot", {"name": name})
+
     def machine(self, machine_id: str) -> dict[str, Any] | None:
         return next((m for m in self.state()["machines"] if m["id"] == machine_id), None)
 

@@ -210,6 +210,8 @@ class Emulator:
             "ClearFaults": lambda _req: self.faults.clear(),
             "Requests": lambda _req: list(self.log),
             "Tick": lambda _req: self.fleet.tick(),
+            "FailSnapshot": lambda req: self.fleet.fail_snapshot(req["name"], req.get("reason", "injected")).status,
+            "ArchiveSnapshot": lambda req: self.fleet.archive_snapshot(req["name"]).storage,
             "Configure": self._configure,
         }
 
@@ -219,17 +221,19 @@ class Emulator:
                     return json.dumps(call(json.loads(request or b"{}"))).encode()
                 except (ValueError, KeyError, TypeError) as exc:
                     context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+                except Refused as exc:
+                    context.abort(*refused_to_status(exc))
                 return b""
             return grpc.unary_unary_rpc_method_handler(answer)
 
         return grpc.method_handlers_generic_handler(CONTROL_SERVICE, {name: wrap(c) for name, c in calls.items()})
 
     def _configure(self, settings: dict[str, Any]) -> dict[str, Any]:
-        for key in ("start_seconds", "stop_seconds"):
+        for key in ("start_seconds", "stop_seconds", "snapshot_seconds"):
             if key in settings:
                 setattr(self.fleet, key, float(settings[key]))
         if "exchange_limit" in settings or "exchange_window" in settings:
             self.exchange.configure(int(settings.get("exchange_limit", self.exchange.limit)),
                                     float(settings.get("exchange_window", self.exchange.window)))
         return {"start_seconds": self.fleet.start_seconds, "stop_seconds": self.fleet.stop_seconds,
-                "exchange_limit": self.exchange.limit, "exchange_window": self.exchange.window}
+                "snapshot_seconds": self.fleet.snapshot_seconds, "exchange_limit": self.exchange.limit, "exchange_window": self.exchange.window}

@@ -160,22 +160,77 @@ def test_auto_suspend_then_wake(client, emu):
     assert client.machines.exec(machine.id, "echo hi").stdout == "hi\n"
 
 
-def test_snapshot_new_machine_and_delete(client):
+def _ready(client, name: str, version: int):
+    deadline = time.monotonic() + 60
+    while (found := client.snapshots.get(name)).status != "ready" or found.version != version:
+        assert found.status == "pending" and time.monotonic() < deadline, found
+        time.sleep(0.05)
+    return found
+
+
+def test_snapshot_versions_new_machine_and_delete(client, emu):
+    """A capture is pending, then ready; saving the name again makes version 2 (created_at stays, updated_at
+    moves) and a new machine gets the latest; an archived snapshot makes no machine and is not saved again."""
     machine = _machine(client, labels={"io.agentbox.box": "a"})
     client.machines.exec(machine.id, "echo warm > /tmp/state")
     snapshot_name = f"s-{secrets.token_hex(4)}"
-    client.snapshots.create(machine.id, snapshot_name)
-    assert client.snapshots.get(snapshot_name).status == "ready"
+    made = client.snapshots.create(machine.id, snapshot_name)
+    assert (made.version, made.status) == (1, "pending")
+    first = _ready(client, snapshot_name, 1)
+    client.machines.exec(machine.id, "echo warmer > /tmp/state")
+    again = client.snapshots.create(machine.id, snapshot_name)
+    assert (again.id, again.version, again.status) == (first.id, 2, "pending")
+    assert client.snapshots.get(snapshot_name).version == 1  # the latest ready one, until 2 is
+    second = _ready(client, snapshot_name, 2)
+    assert second.created_at == first.created_at and second.updated_at >= first.updated_at
     restored = client.machines.create(f"r-{secrets.token_hex(4)}", from_snapshot=snapshot_name,
                                       labels={"io.agentbox.box": "b"})
     client.machines.wait_until_ready(restored.id, timeout=60)
-    assert client.machines.exec(restored.id, "cat /tmp/state").stdout == "warm\n"
+    assert client.machines.exec(restored.id, "cat /tmp/state").stdout == "warmer\n"
     assert client.machines.get(restored.id).labels == {"io.agentbox.box": "b"}
     with pytest.raises(ConflictError):
         client.snapshots.delete(snapshot_name)  # still in use
     client.machines.delete(restored.id)
+
+    client.snapshots.create(machine.id, snapshot_name)
+    emu.control.fail_snapshot(snapshot_name, "disk full")
+    failed = client.snapshots.get(snapshot_name)
+    assert (failed.status, failed.version) == ("failed", 2)  # version 2 stays the one to restore
+    emu.control.archive_snapshot(snapshot_name)
+    archived = client.snapshots.get(snapshot_name)
+    assert archived.archived and archived.storage == "archived"
+    with pytest.raises(ConflictError, match="archived"):
+        client.machines.create(f"r-{secrets.token_hex(4)}", from_snapshot=snapshot_name)
+    with pytest.raises(ConflictError, match="archived"):
+        client.snapshots.create(machine.id, snapshot_name)
     client.snapshots.delete(snapshot_name)
     assert snapshot_name not in [s.name for s in client.snapshots.list()]
+
+
+def test_a_hibernated_machine_is_woken_not_resumed(client):
+    machine = _machine(client)
+    client.machines.hibernate(machine.id)
+    with pytest.raises(ConflictError, match="hibernated: wake it"):
+        client.machines.resume(machine.id)
+    client.machines.wake(machine.id)
+    assert client.machines.get(machine.id).status == "running"
+    client.machines.pause(machine.id)
+    client.machines.resume(machine.id)
+    assert client.machines.get(machine.id).status == "running"
+
+
+def test_a_create_spec_carries_labels_env_and_egress(client, emu):
+    """create(spec=...): the spec holds the labels, env and egress list, set at create; an image next to it
+    is refused (the SDK refuses it before sending, as boxd does)."""
+    from boxd.spec import MachineSpecError
+
+    spec = {"labels": {"io.agentbox.box": "s"}, "env": {"MODE": "x"}, "egress": ["github.com"]}
+    machine = client.machines.create(f"t-{secrets.token_hex(4)}", spec=spec)
+    recorded = emu.control.machine(machine.id)
+    assert (recorded["labels"], recorded["env"], recorded["egress_allow"]) == (
+        {"io.agentbox.box": "s"}, {"MODE": "x"}, ["github.com"])
+    with pytest.raises(MachineSpecError, match="does not accept image"):
+        client.machines.create(f"t-{secrets.token_hex(4)}", image=TEST_IMAGE, spec=spec)
 
 
 def test_faults_token_and_requests(client, emu):
