@@ -67,16 +67,13 @@ class BoxdConflict(ProviderError):
 
 
 class BoxdSettings:
-    """Key, token, URL and org: the arguments first, then the SDK's own environment variables, in the SDK's
-    order (given ones outrank the environment's; within each, a token outranks a key)."""
+    """Key, token, URL and org: the arguments first, then the SDK's own environment variables. A token (given
+    or BOXD_TOKEN) wins over a key: it is used as given, the key is not exchanged."""
 
     def __init__(self, api_key: str | None = None, token: str | None = None, base_url: str | None = None,
                  org: str | None = None) -> None:
-        if not (api_key or token):
-            token = os.environ.get("BOXD_TOKEN") or None
-            api_key = None if token else os.environ.get("BOXD_API_KEY") or None
-        self.token = token or None
-        self.api_key = None if self.token else api_key or None
+        self.token = token or os.environ.get("BOXD_TOKEN") or None
+        self.api_key = None if self.token else api_key or os.environ.get("BOXD_API_KEY") or None
         self.base_url = (base_url or os.environ.get("BOXD_BASE_URL") or SDK_BASE_URL).strip().rstrip("/")
         scheme, sep, rest = self.base_url.partition("://")
         if sep and scheme.lower() in ("http", "https"):

@@ -40,6 +40,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "home"
     path.mkdir()
     monkeypatch.setenv("HOME", str(path))
+    monkeypatch.delenv("BOXD_TOKEN", raising=False)  # a token would win over the key
     return path
 
 
