@@ -16,7 +16,10 @@ What production boxd does, and how this provider lives with it (the seed's notes
     is never re-sent: the command may have run;
   * files travel as tar through exec's stdin and stdout (streamed, no gRPC message cap); an upload lands
     atomically (a temporary directory in the destination, then renames), a lost one leaves no debris;
-  * pause is suspend (memory kept), resume is resume; stop and start poll to the state;
+  * pause is suspend (memory kept); a suspended machine comes back with `resume`, a hibernated one (boxd's
+    auto-hibernate puts idle machines on disk) with `wake`; stop and start poll to the state;
+  * the egress allow list: in the create's spec for a restore from a snapshot; boxd takes no spec next to an
+    image, so a create from an image sets it as soon as the machine exists, before it has booted;
   * ports: the web port (80) and the box's other ports are exposed at create (`machines.ports.expose`, a
     public TCP forward: a DNS name and a public port; boxd allows 3 per machine). The web URL and each
     port's URL (preview_url, for agentbox_forward) are http://<dns>:<public port>/, read from the listing.
@@ -46,6 +49,7 @@ from ._boxd_api import (
 from ._boxd_state import (
     ASLEEP,
     GONE,
+    HIBERNATED,
     box_state,
     conflict_names_stopped,
     is_ready,
@@ -287,6 +291,10 @@ class BoxdProvider(Provider):
                                 box=spec.name, operation="create")
         machine = self._create_once(spec)
         try:
+            if self._egress and parse_snapshot_name(spec.image) is None:
+                # The machine is only scheduled yet: the list is in force before its image's start runs.
+                self._call(lambda: self.sdk.machines.set_egress_allow(machine.id, self._egress), spec.name,
+                           "egress allow list")
             machine = self._until_ready(spec.name, machine.id, "create")
             # Re-exposing a port keeps its public port: safe on a machine adopted after a lost answer.
             forwards = [self._call(lambda p=port: self.sdk.machines.ports.expose(machine.id, p), spec.name,
@@ -296,9 +304,6 @@ class BoxdProvider(Provider):
                 # snapshot's lower layer refuses (EXDEV); it is rebuilt at start, so it goes.
                 self.exec(spec.name, ["rm", "-rf", "/var/lib/docker/runtimes"], user="root").check(
                     "preparing in-box Docker", spec.name)
-            if self._egress:
-                self._call(lambda: self.sdk.machines.set_egress_allow(machine.id, self._egress), spec.name,
-                           "egress allow list")
             if spec.secrets:
                 self._write_secrets(spec.name, spec.secrets)
             return self._facts(machine, forwards)
@@ -327,6 +332,12 @@ class BoxdProvider(Provider):
             for key in ("image", "env"):
                 kwargs.pop(key)
             kwargs["from_snapshot"] = spec.image
+            if self._egress:
+                # In the create, so the network is never open. A spec carries the labels too (boxd takes
+                # neither labels nor a size next to one); the machine keeps its snapshot's size.
+                kwargs["spec"] = {"labels": kwargs.pop("labels"), "egress": list(self._egress)}
+                kwargs.pop("vcpu")
+                kwargs.pop("memory")
         name = machine_name(spec.name)
         try:
             machine = self.sdk.machines.create(name, **kwargs)
@@ -419,10 +430,17 @@ class BoxdProvider(Provider):
             self.exec(name, ["sh", "-c", 'umask 077; cat > "$1"', "secret", f"{SECRETS_DIR}/{key}"],
                       stdin=value.encode("utf-8")).check(f"writing secret {key}", name)
 
+    def _wake(self, name: str, machine: Any, operation: str) -> None:
+        """Bring an asleep machine back: `wake` from hibernation (on disk), `resume` from suspension."""
+        if (machine.status or "").lower() in HIBERNATED:
+            self._call(lambda: self.sdk.machines.wake(machine.id), name, operation)
+        else:
+            self._call(lambda: self.sdk.machines.resume(machine.id), name, operation)
+
     def start(self, name: str) -> BoxFacts:
         machine = self._require(name, "start")
         if (machine.status or "").lower() in ASLEEP:
-            self._call(lambda: self.sdk.machines.resume(machine.id), name, "start")
+            self._wake(name, machine, "start")
         return self._facts(self._until_ready(name, machine.id, "start"))
 
     def stop(self, name: str) -> BoxFacts:
@@ -447,7 +465,7 @@ class BoxdProvider(Provider):
         machine = self._require(name, "resume")
         status = (machine.status or "").lower()
         if status in ASLEEP:
-            self._call(lambda: self.sdk.machines.resume(machine.id), name, "resume")
+            self._wake(name, machine, "resume")
             return self._facts(self._until_status(name, machine.id, {"running"}, "resume"))
         facts = self._facts(self._until_ready(name, machine.id, "resume"))
         if needs_start(status):
@@ -600,21 +618,29 @@ class BoxdProvider(Provider):
         return store.usable(store.snapshot(image))
 
     def commit(self, name: str, image: str, labels: dict[str, str], env: list[str] | None = None) -> dict[str, Any]:
-        """A live snapshot of the box's machine called `image` (labels live in the host manifest)."""
+        """A live snapshot of the box's machine called `image` (labels live in the host manifest), waited for
+        until the version this capture made is ready (statuses: pending, ready, failed)."""
         machine = self._require(name, "checkpoint")
-        created = self._call(lambda: self.sdk.snapshots.create(machine.id, image), name, "checkpoint")
         store = self.checkpoint_store()
+        if store.snapshot(image) is not None:
+            # boxd would save a new version of it, over whatever it holds, not make a new snapshot.
+            raise ProviderError(f"a boxd snapshot called {image} exists already; nothing was captured: take the "
+                                "checkpoint again (it draws a new name)", box=name, operation="checkpoint")
+        created = self._call(lambda: self.sdk.snapshots.create(machine.id, image), name, "checkpoint")
+        wanted = int(getattr(created, "version", 0) or 1)
         deadline = time.monotonic() + START_TIMEOUT
-        snapshot = store.snapshot(image)
-        while snapshot is None or (snapshot.status or "").lower() in ("creating", "pending", "capturing"):
-            if time.monotonic() > deadline:
-                raise ProviderError(f"snapshot {image} was not ready after {START_TIMEOUT:.0f} s", box=name,
-                                    operation="checkpoint")
-            time.sleep(POLL_SECONDS)
+        while True:
             snapshot = store.snapshot(image)
-        if not store.usable(snapshot):
-            raise ProviderError(f"snapshot {image} failed on boxd: remove it and try again", box=name,
-                                operation="checkpoint")
+            status = (getattr(snapshot, "status", "") or "").lower()
+            if status == "failed":
+                raise ProviderError(f"snapshot {image} failed on boxd: remove the checkpoint and take it again",
+                                    box=name, operation="checkpoint")
+            if snapshot is not None and status != "pending" and (snapshot.version or 0) >= wanted:
+                break
+            if time.monotonic() > deadline:
+                raise ProviderError(f"snapshot {image} was not ready after {START_TIMEOUT:.0f} s (still "
+                                    f"{status or 'not listed'})", box=name, operation="checkpoint")
+            time.sleep(POLL_SECONDS)
         return {"id": getattr(created, "id", "") or snapshot.id, "size": store.size_bytes(snapshot)}
 
     def reopen_options(self) -> dict[str, Any]:

@@ -5,6 +5,10 @@ every SDK error turned into a ProviderError that says which box, which call and 
 
 The SDK's own retries are off (max_retries=0): it would re-send a create whose answer was lost. Reads
 are retried here, a bounded number of times; nothing that changes a machine is re-sent blindly.
+
+The address is the SDK's own default unless one is given (`boxd._urls.DEFAULT_BASE_URL`, the gRPC front
+door `https://boxd.sh:9443`). An API key is exchanged for a token once per host (_boxd_token), and the
+client is given the token: the SDK would exchange again in every process.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
+from . import _boxd_token
 from ._errors import BoxNotFound, EngineUnreachable, ProviderError
 
 # gRPC's default epoll1 poller aborts a child forked while a channel is live (Ansible and git fork
@@ -37,6 +42,8 @@ try:
         PermissionDeniedError,
         RateLimitError,
     )
+    from boxd._urls import DEFAULT_BASE_URL as SDK_BASE_URL  # the SDK's own default and exchange URL rule
+    from boxd._urls import exchange_url_for
 
     HAS_BOXD = True
     BOXD_IMPORT_ERROR: Exception | None = None
@@ -44,8 +51,8 @@ except ImportError as exc:  # pragma: no cover - reported when the provider is u
     HAS_BOXD = False
     BOXD_IMPORT_ERROR = exc
     BoxdError = Exception  # type: ignore[assignment,misc]
+    SDK_BASE_URL = "https://boxd.sh:9443"  # boxd==0.2.19's default, for messages before the SDK is installed
 
-DEFAULT_BASE_URL = "https://boxd.sh"
 API_TIMEOUT = 60.0
 READ_RETRIES = 3
 BACKOFF = (0.3, 0.8, 2.0)
@@ -60,17 +67,29 @@ class BoxdConflict(ProviderError):
 
 
 class BoxdSettings:
-    """Key, token, URL and org: the arguments first, then the SDK's own environment variables."""
+    """Key, token, URL and org: the arguments first, then the SDK's own environment variables. A token (given
+    or BOXD_TOKEN) wins over a key: it is used as given, the key is not exchanged."""
 
     def __init__(self, api_key: str | None = None, token: str | None = None, base_url: str | None = None,
                  org: str | None = None) -> None:
-        self.api_key = api_key or os.environ.get("BOXD_API_KEY") or None
         self.token = token or os.environ.get("BOXD_TOKEN") or None
-        self.base_url = (base_url or os.environ.get("BOXD_BASE_URL") or DEFAULT_BASE_URL).strip().rstrip("/")
+        self.api_key = None if self.token else api_key or os.environ.get("BOXD_API_KEY") or None
+        self.base_url = (base_url or os.environ.get("BOXD_BASE_URL") or SDK_BASE_URL).strip().rstrip("/")
         scheme, sep, rest = self.base_url.partition("://")
         if sep and scheme.lower() in ("http", "https"):
             self.base_url = f"{scheme.lower()}://{rest}"  # a scheme is case-blind (RFC 3986); the SDK's test is not
         self.org = org or os.environ.get("BOXD_ORG") or None
+
+    @property
+    def exchange_url(self) -> str:
+        """Where the API key is exchanged: the console host of the base URL (the SDK's rule)."""
+        return exchange_url_for(self.base_url)
+
+    def bearer(self) -> str:
+        """The token the API is called with: the one given, else the API key's (exchanged once per host)."""
+        if self.token:
+            return self.token
+        return _boxd_token.token_for(self.api_key or "", self.exchange_url)
 
     def check(self) -> None:
         if not HAS_BOXD:
@@ -97,23 +116,24 @@ class BoxdSettings:
                                 f"path): use {url.scheme}://{url.netloc}; {where}")
 
 
-_CLIENTS: dict[tuple[int, str, str], Any] = {}
+_CLIENTS: dict[tuple[int, str, str], tuple[str, Any]] = {}
 _CLIENTS_LOCK = threading.Lock()
 
 
 def client_for(settings: BoxdSettings) -> Any:
     """One SDK client per process and settings (a forked child makes its own: a gRPC channel does not
-    survive a fork)."""
+    survive a fork), given the settings' token; a new token (the old one near its end) makes a new client."""
+    token = settings.bearer()
     key = (os.getpid(), settings.base_url, settings.token or settings.api_key or "")
     with _CLIENTS_LOCK:
         found = _CLIENTS.get(key)
-        if found is None:
+        if found is None or found[0] != token:
             for stale in [k for k in _CLIENTS if k[0] != os.getpid()]:
                 del _CLIENTS[stale]
-            found = Boxd(api_key=settings.api_key, token=settings.token, base_url=settings.base_url,
-                         timeout=API_TIMEOUT, max_retries=0)
+            # The old client is dropped, not closed: a stream of another thread may still read from it.
+            found = (token, Boxd(token=token, base_url=settings.base_url, timeout=API_TIMEOUT, max_retries=0))
             _CLIENTS[key] = found
-        return found
+        return found[1]
 
 
 def forget_client(settings: BoxdSettings) -> None:
@@ -121,7 +141,7 @@ def forget_client(settings: BoxdSettings) -> None:
     with _CLIENTS_LOCK:
         found = _CLIENTS.pop(key, None)
     if found is not None:
-        found.close()
+        found[1].close()
 
 
 def translate(exc: BaseException, base_url: str, box: str | None, operation: str) -> ProviderError:

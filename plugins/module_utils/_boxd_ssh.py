@@ -12,7 +12,8 @@ boxes use `docker exec -i`. The session itself is with the box's sshd, as vscode
 the box's host key pinned in ~/.agentbox/known_hosts (see _access).
 
 The API key is never written to a file: the pipe takes BOXD_API_KEY (or BOXD_TOKEN) from the environment
-ssh runs in, as every module does; the entry holds only the base URL. The pipe does not wake a box: an exec
+ssh runs in, as every module does, and uses the host's token for that key (_boxd_token); the entry holds
+only the base URL. The pipe does not wake a box: an exec
 would wake a suspended machine, but not through the collection's start (boot sequence, keys on the box's
 tmpfs). A box that is not running makes it exit 255, and the alias's wake launcher starts or resumes it
 through the collection and runs the pipe again (see _wake). Standard output is the SSH stream: messages

@@ -4,10 +4,15 @@
 
 | boxd status | box state | exec | to start it |
 |---|---|---|---|
-| starting, creating, booting, running | running | yes | - |
-| suspending, suspended, hibernating, hibernated | paused | yes: the machine wakes on exec | resume |
+| pending, starting, creating, booting, running | running | yes | - |
+| migrating (moving to another worker: its processes keep running) | running | waited for, then yes | - |
+| suspending, suspended | paused | yes: the machine wakes on exec | resume |
+| hibernating, hibernated | paused | yes: the machine wakes on exec | wake |
 | stopping, stopped, failed | stopped | refused (a conflict naming the stopped machine) | start, poll to running |
 | destroyed, or not listed | missing | - | - |
+
+The SDK's statuses (boxd==0.2.19, `boxd.models.MachineStatus`): pending, starting, running, suspended,
+hibernated, stopped, failed, destroyed, migrating; the others are transitions a server may report.
 """
 
 from __future__ import annotations
@@ -16,8 +21,10 @@ import hashlib
 import re
 
 RUNNING = frozenset({"running"})
-COMING_UP = frozenset({"starting", "creating", "booting", "pending", "scheduled"})
-ASLEEP = frozenset({"suspending", "suspended", "hibernating", "hibernated"})
+COMING_UP = frozenset({"starting", "creating", "booting", "pending", "scheduled", "migrating"})
+SUSPENDED = frozenset({"suspending", "suspended"})  # in memory: `resume` brings it back
+HIBERNATED = frozenset({"hibernating", "hibernated"})  # on disk: `wake` brings it back, not `resume`
+ASLEEP = SUSPENDED | HIBERNATED
 DOWN = frozenset({"stopping", "stopped", "failed"})
 GONE = frozenset({"destroyed", "destroying", "deleted"})
 # A machine in one of these settled states needs no wait: asleep ones wake on the next exec.

@@ -3,7 +3,10 @@
 """Checkpoints on boxd: boxd snapshots, through the shared snapshot store (_snapshot_store).
 
 A boxd snapshot is taken of the running machine (no stop, the box's processes keep running) and a new box
-is made from it with `machines.create(from_snapshot=...)`. Snapshots, not `machines.checkpoints`: those
+is made from it with `machines.create(from_snapshot=...)`. A snapshot is versioned: saving an existing name
+captures a new version of it (so a capture never reuses a name, _snapshot_store), `version` is the latest
+ready one, and `status` is pending, ready or failed; boxd may archive a snapshot to object storage, and
+makes no machine from it until an operator unarchives it. Snapshots, not `machines.checkpoints`: those
 restore in place and die with their machine, and a checkpoint here restores into a new box. The SDK
 documents a snapshot as memory + disk (not checked against production); the emulator keeps the disk
 only, and a restored box runs its start sequence like any new box either way (docs/providers/boxd.md).
@@ -53,7 +56,21 @@ class BoxdCheckpoints(SnapshotCheckpoints):
         return True
 
     def usable(self, snapshot: Any | None) -> bool:
-        return snapshot is not None and (snapshot.status or "ready").lower() not in ("failed", "deleting")
+        """A machine can be made from it: a version was captured (`version` is the latest ready one; a new
+        version being captured or failed leaves it), and it is on a worker's disk (boxd makes no machine from
+        an archived snapshot until an operator unarchives it)."""
+        return snapshot is not None and not getattr(snapshot, "archived", False) and snapshot.version is not None
+
+    def unusable_reason(self, snapshot: Any | None) -> str | None:
+        if snapshot is None or self.usable(snapshot):
+            return None
+        if getattr(snapshot, "archived", False):
+            return (f"boxd has archived snapshot {snapshot.name} (storage: {snapshot.storage}), and makes no machine "
+                    "from an archived snapshot until an operator unarchives it: ask boxd to unarchive it, or "
+                    "remove the checkpoint and take a new one")
+        if (snapshot.status or "").lower() == "failed":
+            return f"snapshot {snapshot.name} failed on boxd and holds no captured version: remove the checkpoint"
+        return f"snapshot {snapshot.name} holds no captured version yet ({snapshot.status}): try again once it is ready"
 
     def size_bytes(self, snapshot: Any | None) -> int:
         return int(getattr(snapshot, "size_bytes", 0) or 0)

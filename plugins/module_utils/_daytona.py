@@ -14,9 +14,9 @@ The provider is assembled from one file per concern, each class built on the one
 with _daytona_state.py (states), _daytona_options.py (options), _daytona_idle.py (the idle probe)
 and _daytona_ssh.py (SSH access) beside them.
 
-Checkpoints are sandbox snapshots: stop, capture, start, boot; the snapshot name carries a nonce
-because Daytona never lets a name be used twice, and the host manifest maps the checkpoint name to
-it (`DaytonaCheckpoints`).
+Checkpoints are sandbox snapshots: stop, capture, start, boot; the snapshot name carries a nonce (a
+checkpoint taken again is captured next to the snapshot it replaces, and names are unique among the
+snapshots that exist), and the host manifest maps the checkpoint name to it (`DaytonaCheckpoints`).
 """
 
 from __future__ import annotations
@@ -131,8 +131,8 @@ class DaytonaProvider(DaytonaSandboxes, Provider):
     def commit(self, name: str, image: str, labels: dict[str, str], env: list[str] | None = None) -> dict[str, Any]:
         """Capture the box as snapshot `image`: stop, snapshot, then start and boot again if it ran.
 
-        Snapshots carry no labels (the manifest keeps them). `image` must be a new name: Daytona
-        never accepts a name twice.
+        Snapshots carry no labels (the manifest keeps them). `image` must be a name no snapshot has
+        (Daytona answers 409 for a name in use).
         """
         sandbox = self.get_sandbox(name, "checkpoint")
         if sandbox is None:

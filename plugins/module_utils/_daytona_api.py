@@ -14,6 +14,7 @@ RemoteDisconnected even when they are POSTs):
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import tempfile
@@ -62,6 +63,14 @@ except ImportError as exc:  # pragma: no cover - reported when the provider is u
     SandboxListSortDirection = SandboxListSortField = None  # type: ignore[assignment,misc]
 
 try:
+    # What the API client raises where the SDK does not wrap a call (snapshot.activate): the status and body.
+    from daytona_api_client.exceptions import ApiException as OpenApiError
+
+    OPENAPI_ERRORS: tuple[type[BaseException], ...] = (OpenApiError,)
+except ImportError:  # pragma: no cover - comes with the SDK
+    OPENAPI_ERRORS = ()
+
+try:
     import httpx
 
     HTTPX_ERRORS: tuple[type[BaseException], ...] = (httpx.TransportError,)
@@ -99,10 +108,12 @@ class DaytonaCallError(ProviderError):
 
 # -- pure helpers (unit-tested) ---------------------------------------------------------------------
 def status_of(exc: BaseException) -> int | None:
-    """The HTTP status behind an SDK or httpx error, when there is one."""
+    """The HTTP status behind an SDK, API client or httpx error, when there is one."""
     status = getattr(exc, "status_code", None)
     if isinstance(status, int):
         return status
+    if OPENAPI_ERRORS and isinstance(exc, OPENAPI_ERRORS) and isinstance(getattr(exc, "status", None), int):
+        return exc.status  # type: ignore[attr-defined]
     response = getattr(exc, "response", None)
     code = getattr(response, "status_code", None)
     return code if isinstance(code, int) else None
@@ -177,7 +188,21 @@ def is_api_error(exc: BaseException) -> bool:
         (HAS_DAYTONA and isinstance(exc, DaytonaError))
         or is_transport_error(exc)
         or (httpx is not None and isinstance(exc, httpx.HTTPStatusError))
+        or bool(OPENAPI_ERRORS and isinstance(exc, OPENAPI_ERRORS))
     )
+
+
+def detail_of(exc: BaseException) -> str:
+    """What the failure says: an API client error's message from its body (not its headers), else its text."""
+    body = getattr(exc, "body", None) if OPENAPI_ERRORS and isinstance(exc, OPENAPI_ERRORS) else None
+    if body:
+        try:
+            message = json.loads(body).get("message")
+        except (ValueError, AttributeError, TypeError):
+            message = None
+        if message:
+            return "; ".join(map(str, message)) if isinstance(message, list) else str(message)
+    return str(exc).strip() or type(exc).__name__
 
 
 def bounded(fn: Callable[[], Any], seconds: float, what: str) -> Any:
@@ -260,7 +285,7 @@ class DaytonaAPI:
         """A ProviderError that says what failed, for which box, and what to do; `deadline`: the retries
         stopped because the next wait would have passed the overall retry deadline (seconds)."""
         status = status_of(exc)
-        detail = str(exc).strip() or type(exc).__name__
+        detail = detail_of(exc)
         tries = f" after {attempts} attempts" if attempts > 1 else ""
         if deadline is not None:
             tries += f" (retrying would pass the {deadline:g} s retry deadline)"

@@ -151,8 +151,13 @@ def parse_wait_output(text: str) -> tuple[str, int | None, bytes, bytes]:
 
 
 def _session_ended(exc: BaseException) -> bool:
-    """The daemon's answer for a session whose shell is gone (the name stays taken until deleted)."""
-    return status_of(exc) == 410 or (HAS_DAYTONA and isinstance(exc, DaytonaSessionEndedError))
+    """The daemon's answer for a session whose shell is gone (the name stays taken until deleted): 410
+    SESSION_ENDED, or, from a daemon that writes the command into the dead shell's stdin (apps/daemon
+    session/execute.go), 400 "failed to write command: ... broken pipe"."""
+    if HAS_DAYTONA and isinstance(exc, DaytonaSessionEndedError):
+        return True
+    status = status_of(exc)
+    return status == 410 or (status == 400 and "failed to write command" in str(exc))
 
 
 def _delete_session(sandbox: Any) -> None:

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -17,6 +18,12 @@ from ._snapshot_store import parse_snapshot_name
 SNAPSHOT_TIMEOUT = 600.0
 # How long a finished capture's snapshot may take to be found before the capture counts as failed.
 SNAPSHOT_APPEAR_SECONDS = 60.0
+# Daytona's 400s to an activation (apps/api snapshot.service): another client activated it meanwhile (it is
+# active, or pending on its way there), or it was deactivated moments ago and the runners are still letting
+# go of it ("Snapshot deactivation is still in progress. Please try again in a few minutes": up to 10 min).
+ACTIVATED_ELSEWHERE = re.compile(r"already active|it is in pending state", re.I)
+DEACTIVATING = re.compile(r"deactivation (is )?still in progress", re.I)
+ACTIVATION_BACKOFF = (2.0, 5.0, 10.0, 15.0)
 
 
 def is_registry_reference(image: str) -> bool:
@@ -54,16 +61,7 @@ class DaytonaSnapshots(DaytonaExec):
             return None
         state = state_name(snapshot.state)
         if state == "inactive":
-            try:
-                self.api_call(
-                    lambda: bounded(lambda: self.sdk.snapshot.activate(snapshot), API_TIMEOUT, "snapshot activate"),
-                    box=box,
-                    operation=f"activating snapshot {image!r}",
-                )
-            except DaytonaCallError as exc:
-                # Another client activated it meanwhile ("already active"); anything else says why not.
-                if exc.status != 400 or "already active" not in str(exc):
-                    raise
+            self._activate(snapshot, image, box)
         elif state in SNAPSHOT_FAILED:
             raise ProviderError(
                 f"snapshot {image!r} is {state} ({getattr(snapshot, 'error_reason', None) or 'no reason given'}): "
@@ -72,6 +70,35 @@ class DaytonaSnapshots(DaytonaExec):
                 operation="create",
             )
         return self.wait_snapshot_active(box, image, operation="create")
+
+    def _activate(self, snapshot: Any, image: str, box: str) -> None:
+        """Activate an inactive snapshot; one another client activated meanwhile is waited for, and one still
+        being deactivated is asked again, with a growing pause, until SNAPSHOT_TIMEOUT."""
+        deadline = time.monotonic() + SNAPSHOT_TIMEOUT
+        attempt = 0
+        while True:
+            try:
+                self.api_call(
+                    lambda: bounded(lambda: self.sdk.snapshot.activate(snapshot), API_TIMEOUT, "snapshot activate"),
+                    box=box,
+                    operation=f"activating snapshot {image!r}",
+                )
+                return
+            except DaytonaCallError as exc:
+                if exc.status == 400 and ACTIVATED_ELSEWHERE.search(str(exc)):
+                    return  # on its way to active, or there: the caller waits for it
+                if exc.status != 400 or not DEACTIVATING.search(str(exc)):
+                    raise
+                pause = ACTIVATION_BACKOFF[min(attempt, len(ACTIVATION_BACKOFF) - 1)]
+                if time.monotonic() + pause > deadline:
+                    raise ProviderError(
+                        f"snapshot {image!r} is still being deactivated by Daytona after {SNAPSHOT_TIMEOUT:.0f} s "
+                        f"of asking ({exc}); try again in a few minutes",
+                        box=box,
+                        operation="create",
+                    ) from exc
+                time.sleep(pause)
+                attempt += 1
 
     def image_labels(self, image: str) -> dict[str, str]:
         """Snapshots carry no labels: a checkpoint snapshot's name tells its project and checkpoint."""

@@ -8,8 +8,10 @@ capture record, removal and prune are the same for both.
 Manifests are per provider, not per engine: one of another engine (another Daytona API, another
 boxd org) is not a checkpoint here, and its name is taken (as on the Docker engines, _image_store).
 
-Snapshot names carry the project and a nonce (a cloud may never let a name be used twice):
-`agentbox-ckpt-<project>-<checkpoint>-<8 hex>`; the host manifest maps the checkpoint name to it.
+Snapshot names carry the project and a nonce, `agentbox-ckpt-<project>-<checkpoint>-<8 hex>`, and the host
+manifest maps the checkpoint name to it: a checkpoint taken again under its name (replace) is captured next
+to the old snapshot, which goes only once the new one is made, and boxd would save a new version over a
+name that exists, not make a new snapshot.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ SNAPSHOT_NAME_PATTERN = re.compile(rf"^{re.escape(CHECKPOINT_IMAGE_PREFIX)}([0-9
 
 
 def snapshot_name(project: str, checkpoint: str, nonce: str | None = None) -> str:
-    """Cloud-side name of a checkpoint: never reused, so it carries a nonce."""
+    """Cloud-side name of a checkpoint: a fresh one each capture, so it carries a nonce."""
     return f"{CHECKPOINT_IMAGE_PREFIX}{project}-{checkpoint}-{nonce or secrets.token_hex(4)}"
 
 
@@ -82,6 +84,10 @@ class SnapshotCheckpoints:
 
     def usable(self, snapshot: Any | None) -> bool:
         return snapshot is not None
+
+    def unusable_reason(self, snapshot: Any | None) -> str | None:
+        """Why a snapshot that exists cannot be restored from (None: it can, or it does not exist)."""
+        return None
 
     def size_bytes(self, snapshot: Any | None) -> int:
         return 0
@@ -156,6 +162,9 @@ class SnapshotCheckpoints:
                 "fresh"
             )
         if found.broken:
+            reason = self.unusable_reason(self.snapshot(found.image)) if found.image else None
+            if reason:
+                raise CheckpointError(f"checkpoint {name!r} cannot be restored: {reason}")
             raise CheckpointError(
                 f"checkpoint {name!r} is broken: its manifest exists but snapshot {found.image} is gone from "
                 f"{self.cloud}. Remove it (agentbox_checkpoint state=absent) and take a new one"

@@ -18,7 +18,8 @@ from .machines import PRODUCTION_START_SECONDS, PRODUCTION_STOP_SECONDS
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="boxd-emulator", description="A local emulator of the boxd gRPC API: "
-                                "plain HTTP/2 on 127.0.0.1, each machine a local container.")
+                                "plain HTTP/2 on 127.0.0.1, each machine a local container. BOXD_TOKEN: the token "
+                                "clients send; BOXD_API_KEY (optional): the key they may exchange for a token.")
     p.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (0: pick a free one, printed)")
     p.add_argument("--image", default=DEFAULT_IMAGE, help=f"image of a machine created without one ({DEFAULT_IMAGE})")
     p.add_argument("--instance-id", default="", help="label value on every container and image (default: random)")
@@ -29,6 +30,10 @@ def parser() -> argparse.ArgumentParser:
                         f"stop {PRODUCTION_STOP_SECONDS:g} s (overrides the two above)")
     p.add_argument("--no-box-capabilities", action="store_true",
                    help="plain containers (no SYS_ADMIN/NET_ADMIN, /dev/fuse, unconfined seccomp)")
+    p.add_argument("--exchange-limit", type=int, default=10,
+                   help="API key exchanges per address and window before a 429 (0: no limit; boxd's own figure "
+                        "is not published)")
+    p.add_argument("--exchange-window", type=float, default=60.0, help="the exchange limit's window, in seconds")
     p.add_argument("--fault", action="append", default=[], metavar="JSON",
                    help='a fault rule, e.g. \'{"method": "Exec", "action": "drop", "after": 1}\' (repeatable)')
     return p
@@ -48,7 +53,9 @@ def main(argv: list[str] | None = None) -> int:
         emulator = Emulator(token=token, image=args.image, instance_id=args.instance_id or secrets.token_hex(6),
                             port=args.port, start_seconds=args.start_seconds, stop_seconds=args.stop_seconds,
                             box_capabilities=not args.no_box_capabilities,
-                            faults=[json.loads(rule) for rule in args.fault])
+                            faults=[json.loads(rule) for rule in args.fault],
+                            api_key=os.environ.get("BOXD_API_KEY", ""), exchange_limit=args.exchange_limit,
+                            exchange_window=args.exchange_window)
     except (OSError, ValueError) as exc:
         print(f"boxd-emulator: cannot start: {exc} (is a Docker engine running? DOCKER_HOST is honoured)",
               file=sys.stderr)
@@ -62,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         _say(json.dumps({"event": "ready", "base_url": emulator.base_url, "instance_id": emulator.instance_id}),
              sys.stdout)
         _say(f"boxd-emulator: serving {emulator.base_url} (instance {emulator.instance_id}, image {args.image})\n"
-             f"  export BOXD_BASE_URL={emulator.base_url} BOXD_TOKEN=<the same token>", sys.stderr)
+             f"  export BOXD_BASE_URL={emulator.base_url} BOXD_TOKEN=<the same token> (or BOXD_API_KEY=<the same "
+             "key>, exchanged at /api/v1/auth/token)", sys.stderr)
         # A parent that died without stopping us (a killed test run) must not leave machines behind.
         while not done.wait(1.0):
             if os.getppid() != parent:

@@ -55,6 +55,14 @@ class Control:
     def configure(self, **settings: Any) -> dict[str, Any]:
         return self._call("Configure", settings)
 
+    def fail_snapshot(self, name: str, reason: str = "injected") -> str:
+        """The capture in progress of snapshot `name` fails, as a worker would report it."""
+        return self._call("FailSnapshot", {"name": name, "reason": reason})
+
+    def archive_snapshot(self, name: str) -> str:
+        """Snapshot `name` goes to object storage (storage archived), as boxd archives unused snapshots."""
+        return self._call("ArchiveSnapshot", {"name": name})
+
     def machine(self, machine_id: str) -> dict[str, Any] | None:
         return next((m for m in self.state()["machines"] if m["id"] == machine_id), None)
 
@@ -67,6 +75,7 @@ class RunningEmulator(NamedTuple):
     token: str
     control: Control
     instance_id: str
+    api_key: str = ""  # a key the emulator's exchange takes (POST /api/v1/auth/token)
 
 
 def _wait_ready(control: Control, deadline: float, process: subprocess.Popen | None = None) -> str:
@@ -91,17 +100,18 @@ def running_emulator(*, image: str, mode: str = "subprocess", start_seconds: flo
     gRPC's server threads out of its own process); mode="thread" serves in this process.
     """
     token = "emu-" + secrets.token_hex(16)
+    api_key = "bxd_emu_" + secrets.token_hex(16)
     instance_id = "bx" + secrets.token_hex(5)
     if mode == "thread":
         from .server import Emulator
 
         emulator = Emulator(token=token, image=image, instance_id=instance_id, start_seconds=start_seconds,
-                            box_capabilities=box_capabilities, faults=faults)
+                            box_capabilities=box_capabilities, faults=faults, api_key=api_key)
         emulator.start()
         control = Control(emulator.base_url, token)
         try:
             _wait_ready(control, time.monotonic() + startup_timeout)
-            yield RunningEmulator(emulator.base_url, token, control, instance_id)
+            yield RunningEmulator(emulator.base_url, token, control, instance_id, api_key)
         finally:
             control.close()
             emulator.stop()
@@ -113,7 +123,7 @@ def running_emulator(*, image: str, mode: str = "subprocess", start_seconds: flo
         argv.append("--no-box-capabilities")
     for rule in faults or []:
         argv += ["--fault", json.dumps(rule)]
-    env = {**os.environ, "BOXD_TOKEN": token}  # not on the command line: ps shows argv
+    env = {**os.environ, "BOXD_TOKEN": token, "BOXD_API_KEY": api_key}  # not on the command line: ps shows argv
     process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT)
     control = None
     try:
@@ -123,7 +133,7 @@ def running_emulator(*, image: str, mode: str = "subprocess", start_seconds: flo
             raise RuntimeError(f"the emulator did not start (exit code {process.wait(10)})")
         control = Control(ready["base_url"], token)
         _wait_ready(control, time.monotonic() + startup_timeout, process)
-        yield RunningEmulator(ready["base_url"], token, control, instance_id)
+        yield RunningEmulator(ready["base_url"], token, control, instance_id, api_key)
     finally:
         if control is not None:
             control.close()

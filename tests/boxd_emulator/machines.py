@@ -8,6 +8,12 @@ copied). States follow what the boxd SDK and the seed document describe:
     starting is also where `start` puts a stopped machine, for `start_seconds`.
 
 Machines are addressed by id only: a name given where an id is expected is not found, as in production.
+A hibernated machine comes back with `wake`, a suspended one with `resume` (either wakes on exec).
+
+Snapshots are versioned as on boxd (SDK `boxd.snapshots`): saving a name that exists captures a new version
+of it; a capture is `pending` for `snapshot_seconds`, then `ready` (`version` is the latest ready one, 0 =
+none yet), or `failed` when told so (control call FailSnapshot). An archived snapshot (ArchiveSnapshot:
+`storage` archived) makes no machine and cannot be saved again.
 """
 
 from __future__ import annotations
@@ -80,24 +86,35 @@ class Machine:
 class Snapshot:
     id: str
     name: str
-    image_ref: str
+    image_ref: str  # the latest ready version's image ("" until one is ready)
     labels: dict[str, str]
     vcpu: int
     memory_bytes: int
     size_bytes: int
+    egress: list[str] = field(default_factory=list)
     created_at: float = field(default_factory=time.time)
-    status: str = "ready"
+    updated_at: float = field(default_factory=time.time)
+    status: str = "pending"
+    version: int = 0  # the latest ready version; 0: none yet
+    capturing: int = 0  # the version being captured
+    capture_image: str = ""
+    ready_at: float = 0.0  # monotonic time the capture is ready
+    storage: str = "local"
+    failed_version: int = 0
+    failure_reason: str = ""
+    images: list[str] = field(default_factory=list)  # every version's image: machines may run on old ones
 
 
 class Fleet:
     """Every machine and snapshot of one emulator instance, and the timers that move their states."""
 
     def __init__(self, instance_id: str, image: str, start_seconds: float = 0.3, stop_seconds: float = 0.2,
-                 box_capabilities: bool = True) -> None:
+                 box_capabilities: bool = True, snapshot_seconds: float = 0.3) -> None:
         self.instance_id = instance_id
         self.image = image
         self.start_seconds = start_seconds
         self.stop_seconds = stop_seconds
+        self.snapshot_seconds = snapshot_seconds
         self.backend = DockerBackend(instance_id, box_capabilities=box_capabilities, name_prefix=CONTAINER_PREFIX)
         self.machines: dict[str, Machine] = {}
         self.snapshots: dict[str, Snapshot] = {}
@@ -122,7 +139,8 @@ class Fleet:
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     def create(self, *, name: str, image: str, labels: dict[str, str], env: dict[str, str], vcpu: int,
-               memory_bytes: int, disk_bytes: int, auto_suspend_secs: int, source: str = "image") -> Machine:
+               memory_bytes: int, disk_bytes: int, auto_suspend_secs: int, source: str = "image",
+               egress: list[str] | None = None) -> Machine:
         name = name or f"machine-{secrets.token_hex(3)}"
         if not NAME_RE.fullmatch(name):
             raise Refused("INVALID_ARGUMENT", f"invalid machine name {name!r}: lowercase letters, digits and '-'")
@@ -134,7 +152,7 @@ class Fleet:
             machine = Machine(id="vm-" + secrets.token_hex(8), name=name, image=image, labels=dict(labels),
                               env=dict(env), vcpu=vcpu or DEFAULT_VCPU, memory_bytes=memory_bytes or DEFAULT_MEMORY,
                               disk_bytes=disk_bytes or DEFAULT_DISK, auto_suspend_secs=auto_suspend_secs,
-                              source=source)
+                              source=source, egress_allow=list(egress or []))
             self.machines[machine.id] = machine
         try:
             machine.container = self.backend.create_container(
@@ -191,11 +209,14 @@ class Fleet:
                 self.backend.pause(machine.container)
             machine.status = state
 
-    def wake(self, machine_id: str) -> Machine:
-        """Resume a suspended or hibernated machine (resume, wake, and any exec or file call)."""
+    def wake(self, machine_id: str, only: tuple[str, ...] = ("suspended", "hibernated")) -> Machine:
+        """Bring back a machine asleep in one of the `only` states: `resume` takes a suspended machine, `wake`
+        either, an exec or a file call either. A hibernated machine is on disk: `resume` refuses it."""
         machine = self.get(machine_id)
         self.settle(machine)
         with self.lock:
+            if machine.status in ("suspended", "hibernated") and machine.status not in only:
+                raise Refused("FAILED_PRECONDITION", f"machine {machine.id} is {machine.status}: wake it")
             if machine.status in ("suspended", "hibernated"):
                 self.backend.unpause(machine.container)
                 machine.status = "running"
@@ -243,39 +264,85 @@ class Fleet:
 
     # ---- snapshots -------------------------------------------------------------------------------------
     def snapshot(self, machine_id: str, name: str) -> Snapshot:
+        """Capture the machine as snapshot `name`: a new snapshot, or a new version of the one of that name."""
         machine = self.get(machine_id)
         if not name or not NAME_RE.fullmatch(name):
             raise Refused("INVALID_ARGUMENT", f"invalid snapshot name {name!r}")
         with self.lock:
-            if name in self.snapshots:
-                raise Refused("ALREADY_EXISTS", f"a snapshot named {name!r} already exists")
+            snap = self.snapshots.get(name)
+        if snap is not None:
+            self.settle_snapshot(snap)
+            if snap.storage != "local":
+                raise Refused("FAILED_PRECONDITION", f"snapshot {name!r} is archived: it cannot be saved again "
+                              "until an operator unarchives it")
         self.settle(machine)
         info = self.backend.image_info(machine.image)
         changes = info.restore_changes() if info else []
-        committed = self.backend.commit(machine.container, SNAPSHOT_REPOSITORY,
-                                        docker_name(f"{self.instance_id}-{name}"), name, changes)
-        snap = Snapshot(id="snap-" + secrets.token_hex(6), name=name,
-                        image_ref=f"{SNAPSHOT_REPOSITORY}:{docker_name(f'{self.instance_id}-{name}')}",
-                        labels=dict(machine.labels), vcpu=machine.vcpu, memory_bytes=machine.memory_bytes,
-                        size_bytes=int(committed.size_gib * (1 << 30)))
+        version = max(snap.version, snap.capturing) + 1 if snap is not None else 1
+        tag = docker_name(f"{self.instance_id}-{name}-v{version}")
+        committed = self.backend.commit(machine.container, SNAPSHOT_REPOSITORY, tag, name, changes)
         with self.lock:
-            self.snapshots[name] = snap
+            if snap is None:
+                snap = Snapshot(id="snap-" + secrets.token_hex(6), name=name, image_ref="", labels={}, vcpu=0,
+                                memory_bytes=0, size_bytes=0)
+                self.snapshots[name] = snap
+            snap.labels, snap.vcpu, snap.memory_bytes = dict(machine.labels), machine.vcpu, machine.memory_bytes
+            snap.egress, snap.size_bytes = list(machine.egress_allow), int(committed.size_gib * (1 << 30))
+            snap.status, snap.capturing = "pending", version
+            snap.capture_image = f"{SNAPSHOT_REPOSITORY}:{tag}"
+            snap.images.append(snap.capture_image)
+            snap.ready_at = time.monotonic() + self.snapshot_seconds
+        return snap
+
+    def settle_snapshot(self, snap: Snapshot) -> None:
+        """A capture whose time has passed is ready: its version is the snapshot's latest."""
+        with self.lock:
+            if snap.status == "pending" and time.monotonic() >= snap.ready_at:
+                snap.status, snap.version, snap.image_ref = "ready", snap.capturing, snap.capture_image
+                snap.updated_at = time.time()
+
+    def fail_snapshot(self, name: str, reason: str) -> Snapshot:
+        """The capture in progress failed (as a worker would report it); older versions stay restorable."""
+        snap = self.get_snapshot(name)
+        with self.lock:
+            if snap.status != "pending":
+                raise Refused("FAILED_PRECONDITION", f"snapshot {name!r} is {snap.status}, no capture to fail")
+            snap.status, snap.failed_version, snap.failure_reason = "failed", snap.capturing, reason
+        return snap
+
+    def archive_snapshot(self, name: str) -> Snapshot:
+        """What boxd does to a snapshot it moves to object storage: `storage` archived."""
+        snap = self.get_snapshot(name)
+        with self.lock:
+            snap.storage = "archived"
         return snap
 
     def get_snapshot(self, name: str) -> Snapshot:
         with self.lock:
-            snap = self.snapshots.get(name)
+            snap = self.snapshots.get(name) or next((s for s in self.snapshots.values() if s.id == name), None)
         if snap is None:
             raise Refused("NOT_FOUND", f"snapshot {name!r} not found")
+        self.settle_snapshot(snap)
+        return snap
+
+    def restorable(self, name: str) -> Snapshot:
+        """The snapshot a machine is made from: refused while archived, or before a version is ready."""
+        snap = self.get_snapshot(name)
+        if snap.storage != "local":
+            raise Refused("FAILED_PRECONDITION", f"snapshot {name!r} is archived (storage {snap.storage}): no "
+                          "machine can be created from it until an operator unarchives it")
+        if not snap.version:
+            raise Refused("FAILED_PRECONDITION", f"snapshot {name!r} has no ready version yet ({snap.status})")
         return snap
 
     def delete_snapshot(self, name: str) -> None:
         snap = self.get_snapshot(name)
         with self.lock:
-            if any(m.image == snap.image_ref for m in self.machines.values()):
+            if any(m.image in snap.images for m in self.machines.values()):
                 raise Refused("FAILED_PRECONDITION", f"snapshot {name!r} is in use by a machine")
-            self.snapshots.pop(name, None)
-        self.backend.remove_image(snap.image_ref)
+            self.snapshots.pop(snap.name, None)
+        for image in snap.images:
+            self.backend.remove_image(image)
 
     # ---- timers ----------------------------------------------------------------------------------------
     def tick(self) -> None:

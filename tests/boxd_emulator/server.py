@@ -1,7 +1,9 @@
-"""The gRPC server: static token auth, fault rules, the request log and the emulator's control calls.
+"""The gRPC server: token auth, fault rules, the request log and the emulator's control calls.
 
-Plain HTTP/2 on 127.0.0.1 (the SDK dials `http://` base URLs without TLS). Message size is capped
-at 4 MiB in both directions, grpcio's default and production's cap for unary calls.
+Plain HTTP/2 on 127.0.0.1 (the SDK dials `http://` base URLs without TLS), behind a front on the same
+port that also answers the API key exchange over HTTP/1.1 (front.py). A call is let in with the static
+token ($BOXD_TOKEN) or a token the exchange issued. Message size is capped at 4 MiB in both directions,
+grpcio's default and production's cap for unary calls.
 
 Fault rules (set with the control call `AddFault`, or `--fault JSON` on the command line):
     {"method": "Exec", "action": "error", "code": "FAILED_PRECONDITION", "message": "...", "times": 1}
@@ -28,6 +30,7 @@ import grpc
 from boxd._generated import api_pb2_grpc
 from google.protobuf.message import Message
 
+from .front import Exchange, Front
 from .machines import Fleet, Refused
 from .service import BoxdService, refused_to_status
 
@@ -75,8 +78,9 @@ class Faults:
 class Gate(grpc.ServerInterceptor):
     """Every call: the bearer token, then the fault rules, then the call; Refused becomes its status."""
 
-    def __init__(self, token: str, faults: Faults, log: list[dict[str, Any]]) -> None:
+    def __init__(self, token: str, exchange: Exchange, faults: Faults, log: list[dict[str, Any]]) -> None:
         self.token = token
+        self.exchange = exchange
         self.faults = faults
         self.log = log
 
@@ -87,7 +91,8 @@ class Gate(grpc.ServerInterceptor):
         method = details.method.rsplit("/", 1)[-1]
         control = details.method.startswith(f"/{CONTROL_SERVICE}/")
         metadata = dict(details.invocation_metadata or ())
-        authorized = metadata.get("authorization") == f"Bearer {self.token}"
+        bearer = str(metadata.get("authorization", "")).removeprefix("Bearer ")
+        authorized = bearer == self.token or self.exchange.valid(bearer)
         if not control:
             self.log.append({"method": method, "time": time.time()})
 
@@ -158,7 +163,8 @@ def _cut_input(requests: Iterator[Any], context: Any, after: int) -> Iterator[An
 class Emulator:
     def __init__(self, *, token: str, image: str, instance_id: str, port: int = 0, start_seconds: float = 0.3,
                  stop_seconds: float = 0.2, box_capabilities: bool = True,
-                 faults: list[dict[str, Any]] | None = None) -> None:
+                 faults: list[dict[str, Any]] | None = None, api_key: str = "", exchange_limit: int = 10,
+                 exchange_window: float = 60.0) -> None:
         if not token:
             raise ValueError("the emulator needs a token: set BOXD_TOKEN")
         self.token = token
@@ -168,14 +174,17 @@ class Emulator:
         for rule in faults or []:
             self.faults.add(rule)
         self.log: list[dict[str, Any]] = []
+        self.exchange = Exchange(api_key, exchange_limit, exchange_window)
         options = [("grpc.max_receive_message_length", MESSAGE_CAP), ("grpc.max_send_message_length", MESSAGE_CAP)]
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=48, thread_name_prefix="boxd-emu"),
-                                  interceptors=[Gate(token, self.faults, self.log)], options=options)
+                                  interceptors=[Gate(token, self.exchange, self.faults, self.log)], options=options)
         api_pb2_grpc.add_BoxdApiServicer_to_server(BoxdService(self.fleet), self.server)
         self.server.add_generic_rpc_handlers([self._control_handler()])
-        self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
-        if not self.port:
-            raise OSError(f"cannot listen on 127.0.0.1:{port}")
+        grpc_port = self.server.add_insecure_port("127.0.0.1:0")  # private: the front carries HTTP/2 to it
+        if not grpc_port:
+            raise OSError("cannot listen on 127.0.0.1")
+        self.front = Front(port, grpc_port, self.exchange, self.log.append)
+        self.port = self.front.port
 
     @property
     def base_url(self) -> str:
@@ -183,9 +192,11 @@ class Emulator:
 
     def start(self) -> None:
         self.server.start()
+        self.front.start()
         self.fleet.start_background()
 
     def stop(self) -> None:
+        self.front.stop()
         self.server.stop(grace=2).wait()
         self.fleet.shutdown()
 
@@ -199,6 +210,8 @@ class Emulator:
             "ClearFaults": lambda _req: self.faults.clear(),
             "Requests": lambda _req: list(self.log),
             "Tick": lambda _req: self.fleet.tick(),
+            "FailSnapshot": lambda req: self.fleet.fail_snapshot(req["name"], req.get("reason", "injected")).status,
+            "ArchiveSnapshot": lambda req: self.fleet.archive_snapshot(req["name"]).storage,
             "Configure": self._configure,
         }
 
@@ -208,13 +221,19 @@ class Emulator:
                     return json.dumps(call(json.loads(request or b"{}"))).encode()
                 except (ValueError, KeyError, TypeError) as exc:
                     context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+                except Refused as exc:
+                    context.abort(*refused_to_status(exc))
                 return b""
             return grpc.unary_unary_rpc_method_handler(answer)
 
         return grpc.method_handlers_generic_handler(CONTROL_SERVICE, {name: wrap(c) for name, c in calls.items()})
 
     def _configure(self, settings: dict[str, Any]) -> dict[str, Any]:
-        for key in ("start_seconds", "stop_seconds"):
+        for key in ("start_seconds", "stop_seconds", "snapshot_seconds"):
             if key in settings:
                 setattr(self.fleet, key, float(settings[key]))
-        return {"start_seconds": self.fleet.start_seconds, "stop_seconds": self.fleet.stop_seconds}
+        if "exchange_limit" in settings or "exchange_window" in settings:
+            self.exchange.configure(int(settings.get("exchange_limit", self.exchange.limit)),
+                                    float(settings.get("exchange_window", self.exchange.window)))
+        return {"start_seconds": self.fleet.start_seconds, "stop_seconds": self.fleet.stop_seconds,
+                "snapshot_seconds": self.fleet.snapshot_seconds, "exchange_limit": self.exchange.limit, "exchange_window": self.exchange.window}

@@ -49,10 +49,19 @@ def _forward(forward: Any) -> api_pb2.ExposePortResponse:
 
 
 def _snapshot_info(snap: Any) -> api_pb2.SnapshotInfo:
-    return api_pb2.SnapshotInfo(snapshot_id=snap.id, name=snap.name, version=1, status=snap.status,
+    return api_pb2.SnapshotInfo(snapshot_id=snap.id, name=snap.name, version=snap.version, status=snap.status,
                                 size_bytes=snap.size_bytes, vcpu=snap.vcpu, memory_bytes=snap.memory_bytes,
-                                created_at=int(snap.created_at * 1000), updated_at=int(snap.created_at * 1000),
-                                storage="local")
+                                created_at=int(snap.created_at * 1000), updated_at=int(snap.updated_at * 1000),
+                                storage=snap.storage, archived=snap.storage != "local",
+                                failed_version=snap.failed_version, failure_reason=snap.failure_reason)
+
+
+# What a create may not carry next to a spec (the spec holds them; boxd refuses both, as the SDK says).
+def _next_to_spec(request: Any, fields: tuple[str, ...]) -> None:
+    given = [name for name in fields if (getattr(request.config, name) if name in ("vcpu", "memory_bytes")
+                                         else getattr(request, name))]
+    if given:
+        raise Refused("INVALID_ARGUMENT", f"{', '.join(given)} cannot be given next to a spec: put them in it")
 
 
 class BoxdService(api_pb2_grpc.BoxdApiServicer):
@@ -62,23 +71,37 @@ class BoxdService(api_pb2_grpc.BoxdApiServicer):
     # ---- machines --------------------------------------------------------------------------------------
     def CreateVm(self, request: Any, context: Any) -> Any:
         env = {e.key: e.value for e in request.env}
+        labels, egress = dict(request.labels), []
         config = request.config
+        if request.HasField("spec"):
+            # The spec holds the labels, env and egress (the SDK's create(spec=...)); no base: the default image.
+            _next_to_spec(request, ("image_ref", "env", "labels", "networks", "isolated", "vcpu", "memory_bytes"))
+            if request.spec.HasField("base"):
+                raise Refused("UNIMPLEMENTED", "the emulator does not model a spec's base (team or snapshot)")
+            env, labels, egress = dict(request.spec.env), dict(request.spec.labels), list(request.spec.egress)
         machine = self.fleet.create(
-            name=request.name, image=request.image_ref or self.fleet.image, labels=dict(request.labels), env=env,
+            name=request.name, image=request.image_ref or self.fleet.image, labels=labels, env=env,
             vcpu=config.vcpu, memory_bytes=config.memory_bytes, disk_bytes=config.disk_bytes,
-            auto_suspend_secs=config.srf.auto_suspend_timeout_secs,
+            auto_suspend_secs=config.srf.auto_suspend_timeout_secs, egress=egress,
         )
         return api_pb2.CreateVmResponse(vm_id=machine.id, name=machine.name, image=machine.image,
                                         status=machine.status)
 
     def CreateVmFromSnapshot(self, request: Any, context: Any) -> Any:
-        snap = self.fleet.get_snapshot(request.snapshot)
+        snap = self.fleet.restorable(request.snapshot)
         config = request.config
         labels = {**snap.labels, **dict(request.labels)}  # merged over the captured labels, as documented
+        egress, env = list(snap.egress), {}
+        if request.HasField("spec"):
+            # Merged over the snapshot's own: maps with the spec winning, lists combined (SDK, boxd.spec).
+            _next_to_spec(request, ("labels", "vcpu", "memory_bytes"))
+            labels = {**snap.labels, **dict(request.spec.labels)}
+            egress += [entry for entry in request.spec.egress if entry not in egress]
+            env = dict(request.spec.env)
         machine = self.fleet.create(
-            name=request.name, image=snap.image_ref, labels=labels, env={}, vcpu=config.vcpu or snap.vcpu,
+            name=request.name, image=snap.image_ref, labels=labels, env=env, vcpu=config.vcpu or snap.vcpu,
             memory_bytes=config.memory_bytes or snap.memory_bytes, disk_bytes=config.disk_bytes,
-            auto_suspend_secs=config.srf.auto_suspend_timeout_secs, source="snapshot",
+            auto_suspend_secs=config.srf.auto_suspend_timeout_secs, source="snapshot", egress=egress,
         )
         return api_pb2.CreateVmResponse(vm_id=machine.id, name=machine.name, image=machine.image,
                                         status=machine.status)
@@ -118,7 +141,7 @@ class BoxdService(api_pb2_grpc.BoxdApiServicer):
 
     def ResumeVm(self, request: Any, context: Any) -> Any:
         began = time.monotonic()
-        self.fleet.wake(request.vm_id)
+        self.fleet.wake(request.vm_id, only=("suspended",))  # a hibernated machine is woken, not resumed
         return api_pb2.ResumeVmResponse(resume_us=int((time.monotonic() - began) * 1e6))
 
     def WakeVm(self, request: Any, context: Any) -> Any:
@@ -280,7 +303,8 @@ class BoxdService(api_pb2_grpc.BoxdApiServicer):
     # ---- snapshots -------------------------------------------------------------------------------------
     def CreateSnapshot(self, request: Any, context: Any) -> Any:
         snap = self.fleet.snapshot(request.vm, request.name)
-        return api_pb2.CreateSnapshotResponse(snapshot_id=snap.id, name=snap.name, version=1, status=snap.status)
+        return api_pb2.CreateSnapshotResponse(snapshot_id=snap.id, name=snap.name, version=snap.capturing,
+                                              status=snap.status)
 
     def GetSnapshot(self, request: Any, context: Any) -> Any:
         return api_pb2.GetSnapshotResponse(snapshot=_snapshot_info(self.fleet.get_snapshot(request.name)))
@@ -288,6 +312,8 @@ class BoxdService(api_pb2_grpc.BoxdApiServicer):
     def ListSnapshots(self, request: Any, context: Any) -> Any:
         with self.fleet.lock:
             snaps = list(self.fleet.snapshots.values())
+        for snap in snaps:
+            self.fleet.settle_snapshot(snap)
         return api_pb2.ListSnapshotsResponse(snapshots=[_snapshot_info(s) for s in snaps])
 
     def DeleteSnapshot(self, request: Any, context: Any) -> Any:

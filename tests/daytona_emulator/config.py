@@ -32,6 +32,7 @@ RUNTIME_SETTINGS = (
     "toolbox_as_image_user",
     "lookup_cache_seconds",
     "list_page_size",
+    "ended_session_answer",
 )
 
 
@@ -84,6 +85,9 @@ class EmulatorConfig:
     proxy_timeout_seconds: float = 300.0
     # "504": answer 504 from the proxy; "drop": close the connection.
     proxy_cut_mode: str = "504"
+    # What a command sent to a session whose shell has ended gets: "410" (SESSION_ENDED), or "400" ("failed to
+    # write command: ... broken pipe", from a daemon that writes the command into the dead shell's stdin).
+    ended_session_answer: str = "410"
     # Real seconds in one emulated minute, for the auto-stop/auto-archive/auto-delete timers.
     minute_seconds: float = 60.0
     # Apply cpu/memory to the container (off by default: CI hosts are small).
@@ -126,6 +130,10 @@ def validate_runtime_setting(name: str, value: Any) -> Any:
     if name == "list_page_size":
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 200:
             raise ValueError("list_page_size must be a whole number from 1 to 200")
+        return value
+    if name == "ended_session_answer":
+        if value not in ("410", "400"):
+            raise ValueError("ended_session_answer must be '410' or '400'")
         return value
     if name == "proxy_cut_mode":
         if value not in ("504", "drop"):

@@ -728,14 +728,16 @@ class Emulator:
     def _reserve_snapshot_name(self, name: Any) -> str:
         if not isinstance(name, str) or not name.strip():
             raise ApiError(400, "name must be a non-empty string")
-        # Names are unique per organisation and, here, never reusable, not even after a delete.
+        # Names are unique per organisation among the snapshots that exist (a unique index on name and
+        # organisation); a deleted snapshot's name is free again.
         if name in self.used_snapshot_names:
             raise ApiError(409, f"Snapshot with name {name} already exists")
         self.used_snapshot_names.add(name)
         return name
 
     def _snapshot_tag(self, name: str) -> tuple[str, str]:
-        return f"daytona-snapshot/{docker_name(name)}", self.config.instance_id
+        # A tag of its own per snapshot: a name used again must not retag an image a sandbox still runs on.
+        return f"daytona-snapshot/{docker_name(name)}", f"{self.config.instance_id}-{secrets.token_hex(4)}"
 
     def snapshot_sandbox(self, id_or_name: str, body: Any) -> dict[str, Any]:
         sb = self.find(id_or_name)
@@ -836,7 +838,7 @@ class Emulator:
 
     def list_snapshots(self, query: dict[str, list[str]]) -> dict[str, Any]:
         page = _query_int(query, "page", 1, minimum=1)
-        limit = _query_int(query, "limit", 100, minimum=1)
+        limit = _page_limit(query, 100)
         name = _query_str(query, "name")
         source = _query_str(query, "sourceSandboxId")
         with self.lock:
@@ -856,6 +858,7 @@ class Emulator:
             raise ApiError(403, "General snapshots cannot be deleted")
         with self.lock:
             self.snapshots.pop(snap.id, None)
+            self.used_snapshot_names.discard(snap.name)
             if snap.owned:
                 self.images_to_remove.add(snap.image_ref)
         self._remove_released_images()
@@ -901,7 +904,7 @@ class Emulator:
                 raise ApiError(400, f"labels must be a JSON object: {exc}") from exc
             if not isinstance(labels, dict):
                 raise ApiError(400, "labels must be a JSON object")
-        limit = min(_query_int(query, "limit", self.config.list_page_size, minimum=1), 200)
+        limit = _page_limit(query, self.config.list_page_size)
         # Keyset pages, as Daytona's search does: sorted by a field (default: last activity, newest first) and
         # the id, the cursor is the (value, id) of the last item sent. A sandbox whose sort value changes
         # between two pages moves: it can be missed, or come twice.
@@ -1196,6 +1199,14 @@ def _query_int(query: dict[str, list[str]], key: str, default: int, minimum: int
     if value < minimum:
         raise ApiError(400, f"{key} must be at least {minimum}")
     return value
+
+
+def _page_limit(query: dict[str, list[str]], default: int) -> int:
+    """A list's `limit`, as Daytona's @PageLimit checks it (class-validator Min(1), Max(200)): 400 outside."""
+    limit = _query_int(query, "limit", default, minimum=1)
+    if limit > 200:
+        raise ApiError(400, "limit must not be greater than 200")
+    return limit
 
 
 def _port(raw: str) -> int:

@@ -271,13 +271,13 @@ class Toolbox:
                   f"echo $? > {quoted}/exit_code.tmp; mv {quoted}/exit_code.tmp {quoted}/exit_code\n")
         with session.lock:
             if not session.alive:
-                raise daemon_error(410, f"session {session_id} has ended", code="SESSION_ENDED")
+                raise self._ended(session_id, "broken pipe")
             session.commands[command_id] = SessionCommand(command_id, body["command"], directory)
             session.order.append(command_id)
             try:
                 session.sock.sendall(script.encode())
             except OSError as exc:
-                raise daemon_error(410, f"session {session_id} has ended: {exc}", code="SESSION_ENDED") from exc
+                raise self._ended(session_id, str(exc)) from exc
         if run_async:
             return Reply(202, {"cmdId": command_id})
         command = session.commands[command_id]
@@ -287,6 +287,13 @@ class Toolbox:
                 logs = _logs(stdout, stderr)
                 return Reply(200, {"cmdId": command_id, "exitCode": command.exit_code, **logs})
             time.sleep(0.1)
+
+    def _ended(self, session_id: str, why: str) -> ApiError:
+        """A command sent to a session whose shell is gone: 410 SESSION_ENDED, or (ended_session_answer "400")
+        what a daemon that writes the command into the dead shell's stdin answers (session/execute.go)."""
+        if self.emu.config.ended_session_answer == "400":
+            return daemon_error(400, f"failed to write command: write |1: {why}")
+        return daemon_error(410, f"session {session_id} has ended", code="SESSION_ENDED")
 
     def delete_session(self, sb: SandboxRecord, session_id: str) -> None:
         session = self._session(sb, session_id)

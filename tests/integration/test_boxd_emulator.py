@@ -160,22 +160,77 @@ def test_auto_suspend_then_wake(client, emu):
     assert client.machines.exec(machine.id, "echo hi").stdout == "hi\n"
 
 
-def test_snapshot_new_machine_and_delete(client):
+def _ready(client, name: str, version: int):
+    deadline = time.monotonic() + 60
+    while (found := client.snapshots.get(name)).status != "ready" or found.version != version:
+        assert found.status == "pending" and time.monotonic() < deadline, found
+        time.sleep(0.05)
+    return found
+
+
+def test_snapshot_versions_new_machine_and_delete(client, emu):
+    """A capture is pending, then ready; saving the name again makes version 2 (created_at stays, updated_at
+    moves) and a new machine gets the latest; an archived snapshot makes no machine and is not saved again."""
     machine = _machine(client, labels={"io.agentbox.box": "a"})
     client.machines.exec(machine.id, "echo warm > /tmp/state")
     snapshot_name = f"s-{secrets.token_hex(4)}"
-    client.snapshots.create(machine.id, snapshot_name)
-    assert client.snapshots.get(snapshot_name).status == "ready"
+    made = client.snapshots.create(machine.id, snapshot_name)
+    assert (made.version, made.status) == (1, "pending")
+    first = _ready(client, snapshot_name, 1)
+    client.machines.exec(machine.id, "echo warmer > /tmp/state")
+    again = client.snapshots.create(machine.id, snapshot_name)
+    assert (again.id, again.version, again.status) == (first.id, 2, "pending")
+    assert client.snapshots.get(snapshot_name).version == 1  # the latest ready one, until 2 is
+    second = _ready(client, snapshot_name, 2)
+    assert second.created_at == first.created_at and second.updated_at >= first.updated_at
     restored = client.machines.create(f"r-{secrets.token_hex(4)}", from_snapshot=snapshot_name,
                                       labels={"io.agentbox.box": "b"})
     client.machines.wait_until_ready(restored.id, timeout=60)
-    assert client.machines.exec(restored.id, "cat /tmp/state").stdout == "warm\n"
+    assert client.machines.exec(restored.id, "cat /tmp/state").stdout == "warmer\n"
     assert client.machines.get(restored.id).labels == {"io.agentbox.box": "b"}
     with pytest.raises(ConflictError):
         client.snapshots.delete(snapshot_name)  # still in use
     client.machines.delete(restored.id)
+
+    client.snapshots.create(machine.id, snapshot_name)
+    emu.control.fail_snapshot(snapshot_name, "disk full")
+    failed = client.snapshots.get(snapshot_name)
+    assert (failed.status, failed.version) == ("failed", 2)  # version 2 stays the one to restore
+    emu.control.archive_snapshot(snapshot_name)
+    archived = client.snapshots.get(snapshot_name)
+    assert archived.archived and archived.storage == "archived"
+    with pytest.raises(ConflictError, match="archived"):
+        client.machines.create(f"r-{secrets.token_hex(4)}", from_snapshot=snapshot_name)
+    with pytest.raises(ConflictError, match="archived"):
+        client.snapshots.create(machine.id, snapshot_name)
     client.snapshots.delete(snapshot_name)
     assert snapshot_name not in [s.name for s in client.snapshots.list()]
+
+
+def test_a_hibernated_machine_is_woken_not_resumed(client):
+    machine = _machine(client)
+    client.machines.hibernate(machine.id)
+    with pytest.raises(ConflictError, match="hibernated: wake it"):
+        client.machines.resume(machine.id)
+    client.machines.wake(machine.id)
+    assert client.machines.get(machine.id).status == "running"
+    client.machines.pause(machine.id)
+    client.machines.resume(machine.id)
+    assert client.machines.get(machine.id).status == "running"
+
+
+def test_a_create_spec_carries_labels_env_and_egress(client, emu):
+    """create(spec=...): the spec holds the labels, env and egress list, set at create; an image next to it
+    is refused (the SDK refuses it before sending, as boxd does)."""
+    from boxd.spec import MachineSpecError
+
+    spec = {"labels": {"io.agentbox.box": "s"}, "env": {"MODE": "x"}, "egress": ["github.com"]}
+    machine = client.machines.create(f"t-{secrets.token_hex(4)}", spec=spec)
+    recorded = emu.control.machine(machine.id)
+    assert (recorded["labels"], recorded["env"], recorded["egress_allow"]) == (
+        {"io.agentbox.box": "s"}, {"MODE": "x"}, ["github.com"])
+    with pytest.raises(MachineSpecError, match="does not accept image"):
+        client.machines.create(f"t-{secrets.token_hex(4)}", image=TEST_IMAGE, spec=spec)
 
 
 def test_faults_token_and_requests(client, emu):
@@ -237,3 +292,28 @@ def test_exposed_ports_forward_on_127_0_0_1(client, emu):
     assert [f for f in client.machines.ports.list() if f.machine_id == machine.id] == []
     with pytest.raises(ConnectionError):
         socket.create_connection((web.dns, web.public_port), timeout=5).close()  # the listener went with it
+
+
+def test_api_key_exchange_and_its_rate_limit(emu):
+    """The SDK's own key path: the key exchanged at the base URL's /api/v1/auth/token (HTTP/1.1 on the gRPC
+    port, as boxd's development server serves both), then gRPC with the token; a wrong key is 401, and past
+    the per-address limit the exchange answers 429 with Retry-After."""
+    import httpx
+
+    sdk = Boxd(api_key=emu.api_key, base_url=emu.base_url, max_retries=0)
+    try:
+        assert isinstance(sdk.machines.list(), list)
+    finally:
+        sdk.close()
+    with pytest.raises(AuthenticationError, match="invalid or expired API key"):
+        Boxd(api_key="bxd_wrong", base_url=emu.base_url, max_retries=0).machines.list()
+    url = f"{emu.base_url}/api/v1/auth/token"
+    emu.control.configure(exchange_limit=1, exchange_window=30)
+    try:
+        first = httpx.post(url, json={"api_key": emu.api_key}, timeout=10)
+        assert first.status_code == 200 and first.json()["expires_at"] > time.time() + 3000
+        again = httpx.post(url, json={"api_key": emu.api_key}, timeout=10)
+        assert again.status_code == 429 and 0 < int(again.headers["retry-after"]) <= 30
+    finally:
+        emu.control.configure(exchange_limit=10, exchange_window=60)
+    assert [r["status"] for r in emu.control.requests() if r["method"] == "ExchangeToken"][-4:] == [200, 401, 200, 429]

@@ -285,7 +285,7 @@ def test_create_from_image_with_resources_and_missing_things(emu, client, sandbo
 
 
 # ---- snapshots --------------------------------------------------------------------------------------------
-def test_snapshot_create_restore_and_name_never_reused(emu, client, docker_client):
+def test_snapshot_create_restore_and_name_free_again_after_delete(emu, client, docker_client):
     source = client.create(CreateSandboxFromSnapshotParams(name=_name("src")))
     source.process.exec("echo carried-over > /tmp/marker")
     snapshot_name = _name("ckpt")
@@ -305,12 +305,28 @@ def test_snapshot_create_restore_and_name_never_reused(emu, client, docker_clien
     client.snapshot.delete(snapshot)
     with pytest.raises(DaytonaNotFoundError):
         client.snapshot.get(snapshot_name)
-    with pytest.raises(DaytonaConflictError, match="already exists"):  # even after the delete
-        client.snapshot.create(CreateSnapshotParams(name=snapshot_name, image=TEST_IMAGE))
+    # Unique among the snapshots that exist: the name is free again (and the restored sandbox keeps its image).
+    source.create_snapshot(snapshot_name)
+    again = client.snapshot.get(snapshot_name)
+    assert again.id != snapshot.id and again.image_name != snapshot.image_name
+    assert restored.process.exec("cat /tmp/marker").result == "carried-over\n"
+    client.snapshot.delete(again)
 
     client.delete(restored)
     client.delete(source)
     assert not docker_client.images.list(name=snapshot.image_name.split(":")[0])  # released with its last user
+
+
+def test_a_list_limit_over_200_is_refused(emu, client):
+    """Daytona's @PageLimit: a page holds 1 to 200; more is a 400, not a page of 200 (the SDK checks the
+    sandbox list's limit itself, so that one is asked over plain HTTP)."""
+    for path in ("/sandbox", "/snapshots"):
+        request = urllib.request.Request(f"{emu.api_url}{path}?limit=201",
+                                         headers={"Authorization": f"Bearer {emu.api_key}"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=30)
+        assert refused.value.code == 400 and b"limit must not be greater than 200" in refused.value.read()
+    assert client.snapshot.list(page=1, limit=200).items
 
 
 def test_snapshot_from_image_and_listing(emu, client, sandbox_image):

@@ -286,6 +286,71 @@ def test_an_inactive_snapshot_is_activated_to_restore_from(emu: Emu) -> None:
         provider.delete_snapshot(image)
 
 
+def test_a_snapshot_still_being_deactivated_is_activated_once_daytona_lets_it(emu: Emu) -> None:
+    """Daytona refuses an activation within 10 minutes of the deactivation (400 "deactivation is still in
+    progress"); the restore asks again until it is let through (here 10 emulated minutes are 4 s)."""
+    from ansible_collections.agentbox.box.plugins.module_utils._snapshot_store import snapshot_name
+
+    provider = emu.provider()
+    source, restored = unique("src"), unique("rst")
+    image = snapshot_name("c" * 16, "cool")
+    try:
+        provider.create(spec(source))
+        provider.commit(source, image, {})
+        emu.admin.set_config(minute_seconds=0.4)
+        emu.admin.deactivate_unused_snapshot(image, ago_minutes=0)
+        since = emu.admin.requests()[-1]["seq"]
+        provider.create(spec(restored, image=image))
+        activations = [r["status"] for r in emu.admin.requests(since) if r["path"].endswith("/activate")]
+        assert activations[0] == 400 and activations[-1] == 200, activations
+        assert emu.sdk().snapshot.get(image).state == "active"
+    finally:
+        emu.admin.set_config(minute_seconds=60)
+        provider.destroy(restored)
+        provider.destroy(source)
+        provider.delete_snapshot(image)
+
+
+def test_a_snapshot_another_client_is_activating_is_waited_for(emu: Emu) -> None:
+    """Two restores from one inactive snapshot: the one whose activation comes second is refused with 400
+    "cannot be activated - it is in pending state", and waits for the snapshot to be active."""
+    from ansible_collections.agentbox.box.plugins.module_utils._snapshot_store import snapshot_name
+
+    provider = emu.provider()
+    source, restored = unique("src"), unique("rst")
+    image = snapshot_name("c" * 16, "race")
+    failure: list[BaseException] = []
+    try:
+        provider.create(spec(source))
+        provider.commit(source, image, {})
+        emu.admin.deactivate_unused_snapshot(image)
+        emu.admin.set_config(snapshot_activation_seconds=3)
+        held = emu.admin.add_fault(method="POST", path=r"/activate$", action="hold", times=1)
+
+        def restore() -> None:
+            try:
+                provider.create(spec(restored, image=image))
+            except BaseException as exc:  # noqa: BLE001 - reported by the test's thread
+                failure.append(exc)
+
+        worker = threading.Thread(target=restore)
+        worker.start()
+        deadline = time.monotonic() + 60
+        while not [f for f in emu.admin.faults() if f["id"] == held["id"] and f["matched"]]:
+            assert time.monotonic() < deadline, "the provider never asked to activate the snapshot"
+            time.sleep(0.05)
+        emu.sdk().snapshot.activate(emu.sdk().snapshot.get(image))  # the other client, first: pending
+        emu.admin.release_fault(held["id"])
+        worker.join(120)
+        assert not worker.is_alive() and not failure, failure
+        assert provider.exec(restored, ["true"]).rc == 0
+    finally:
+        emu.admin.set_config(snapshot_activation_seconds=1)
+        provider.destroy(restored)
+        provider.destroy(source)
+        provider.delete_snapshot(image)
+
+
 def test_rate_limits_are_waited_out_as_the_throttler_asks(emu: Emu) -> None:
     """Daytona's throttlers answer 429 with `Retry-After-<throttler>` (no plain Retry-After), per window."""
     provider = emu.provider()

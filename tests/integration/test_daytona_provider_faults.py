@@ -117,14 +117,17 @@ def test_long_command_outlives_the_proxy_cut(emu: Emu, box: str) -> None:
     assert len(waits) >= 2 and all(r["status"] == 200 for r in waits), waits
 
 
-def test_an_ended_exec_session_is_made_again(emu: Emu, box: str) -> None:
+@pytest.mark.parametrize("answer", ["410", "400"])
+def test_an_ended_exec_session_is_made_again(emu: Emu, box: str, answer: str) -> None:
     """The box's exec session can end (an `exit` in it, a daemon that lost its shell). Its name stays
-    taken, so making it again answers 409 and launching in it 410: exec deletes it first, in a process
-    that used it before and in a new one."""
+    taken, so making it again answers 409 and launching in it 410, or, from a daemon that writes the
+    command into the dead shell, 400 "failed to write command": exec deletes it first, in a process that
+    used it before and in a new one."""
     from daytona import Daytona, DaytonaConfig, SessionExecuteRequest
 
     from ansible_collections.agentbox.box.plugins.module_utils._daytona_exec import EXEC_SESSION
 
+    emu.admin.set_config(ended_session_answer=answer)
     used = _provider(emu)
     assert used.exec(box, ["echo", "before"]).stdout == b"before\n"
     sandbox = Daytona(DaytonaConfig(api_key=emu.api_key, api_url=emu.api_url)).get(box)
@@ -138,10 +141,13 @@ def test_an_ended_exec_session_is_made_again(emu: Emu, box: str) -> None:
         # Still listed under its name: the case a plain create cannot mend.
         assert EXEC_SESSION in [session.session_id for session in sandbox.process.list_sessions()]
 
-    for provider in (_provider(emu), used):
-        end_the_session()
-        run = provider.exec(box, ["echo", "after"])
-        assert (run.rc, run.stdout) == (0, b"after\n")
+    try:
+        for provider in (_provider(emu), used):
+            end_the_session()
+            run = provider.exec(box, ["echo", "after"])
+            assert (run.rc, run.stdout) == (0, b"after\n")
+    finally:
+        emu.admin.set_config(ended_session_answer="410")
 
 
 def _exec_session_alive(emu: Emu, sandbox_id: str) -> bool:

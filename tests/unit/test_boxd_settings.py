@@ -38,3 +38,47 @@ def test_the_base_url_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("BOXD_BASE_URL", "boxd.internal:443")
     with pytest.raises(ProviderError, match=r"write https://boxd\.internal:443"):
         BoxdSettings(token="t").check()
+
+
+def test_without_an_address_the_sdks_own_front_door_is_dialled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """boxd's gRPC API is at boxd.sh:9443 (the SDK's default); boxd.sh:443 is the web console, not the API.
+    The key exchange goes to the console host, as the SDK derives it."""
+    from boxd._urls import resolve_endpoint
+
+    from ansible_collections.agentbox.box.plugins.module_utils._boxd_api import client_for, forget_client
+
+    for name in ("BOXD_BASE_URL", "BOXD_API_URL"):
+        monkeypatch.delenv(name, raising=False)
+    settings = BoxdSettings(token="t")
+    settings.check()
+    assert settings.base_url == "https://boxd.sh:9443"
+    assert settings.exchange_url == "https://app.boxd.sh/api/v1/auth/token"
+    client = client_for(settings)  # no I/O: the channel opens at the first call
+    try:
+        assert client.base_url == "https://boxd.sh:9443"
+        assert resolve_endpoint(client.base_url) == ("boxd.sh:9443", True)  # host:port dialled, over TLS
+    finally:
+        forget_client(settings)
+
+
+def test_an_unreachable_key_exchange_is_reported_as_unreachable(home, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The key is exchanged over HTTPS before any gRPC call; an address that does not answer is a network
+    problem to report as such, not a refused key."""
+    import socket
+
+    from ansible_collections.agentbox.box.plugins.module_utils._boxd import BoxdProvider
+    from ansible_collections.agentbox.box.plugins.module_utils._errors import EngineUnreachable
+
+    monkeypatch.delenv("BOXD_TOKEN", raising=False)
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    provider = BoxdProvider(api_key="bxd_unit", base_url=f"http://127.0.0.1:{port}")
+    try:
+        with pytest.raises(EngineUnreachable) as caught:
+            provider.list_boxes()
+    finally:
+        provider.close()
+    message = str(caught.value)
+    assert f"http://127.0.0.1:{port}/api/v1/auth/token did not answer" in message, message
+    assert "the credential" not in message and "the API key" not in message and "bxd_unit" not in message

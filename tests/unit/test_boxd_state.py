@@ -20,6 +20,7 @@ TABLE = {
     "booting": ("running", False, False),
     "pending": ("running", False, False),
     "scheduled": ("running", False, False),
+    "migrating": ("running", False, False),  # moving between workers: waited for, never started
     "suspending": ("paused", False, False),
     "suspended": ("paused", False, True),
     "hibernating": ("paused", False, False),

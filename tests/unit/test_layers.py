@@ -67,6 +67,7 @@ RANKS: dict[str, int] = {
     "_ssh_proxy": TRANSPORT,
     "_boxd_pipe": TRANSPORT,
     "_boxd_api": TRANSPORT,
+    "_boxd_token": TRANSPORT,
     "_daytona_ssh": TRANSPORT,
     "_daytona_api": TRANSPORT,
     "_relay_tunnel": TRANSPORT,
