@@ -227,6 +227,11 @@ def write_wake_launcher() -> bool:
     )
 
 
+# What Docker answers an exec into a box the wake deals with: `Container <id> is paused, unpause the
+# container before exec`, `container <id> is not running`, `No such container: agentbox-<box>`.
+ENGINE_REFUSALS = "-e ' is paused' -e ' is not running' -e 'No such container'"
+
+
 def waking_proxy_command(
     direct: list[str], facts: BoxFacts, options: dict[str, Any], environment: dict[str, str] | None = None
 ) -> str:
@@ -237,7 +242,13 @@ def waking_proxy_command(
     wake = [wake_launcher_path(), facts.provider, facts.engine, facts.name, json.dumps(options, sort_keys=True), "--"]
     if environment:  # ssh runs the proxy with the user's login environment, which may lack it (a DOCKER_HOST)
         wake = ["env", *(f"{key}={value}" for key, value in sorted(environment.items())), *wake]
-    inner = f"{line} || exec {' '.join(shlex.quote(word) for word in wake)} {line}"
+    # The direct path's stderr is held until it exits (fd 3 keeps the SSH stream on stdout): the engine's
+    # refusal of a paused, stopped or missing box is the wake's to say, in its own words, so those lines
+    # are dropped and anything else is passed on to ssh. (An SSH engine's ControlPersist master does not
+    # keep stderr open: OpenSSH points it at /dev/null.)
+    held = f"exec 3>&1; err=$({line} 2>&1 >&3 3>&-) && exit 0; exec 3>&-"
+    shown = f"[ -z \"$err\" ] || printf '%s\\n' \"$err\" | grep -v {ENGINE_REFUSALS} >&2"
+    inner = f"{held}; {shown}; exec {' '.join(shlex.quote(word) for word in wake)} {line}"
     return " ".join(_config_quote(word) for word in ["sh", "-c", inner])
 
 

@@ -65,6 +65,18 @@ def resolve_name(name: str | None, workspace: str) -> tuple[str, str]:
     return _naming.default_box_name(workspace, box_id), box_id
 
 
+def check_name_fits(provider: Provider, name: str) -> None:
+    """Refuse, before any side effect, a valid name the provider cannot give a box (see Provider.max_box_name)."""
+    if len(name) > provider.max_box_name:
+        raise BoxError(
+            f"box name {name!r} is {len(name)} characters: a box on a Docker engine is a container whose hostname, "
+            f"{_naming.container_name(name)}, Linux caps at {_naming.HOSTNAME_MAX} characters, so its name has at most "
+            f"{provider.max_box_name}; pick a shorter one",
+            box=name,
+            operation="create",
+        )
+
+
 def check_owner(facts: BoxFacts, project: str) -> None:
     if facts.project and facts.project != project:
         raise BoxError(
@@ -78,6 +90,7 @@ def create_box(provider: Provider, request: CreateRequest) -> Created:
     workspace = _naming.workspace_path(request.workspace)
     _preflight.check_workspace_path(workspace)
     name, box_id = resolve_name(request.name, workspace)
+    check_name_fits(provider, name)
     project = _naming.project_id(workspace)
     _preflight.check_not_bare(workspace)
     repos = _git.find_repos(workspace)

@@ -72,12 +72,14 @@ def run_box_task(params: dict[str, Any], check_mode: bool) -> tuple[dict[str, An
     elif state not in ("present", "started"):
         raise ValueError(f"'name' is required with state={state}")
     provider = provider_from_params(params, **_registry.box_options(params))
+    if name and state in ("present", "started"):
+        _box.check_name_fits(provider, name)  # before the journal's lock file: nothing is made for it
     if not name or state in ("stopped", "paused"):
         return _run(provider, params, name, state, check_mode, None, warnings)
     # Create and destroy of a named box hold its journal's lock: a run killed half-way is found
     # (and rolled back) here, and a run that is creating the box right now makes this one stop.
     journal = _journal.Journal(provider.name, provider.engine, name)
-    stale = journal.claim()
+    stale = journal.claim("destroy" if state == "absent" else "create")
     try:
         recovered = None
         if stale and not check_mode:

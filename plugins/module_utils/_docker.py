@@ -29,7 +29,7 @@ from ._engine_api import (
 from ._engine_sdk import SDKEngine
 from ._gitlayer_volumes import create_layers, remove_layers, rescue_commits
 from ._host_files import ensure_private_dir, ssh_config_file
-from ._naming import container_name, docker_volume_name, label, strip_labels
+from ._naming import CONTAINER_BOX_NAME_MAX, container_name, docker_volume_name, label, strip_labels
 from ._provider import (
     BoxFacts,
     BoxNotFound,
@@ -198,6 +198,7 @@ class DockerProvider(Provider):
 
     shares_host_filesystem = True
     image_user_ids = True
+    max_box_name = CONTAINER_BOX_NAME_MAX  # the container's hostname, agentbox-<box>, fits Linux's limit
 
     def __init__(self, engine: str | None = None, ssh_options: dict[str, Any] | None = None,
                  isolation: str | None = None, **_ignored: Any):

@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import IO
 
 from ._journal import pause_point
 from ._naming import box_branch
@@ -119,6 +120,7 @@ def git(
     env: dict[str, str] | None = None,
     check: bool = True,
     input_bytes: bytes | None = None,
+    stdin: IO[bytes] | None = None,
 ) -> subprocess.CompletedProcess:
     """Run host git in `repo`: the one place every host git call of the collection goes through.
 
@@ -142,6 +144,7 @@ def git(
             argv,
             env=full_env,
             input=input_bytes,
+            stdin=stdin,
             capture_output=True,
             check=False,
             user=identity[0] if identity else None,
@@ -153,6 +156,71 @@ def git(
         detail = result.stderr.decode("utf-8", "replace").strip()
         raise GitError(f"git {' '.join(args[:3])} in {repo} failed: {detail}")
     return result
+
+
+# git's object checks (fsck's rules: a tree entry named .git in any case, `..` or `/` in a name, a
+# malformed commit or tree...) on what a fetch brings in. What a box made is fetched only with them.
+FSCK_FETCH = ("-c", "transfer.fsckObjects=true", "-c", "fetch.fsckObjects=true")
+MAX_BUNDLE_HEADER = 1 << 20
+
+
+class RefusedObjects(GitError):
+    """A bundle holds objects git's checks refuse: nothing of it entered the repository."""
+
+
+def fetch_box_bundle(repo_root: str, bundle: str, ref: str) -> subprocess.CompletedProcess:
+    """`git fetch` of `ref` from a bundle a box made, with git's object checks on: no ref moves, and
+    nothing enters the object store unless every object passes. A fetch from a bundle skips
+    fetch.fsckObjects in git before 2.46 (its unbundle runs index-pack without --strict), so the
+    bundle's pack is first indexed with --strict into a quarantine (the repository's objects as an
+    alternate); then the fetch, with the checks asked for too. Raises RefusedObjects naming git's
+    complaint; returns the fetch's result otherwise (the caller reads its exit code)."""
+    scratch = tempfile.mkdtemp(prefix="agentbox-quarantine-")
+    try:
+        quarantine = os.path.join(scratch, "objects")
+        os.makedirs(os.path.join(quarantine, "pack"))
+        identity = owner_identity(repo_root)
+        if identity:  # git runs as the repository's owner: it writes the quarantine
+            for path in (scratch, quarantine, os.path.join(quarantine, "pack")):
+                os.chown(path, identity[0], identity[1])
+        objects = git_out(repo_root, "rev-parse", "--git-path", "objects")
+        objects = objects if os.path.isabs(objects) else os.path.join(repo_root, objects)
+        # Unbuffered: the descriptor's offset is where the header ends, for the child that reads the pack.
+        with open(bundle, "rb", buffering=0) as handle:
+            if not _skip_bundle_header(handle):
+                raise RefusedObjects(
+                    f"refused the box's commits: what it sent is not a git bundle with a header of at most "
+                    f"{MAX_BUNDLE_HEADER >> 20} MiB; nothing was fetched"
+                )
+            checked = git(repo_root, "index-pack", "--stdin", "--fix-thin", "--strict", stdin=handle, check=False,
+                          env={"GIT_OBJECT_DIRECTORY": quarantine, "GIT_ALTERNATE_OBJECT_DIRECTORIES": objects})
+        if checked.returncode != 0:
+            detail = checked.stderr.decode("utf-8", "replace").strip()
+            verify = git(repo_root, "bundle", "verify", "-q", bundle, check=False)
+            if verify.returncode == 0:  # the bundle applies: its objects are what git refused
+                raise RefusedObjects(
+                    f"refused the box's commits: git's object checks failed on them ({detail[-500:]}); a tree with an "
+                    "entry named .git (in any case) could plant hooks or config in a checkout. Nothing was fetched "
+                    f"and no branch moved; the commits stay in the box (rewrite them there without such paths)"
+                )
+        return git(repo_root, *FSCK_FETCH, "fetch", "-q", "--no-tags", "--no-write-fetch-head", bundle, ref,
+                   check=False)  # fmt: skip
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _skip_bundle_header(handle: IO[bytes]) -> bool:
+    """Move `handle` past a bundle's header (a signature line, prerequisite, ref and capability lines,
+    an empty line: as git reads it) to its pack; False when it is not one."""
+    if handle.readline(64) not in (b"# v2 git bundle\n", b"# v3 git bundle\n"):
+        return False
+    while handle.tell() < MAX_BUNDLE_HEADER:
+        line = handle.readline(MAX_BUNDLE_HEADER)
+        if line == b"\n":
+            return True
+        if not line.endswith(b"\n"):
+            return False
+    return False
 
 
 def owner_identity(path: str) -> tuple[int, int, str] | None:

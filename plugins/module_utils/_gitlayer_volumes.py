@@ -156,7 +156,13 @@ def rescue_commits(engine: Any, box: str) -> list[str]:
                     continue
                 if _git.git(root, "bundle", "verify", "-q", bundle, check=False).returncode != 0:
                     continue
-                _git.git(root, "fetch", "-q", "--no-tags", "--no-write-fetch-head", bundle, f"refs/heads/{branch}")
+                try:
+                    fetched = _git.fetch_box_bundle(root, bundle, f"refs/heads/{branch}")
+                except _git.RefusedObjects:
+                    continue  # objects git's checks refuse are never rescued
+                if fetched.returncode != 0:
+                    detail = fetched.stderr.decode("utf-8", "replace").strip()
+                    raise _git.GitError(f"git fetch of {branch} from the box's git layer into {root} failed: {detail}")
                 tip = _git.git(root, "bundle", "list-heads", bundle, f"refs/heads/{branch}").stdout.split()[:1]
                 if tip and _git.git(root, "update-ref", "-m", f"agentbox: rescued from box {box}'s git layer",
                                     f"refs/heads/{branch}", tip[0].decode(), base, check=False).returncode == 0:

@@ -97,10 +97,11 @@ class Journal:
         self._lock: Any = None
         self.record: dict[str, Any] = {}
 
-    def claim(self) -> dict[str, Any] | None:
+    def claim(self, operation: str = "create") -> dict[str, Any] | None:
         """Take the box's lock without waiting; the record a dead create left, or None.
 
-        Raises CreateInProgress when a live run holds the lock.
+        Raises CreateInProgress when a live run holds the lock, naming `operation` (this run's: a
+        destroy that meets a create says the destroy failed).
         """
         handle = open(self._lock_path, "a+", encoding="utf-8")  # held until release()
         try:
@@ -110,11 +111,12 @@ class Journal:
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                 raise
             holder = (self.read() or {}).get("pid", "unknown")
+            then = "destroy it again" if operation == "destroy" else "use or destroy that box, or pick another name"
             raise CreateInProgress(
                 f"box {self.box!r} is being created by another run right now (pid {holder}): wait for it to "
-                "finish, then use or destroy that box, or pick another name",
+                f"finish, then {then}",
                 box=self.box,
-                operation="create",
+                operation=operation,
             ) from None
         self._lock = handle
         return self.read()

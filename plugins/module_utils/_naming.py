@@ -21,6 +21,9 @@ BOX_NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 # Checkpoint names become image tags: Docker allows [A-Za-z0-9_.-]{1,128}; we keep it lower case.
 CHECKPOINT_NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 DEFAULT_NAME_STEM_MAX = 30
+# Linux refuses a longer hostname (sethostname: EINVAL), and a Docker box's hostname is agentbox-<box>.
+HOSTNAME_MAX = 64
+CONTAINER_BOX_NAME_MAX = HOSTNAME_MAX - len(CONTAINER_PREFIX)
 
 
 class NameError_(ValueError):

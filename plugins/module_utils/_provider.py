@@ -182,6 +182,9 @@ class Provider(abc.ABC):
     #: The SSH access a proxy carries runs out (a Daytona gateway token): when ssh is refused on a running box,
     #: the alias's wake asks the provider for new access instead of starting the box.
     ssh_access_expires: bool = False
+    #: The longest box name a box of this provider can take (the name rule allows 63): a Docker box's
+    #: hostname is agentbox-<box>, which Linux caps at 64 characters. Create refuses a longer one first.
+    max_box_name: int = 63
 
     def __init__(self) -> None:
         # What warn() left for the task's output until take_warnings() hands it over.

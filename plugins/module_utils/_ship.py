@@ -484,7 +484,7 @@ def _report(repo: _git.Repo, entry: dict[str, Any], tip: str, previous: str, new
 
 def fetch_bundle(provider: Provider, box: str, repo_root: str, path: str, ref: str, base: str) -> None:
     """New commits: a bundle made in the box against the base the host has, fetched on the host
-    (where index-pack re-hashes every object; no host ref moves here)."""
+    (where index-pack re-hashes every object and git's object checks run; no host ref moves here)."""
     made = _box_git(provider, box, path, "bundle", "create", "-q", BUNDLE_PATH, ref, f"^{base}")
     made.check(f"git bundle of {ref} in {path}", box)
     _fetch_box_bundle(provider, box, repo_root, ref, base)
@@ -516,8 +516,12 @@ def _fetch_bundle_file(repo_root: str, scratch: str, bundle: str, ref: str, base
     # git may run as the repo's owner (see _git): let it read the bundle.
     os.chmod(scratch, 0o755)
     os.chmod(bundle, 0o644)
-    # fetch checks the bundle's prerequisites itself; verify runs only to say why it failed.
-    fetched = _git.git(repo_root, "fetch", "-q", "--no-tags", "--no-write-fetch-head", bundle, ref, check=False)
+    # fetch checks the bundle's prerequisites itself; verify runs only to say why it failed. And every
+    # object the box made passes git's object checks first (a refusal raises, naming them).
+    try:
+        fetched = _git.fetch_box_bundle(repo_root, bundle, ref)
+    except _git.RefusedObjects as exc:
+        raise ProviderError(str(exc), box=box, operation="fetch") from exc
     if fetched.returncode != 0:
         verify = _git.git(repo_root, "bundle", "verify", "-q", bundle, check=False)
         if verify.returncode != 0:

@@ -86,7 +86,7 @@ def test_a_box_the_policy_stopped_comes_back_through_a_connection_plugin_task(sl
 
 def test_the_ssh_alias_wakes_a_paused_and_a_stopped_box(sleepy: dict) -> None:
     entry = (sleepy["home"] / ".agentbox" / "ssh_config").read_text()
-    assert "|| exec" in entry and "agentbox-wake" in entry  # the wake runs only when the direct exec fails
+    assert "&& exit 0;" in entry and "agentbox-wake" in entry  # the wake runs only when the direct exec fails
     assert (sleepy["home"] / ".agentbox" / "bin" / "agentbox-wake").stat().st_mode & 0o777 == 0o700
 
     running = ssh(sleepy, "true")
@@ -97,10 +97,13 @@ def test_the_ssh_alias_wakes_a_paused_and_a_stopped_box(sleepy: dict) -> None:
     woke = ssh(sleepy, "true")
     assert woke.returncode == 0, woke.stderr
     assert "was paused" in woke.stderr and status(sleepy) == "running"
+    # One clear line: the wake's, not Docker's raw "Container ... is paused" before it.
+    assert woke.stderr.splitlines() == [f"agentbox: box '{sleepy['name']}' was paused; it runs again"], woke.stderr
 
     stop = run_module("agentbox_box", {"name": sleepy["name"], "state": "stopped"})
     assert stop.get("failed") is not True and status(sleepy) == "exited", stop
     started = ssh(sleepy, "cat /workspace/README.md && whoami")
     assert started.returncode == 0, started.stderr
     assert "was stopped" in started.stderr and started.stdout.endswith("vscode\n"), started.stdout
+    assert "is not running" not in started.stderr and "Error response" not in started.stderr, started.stderr
     assert status(sleepy) == "running"

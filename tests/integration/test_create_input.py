@@ -144,3 +144,23 @@ def test_an_invalid_agentbox_yaml_fails_create_with_every_problem(repo: Path) ->
     ):
         assert expected in message, message
     nothing_made(name, repo)
+
+
+def test_a_name_too_long_for_the_container_hostname_fails_before_any_side_effect(repo: Path) -> None:
+    """The name rule allows 63 characters, but a Docker box's hostname is agentbox-<box> and Linux takes
+    at most 64 (runc: `sethostname: invalid argument`): 55 is the longest name a Docker box can take."""
+    stem = f"long-{secrets.token_hex(3)}-"
+    too_long = stem + "x" * (56 - len(stem))
+    result = create(repo, too_long)
+    assert result["failed"], result
+    assert f"box name '{too_long}' is 56 characters" in result["msg"], result["msg"]
+    assert "hostname" in result["msg"] and "at most 55" in result["msg"], result["msg"]
+    nothing_made(too_long, repo)
+    longest = stem + "y" * (55 - len(stem))
+    try:
+        made = create(repo, longest, boot=False, checkpoint="none")
+        assert not made.get("failed"), made.get("msg")
+        hostname = docker.from_env().containers.get(f"agentbox-{longest}").attrs["Config"]["Hostname"]
+        assert hostname == f"agentbox-{longest}"  # the contract's "hostname the same" holds
+    finally:
+        run_module("agentbox_box", {"name": longest, "state": "absent", "delete_branch": True})

@@ -13,7 +13,7 @@ from typing import Any
 import docker
 import pytest
 
-from tests.conftest import chown_tree, git, make_repo, run_module
+from tests.conftest import REPO, chown_tree, git, make_repo, run_module
 from tests.integration.test_create_crash import (
     agentbox_branches,
     in_box,
@@ -202,3 +202,27 @@ def test_destroy_of_a_box_whose_workspace_moved(client: docker.DockerClient, wor
     assert result["destroyed"]["worktrees_removed"] == [], result
     assert registrations(moved)[1:] == []
     assert not client.containers.list(all=True, filters={"label": f"io.agentbox.box={name}"})
+
+
+def test_a_destroy_during_a_create_says_the_destroy_failed(client: docker.DockerClient, workspace: Path,
+                                                           tmp_path: Path, names: list[str]) -> None:
+    """destroy_box.yml while a create of that name holds its lock names the destroy, not the create."""
+    name = f"dwc-{os.urandom(3).hex()}"
+    names.append(name)
+    report = tmp_path / "creating"
+    creating = start_create(workspace, name, "created", report)
+    try:
+        paused_at(creating, report)
+        env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
+        destroy = subprocess.run([str(REPO / ".venv/bin/ansible-playbook"), str(REPO / "playbooks/destroy_box.yml"),
+                                  "-e", f"box={name}"], cwd=REPO, env=env, capture_output=True, text=True,
+                                 check=False)  # fmt: skip
+        said = " ".join(destroy.stdout.split())
+        assert destroy.returncode != 0, said
+        assert f"destroy of box '{name}' failed: box '{name}' is being created by another run right now" in said, said
+        assert "then destroy it again" in said and "create of box" not in said, said
+    finally:
+        report.unlink(missing_ok=True)  # let the create go on: the refused destroy took nothing from it
+    out, _err = creating.communicate(timeout=600)
+    assert creating.returncode == 0, out
+    healthy(client, workspace, name)

@@ -18,7 +18,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from tests.conftest import chown_tree, git, make_repo, run_module
+from tests.conftest import GIT_ENV, chown_tree, git, make_repo, run_module
 
 pytestmark = pytest.mark.integration
 
@@ -299,3 +299,37 @@ def test_the_collections_host_git_ignores_repository_planted_config(engine, boxe
         run_module("agentbox_checkpoint", {"box": name, "name": checkpoint, "state": "absent"})
     assert sorted(p.name for p in markers.iterdir()) == []
     assert git(repo, "log", "-1", "--format=%s", f"agentbox/{name}").strip() == "boxed"
+
+
+def test_a_commit_with_dotgit_entries_never_enters_the_host(engine, boxes, tmp_path):
+    """Issue 33, item 4: the box commits a tree with `.git/hooks` and `.GIT/hooks` entries (git's plumbing
+    makes one); the host's fetch runs git's object checks, refuses it with a clear message, and neither
+    the commit nor any object of it reaches the host's store (`git fsck` stays clean)."""
+    repo = make_repo(tmp_path / "ws", {"a.txt": "a\n"})
+    chown_tree(repo)
+    name = box_name("dg")
+    boxes.append(name)
+    assert run_module("agentbox_box", {"name": name, "workspace": str(repo)}).get("failed") is not True
+    before = git(repo, "rev-parse", f"agentbox/{name}").strip()
+    rc, out = in_box(engine, name, f"""
+        set -e
+        cd /workspace
+        blob=$(printf '#!/bin/sh\\necho planted > /tmp/planted\\n' | git hash-object -w --stdin)
+        hooks=$(printf '100755 blob %s\\tpost-checkout\\n' "$blob" | git mktree)
+        dotgit=$(printf '040000 tree %s\\thooks\\n' "$hooks" | git mktree)
+        tree=$( (git ls-tree HEAD; printf '040000 tree %s\\t.GIT\\n040000 tree %s\\t.git\\n' "$dotgit" "$dotgit") | git mktree)
+        commit=$(git -c user.name=a -c user.email=a@b commit-tree "$tree" -p HEAD -m innocent)
+        git update-ref refs/heads/agentbox/{name} "$commit"
+        echo "$commit"
+    """)
+    assert rc == 0, out
+    evil = out.strip().splitlines()[-1]
+    fetched = run_module("agentbox_worktree", {"box": name, "state": "fetched"})
+    assert fetched.get("failed"), fetched
+    message = fetched["msg"]
+    assert "refused the box's commits: git's object checks failed" in message and "hasDotgit" in message, message
+    assert "Nothing was fetched and no branch moved" in message, message
+    assert git(repo, "rev-parse", f"agentbox/{name}").strip() == before
+    assert subprocess.run(["git", "-C", str(repo), "cat-file", "-e", evil], capture_output=True,
+                          env={**os.environ, **GIT_ENV}, check=False).returncode != 0  # fmt: skip
+    git(repo, "fsck", "--strict")  # fails on any hasDotgit object in the host's store

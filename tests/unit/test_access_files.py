@@ -183,6 +183,15 @@ def test_waking_proxy_command_runs_the_wake_only_when_the_direct_command_fails(h
     # No launcher written yet (no box made from this HOME): the wake is tried, and says what is missing.
     tried = as_ssh_runs(failing)
     assert tried.returncode == 127 and "agentbox-wake" in tried.stderr
+    # The engine's refusal of a paused or stopped box is the wake's to say: only its line reaches ssh.
+    for refusal in ("Error response from daemon: Container 3f2a is paused, unpause the container before exec",
+                    "Error response from daemon: container 3f2a is not running"):  # fmt: skip
+        paused = as_ssh_runs(_access.waking_proxy_command(["sh", "-c", f"echo '{refusal}' >&2; exit 1"], facts("b1"), {}))
+        assert paused.returncode == 127 and refusal not in paused.stderr and "agentbox-wake" in paused.stderr
+    # Anything else the direct path says is passed on, before the wake.
+    other = as_ssh_runs(_access.waking_proxy_command(["sh", "-c", "echo 'ssh: connect refused' >&2; exit 255"],
+                                                     facts("b1"), {}))  # fmt: skip
+    assert other.stderr.startswith("ssh: connect refused\n") and "agentbox-wake" in other.stderr
 
 
 def test_wake_gets_the_engine_this_process_was_pointed_at(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -198,7 +207,7 @@ def test_wake_gets_the_engine_this_process_was_pointed_at(home: Path, monkeypatc
     assert environment == {"DOCKER_HOST": "unix:///run/user/1000/docker.sock"}
     assert DockerProvider(engine="builder1").reopen_environment() == {}  # its engine is in reopen_options
     proxy = _access.waking_proxy_command(["false"], facts("b1"), {}, environment)
-    assert "|| exec env DOCKER_HOST=unix:///run/user/1000/docker.sock " in proxy
+    assert "; exec env DOCKER_HOST=unix:///run/user/1000/docker.sock " in proxy
     assert "env DOCKER_HOST" not in _access.waking_proxy_command(["false"], facts("b1"), {}, {})
 
 
