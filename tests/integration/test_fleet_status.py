@@ -251,7 +251,7 @@ def test_fleet_status_numbers_table_and_html(fleet, tmp_path):
         assert (row["insertions"], row["deletions"]) == (f"+{plus}", f"−{minus}")
         assert row["uncommitted"] == (uncommitted if uncommitted != "-" else "–")
     shot = tmp_path / "fleet.png"
-    taken = chromium(f"--screenshot={shot}", "--window-size=1280,520", "--hide-scrollbars", page.as_uri())
+    taken = chromium(f"--screenshot={shot}", "--window-size=1400,600", "--hide-scrollbars", page.as_uri())
     assert taken.returncode == 0 and shot.stat().st_size > 10_000, taken.stderr[-2000:]
     if SCREENSHOT_COPY:
         shutil.copyfile(shot, SCREENSHOT_COPY)
