@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.fleet_page import chromium_binary
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -177,13 +179,6 @@ class RowParser(html.parser.HTMLParser):
     def handle_data(self, data: str) -> None:
         if self._box and self._field:
             self.rows[self._box][self._field] += data.strip()
-
-
-def chromium_binary() -> str:
-    for candidate in ("chromium", "chromium-browser"):
-        if found := shutil.which(candidate):
-            return found
-    pytest.fail("no chromium on PATH: run scripts/ensure-browser.sh (scripts/test.sh runs it during set-up)")
 
 
 def chromium(*args: str) -> subprocess.CompletedProcess:
