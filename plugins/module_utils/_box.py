@@ -17,10 +17,11 @@ from typing import Any
 
 from . import _agent, _git, _gitlayer, _journal, _naming, _preflight, _relay_state, _rollback, _seed
 from ._boot import BOOT_COMMAND, boot_box, boot_box_then  # below the providers, which run it after a restart
-from ._provider import BoxFacts, BoxSpec, Provider, ProviderError, worktree_records
+from ._provider import BoxFacts, BoxSpec, OutputTooLarge, Provider, ProviderError, worktree_records
 
 DEFAULT_IMAGE = "agentbox/box:latest"
 WEB_PORT = 80
+SHUTDOWN_OUTPUT_LIMIT = 64 * 1024  # what of agentbox-ctl shutdown's output the host reads (it uses none)
 
 
 @dataclasses.dataclass
@@ -354,8 +355,10 @@ def destroy_box(
         except (ProviderError, _git.GitError) as exc:
             warnings.append(f"the box's last commits could not be brought into {facts.branch} on the host: {exc}")
     provider.destroy(facts.name)
-    if facts.id:
-        _relay_state.forget_box(facts.id)
+    # The relay's files of the box go whatever the box put in them; what cannot go is reported.
+    problem = _relay_state.forget_box(facts.id) if facts.id else None
+    if problem:
+        warnings.append(problem)
     from . import _access
 
     _access.box_removed(facts.name, facts.engine)
@@ -420,8 +423,11 @@ def set_state(provider: Provider, facts: BoxFacts, state: str, boot: bool = True
                 # in its layer: destroy tries again (and says so), the stop goes ahead.
                 with contextlib.suppress(ProviderError, _git.GitError):
                     _gitlayer.import_work(provider, facts)
-            # Let the supervisor stop services cleanly: `docker stop` alone SIGKILLs them.
-            provider.exec(facts.name, ["sh", "-c", "command -v agentbox-ctl >/dev/null && agentbox-ctl shutdown || true"])
+            # Let the supervisor stop services cleanly: `docker stop` alone SIGKILLs them. Its output is not
+            # used: a box that prints more than the host reads is stopped all the same.
+            with contextlib.suppress(OutputTooLarge):
+                provider.exec(facts.name, ["sh", "-c", "command -v agentbox-ctl >/dev/null && agentbox-ctl shutdown || true"],
+                              limit=SHUTDOWN_OUTPUT_LIMIT, what="output of agentbox-ctl shutdown")
         return provider.stop(facts.name)
     if state == "paused":
         if facts.state == "stopped":

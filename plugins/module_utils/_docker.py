@@ -602,18 +602,10 @@ class DockerProvider(Provider):
     def run_command(self, name: str, command: Command) -> ExecResult:
         cname = container_name(name)
         argv, user, workdir, env, stdin = command.argv, command.user, command.workdir, command.env, command.stdin
-        with self._engine_call(name, "exec") as engine:
-            rc, stdout, stderr = engine.exec(cname, argv, user=user, workdir=workdir, env=env, stdin=stdin)
-        return ExecResult(rc=rc, stdout=stdout, stderr=stderr)
-
-    def exec_bounded(self, name: str, argv: list[str], limit: int, *, user: str = BOX_USER) -> ExecResult:
-        """exec reading at most `limit` bytes of output on the direct client (the local engine)."""
-        direct = self._direct
-        if direct is None:
-            return super().exec_bounded(name, argv, limit, user=user)
         try:
-            with self._engine_call(name, "exec"):  # its error mapping; the read itself stops at `limit`
-                rc, stdout, stderr = direct.exec(container_name(name), argv, user=user, max_output=limit)
+            with self._engine_call(name, "exec") as engine:  # the read itself stops at command.limit
+                rc, stdout, stderr = engine.exec(cname, argv, user=user, workdir=workdir, env=env, stdin=stdin,
+                                                 max_output=command.limit)
         except OutputTooLarge as exc:
             raise OutputTooLarge(str(exc), box=name) from exc
         return ExecResult(rc=rc, stdout=stdout, stderr=stderr)

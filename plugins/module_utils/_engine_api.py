@@ -31,7 +31,7 @@ import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import IO, Any
 
-from ._errors import OutputTooLarge
+from ._provider import CappedOutput
 
 CHUNK = 1 << 16
 DEFAULT_SOCKET = "/var/run/docker.sock"
@@ -278,22 +278,21 @@ class EngineAPI:
         if stdin is not None:
             feeder = threading.Thread(target=feed_stdin, args=(sock, stdin), daemon=True)
             feeder.start()
-        streams: dict[int, list[bytes]] = {1: [], 2: []}
-        total = 0
+        output = CappedOutput(max_output)
         try:
             while len(header := reader.read(8)) == 8:
                 size = int.from_bytes(header[4:8], "big")
-                total += size
-                if max_output is not None and total > max_output:  # the frame is not read
-                    raise OutputTooLarge(f"{argv[0]} printed more than the {max_output} bytes the host reads: refused")
-                streams.setdefault(header[0], []).append(reader.read(size))
+                if not output.room(size):  # the frame is not read; closing the stream ends the command's writes
+                    raise output.refused(argv)
+                output.add(reader.read(size), stderr=header[0] == 2)
         finally:
             if feeder is not None:
                 feeder.join(timeout=5)
             reader.close()
             sock.close()
         code = exec_exit_code(lambda: self._checked("GET", f"/exec/{exec_id}/json"))
-        return code, b"".join(streams[1]), b"".join(streams[2])
+        done = output.result(code)
+        return code, done.stdout, done.stderr
 
     def _hijack(self, path: str, body: dict[str, Any]) -> tuple[socket.socket, IO[bytes]]:
         """POST that upgrades the connection to the raw multiplexed stream (docker exec's attach)."""

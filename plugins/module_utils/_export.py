@@ -70,7 +70,8 @@ def download(provider: Provider, facts: BoxFacts, dest: str | None, check_mode: 
     if check_mode:
         return {"dest": target, "files": None, "bytes": None, "uncommitted": [], "skipped": []}
     started = time.monotonic()
-    run = provider.exec(facts.name, ["sh", "-c", _SCRIPT], user="vscode")
+    # The tree as one tar on stdout, however large the user's tree is (not capped; see docs/architecture.md).
+    run = provider.exec(facts.name, ["sh", "-c", _SCRIPT], user="vscode", limit=None)
     run.check("reading the box's working tree", facts.name)
     uncommitted: list[str] = []
     last = run.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] if run.stderr else []
