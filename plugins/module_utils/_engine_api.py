@@ -284,7 +284,7 @@ class EngineAPI:
                 size = int.from_bytes(header[4:8], "big")
                 if not output.room(size):  # the frame is not read; closing the stream ends the command's writes
                     raise output.refused(argv)
-                output.add(reader.read(size), stderr=header[0] == 2)
+                output.add(reader.read(size), stderr=header[0] != 1)  # 2: stderr, 3: the engine's own error
         finally:
             if feeder is not None:
                 feeder.join(timeout=5)

@@ -184,7 +184,7 @@ class SDKEngine:
             feeder.start()
         try:
             for stream, data in frames_iter(sock, tty=False):
-                if not output.add(data, stderr=stream == 2):
+                if not output.add(data, stderr=stream != 1):
                     raise output.refused(argv)
         finally:
             if feeder is not None:
