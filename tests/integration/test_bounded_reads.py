@@ -153,8 +153,8 @@ def test_a_2gib_agent_state_file_is_refused_and_the_idle_passes_stay_bounded(pai
 
 def test_a_2gib_seed_record_is_refused_and_the_fetch_stays_bounded(pair: dict) -> None:
     names, client = pair["names"], pair["client"]
-    in_box(client, names["hostile"], "cp /etc/agentbox/seed.json /tmp/seed.json && "
-                                      "truncate -s 2G /etc/agentbox/seed.json")  # fmt: skip
+    plant = "cp /etc/agentbox/seed.json /tmp/seed.json && truncate -s 2G /etc/agentbox/seed.json"
+    in_box(client, names["hostile"], plant)
     try:
         args = json.dumps({"box": names["hostile"], "state": "fetched"})
         fetched, peak = measured(

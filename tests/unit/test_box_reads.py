@@ -168,8 +168,9 @@ def member(name: str, size: int, kind: bytes = tarfile.REGTYPE) -> tarfile.TarIn
     return info
 
 
-def test_a_bundle_copied_out_is_streamed_to_a_file_within_its_cap(tar_box: tuple[TarFromTheBox, str],
-                                                                   tmp_path: Path) -> None:
+def test_a_bundle_copied_out_is_streamed_to_a_file_within_its_cap(
+    tar_box: tuple[TarFromTheBox, str], tmp_path: Path
+) -> None:
     provider, box = tar_box
     root = provider.box_root(box)
     destination = tmp_path / "bundle"
