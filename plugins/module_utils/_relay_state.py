@@ -13,7 +13,8 @@
 A box's directory, not its socket file, is bind-mounted: a relay that restarts makes a new socket
 in the same directory and the box sees it, where a bind of the old socket file would go stale.
 
-What is in sock/<id>/ is the box's to replace (root in a box can remount its bind writable): the
+What is in sock/<id>/ is the box's to replace (root in a box on the user's engine, isolation none, is
+the host's root and can remount its bind writable; on the box engine it is nobody on the host): the
 host opens that directory with O_NOFOLLOW and works under its descriptor only, removes whatever
 stands at the socket's name (a file, a symlink, a directory tree) without following anything, and
 binds each socket in sock/ (the host user's only) with its mode set there, then renames it in. No

@@ -1,9 +1,12 @@
-"""The relay trusts nothing a box can replace, on the real engine: root in a box remounts its relay
-directory writable (the bind is read-only, but the box holds CAP_SYS_ADMIN) and puts a directory tree,
-or a symlink to a host file, where its socket was. Only that box loses its channel until the relay
-makes its socket again; `agentbox-relay restart` serves every box, that one included; the host file
-is never followed; destroy removes the box's relay files whatever they hold. A 2 GiB seed record the
-box plants is refused in the relay with one line in relay.log, and the relay stays small."""
+"""The relay trusts nothing a box can replace, on the real engine. Root in a box on the user's engine
+(`isolation: none`) is the host's root: it remounts its relay directory writable (the bind is
+read-only, but the box holds CAP_SYS_ADMIN) and puts a directory tree, or a symlink to a host file,
+where its socket was. On the box engine root in a box is nobody on the host and cannot (asserted
+first); what such a box would write is then written here, as the host's root it would be. Only that
+box loses its channel until the relay makes its socket again; `agentbox-relay restart` serves every
+box, that one included; the host file is never followed; destroy removes the box's relay files
+whatever they hold. A 2 GiB seed record the box plants is refused in the relay with one line in
+relay.log, and the relay stays small."""
 
 from __future__ import annotations
 
@@ -28,11 +31,23 @@ pytestmark = pytest.mark.integration
 
 WRITABLE = "mount -o remount,rw,bind /run/agentbox/relay"
 A_TREE = f"{WRITABLE} && cd /run/agentbox/relay && rm -rf relay.sock && mkdir -p relay.sock/deep && touch relay.sock/deep/f"
+SOCKET = "relay.sock"
 
 
 def as_root(engine: docker.DockerClient, box: str, script: str) -> None:
     done = engine.containers.get(f"agentbox-{box}").exec_run(["sh", "-c", script], user="root")
     assert done.exit_code == 0, done.output
+
+
+def plant_tree(engine: docker.DockerClient, box: str, sock_dir: Path) -> None:
+    """A directory tree where the box's socket was, as root of a box on the user's engine makes it. On the
+    box engine the box's own attempt is refused (its root is uid 100000 on the host) and changes nothing."""
+    tried = engine.containers.get(f"agentbox-{box}").exec_run(["sh", "-c", A_TREE], user="root")
+    assert tried.exit_code != 0 and b"Permission denied" in tried.output, tried.output
+    assert stat.S_ISSOCK(os.lstat(sock_dir / SOCKET).st_mode)
+    (sock_dir / SOCKET).unlink()
+    (sock_dir / SOCKET / "deep").mkdir(parents=True)
+    (sock_dir / SOCKET / "deep/f").touch()
 
 
 def box_id(engine: docker.DockerClient, box: str) -> str:
@@ -58,7 +73,7 @@ def test_a_box_that_replaces_its_socket_breaks_only_itself(
     assert opens(engine, hostile) and opens(engine, other)
     sock_dir = Path(host.home, ".agentbox/relay/sock", box_id(engine, hostile))
 
-    as_root(engine, hostile, A_TREE)
+    plant_tree(engine, hostile, sock_dir)
     assert (sock_dir / "relay.sock/deep/f").exists()  # the host's directory holds what the box made
     assert not opens(engine, hostile) and opens(engine, other)
     restarted = host.relay("restart", check=False)
@@ -72,8 +87,8 @@ def test_a_box_that_replaces_its_socket_breaks_only_itself(
     victim = tmp_path / "host-file"
     victim.write_text("the host's")
     victim.chmod(0o600)
-    as_root(engine, hostile, f"{WRITABLE} && ln -sfn {victim} /run/agentbox/relay/relay.sock.new && "
-                             "mv -T /run/agentbox/relay/relay.sock.new /run/agentbox/relay/relay.sock")  # fmt: skip
+    os.symlink(victim, sock_dir / "relay.sock.new")  # as root of a box on the user's engine would
+    os.rename(sock_dir / "relay.sock.new", sock_dir / SOCKET)
     assert os.path.islink(sock_dir / "relay.sock")
     restarted = host.relay("restart", check=False)
     assert restarted.returncode == 0, restarted.stderr
@@ -86,7 +101,7 @@ def test_destroy_removes_the_boxs_relay_files_whatever_it_put_there(
 ) -> None:
     hostile, other = make_box(), make_box()
     hostile_id = box_id(engine, hostile)
-    as_root(engine, hostile, A_TREE)
+    plant_tree(engine, hostile, Path(host.home, ".agentbox/relay/sock", hostile_id))
     destroyed = host.module("agentbox_box", {"name": hostile, "state": "absent"})
     assert not destroyed["failed"], destroyed.get("msg")
     relay_home = Path(host.home, ".agentbox/relay")
