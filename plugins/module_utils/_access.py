@@ -60,6 +60,7 @@ _PUBLIC_KEY = re.compile(
 
 # Starts the line folded_setup prints for box_ready, in the output of an exec that did other work too.
 FOLDED_MARK = "agentbox-ssh-access: "
+SETUP_OUTPUT_LIMIT = 64 * 1024  # what of the set-up's output the host reads: its host key, sshd's complaints
 # Run as root in the box; the user's public keys arrive on stdin. Prints the box's ed25519 host key.
 BOX_SETUP = r"""
 set -eu
@@ -238,7 +239,8 @@ def _setup_script() -> str:
 def prepare_box(provider: Provider, name: str, public_keys: list[str]) -> str:
     """Authorise public_keys in the box and make its sshd usable; its host key as `type base64`."""
     run = provider.exec(
-        name, ["sh", "-c", _setup_script()], user="root", stdin=("".join(key + "\n" for key in public_keys)).encode()
+        name, ["sh", "-c", _setup_script()], user="root", stdin=("".join(key + "\n" for key in public_keys)).encode(),
+        limit=SETUP_OUTPUT_LIMIT, what="answer to the SSH access set-up",
     )
     run.check("preparing SSH access in the box", name)
     return _host_key_in(run.stdout.decode("utf-8", "replace"), name)

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from . import _git
 from ._box_tmpfs import TMPFS_DIR_FUNCTION
-from ._provider import BoxFacts, Provider, ProviderError
+from ._provider import BoxFacts, OutputTooLarge, Provider, ProviderError, too_large
 
 AGENTS = ("claude", "codex", "opencode")
 AGENT_PROGRAM = "agentbox-agent"
@@ -44,6 +44,11 @@ SIGN_IN_FILES = {
 IMAGE_ENTRY = {"claude": "claude", "codex": "codex", "opencode": "opencode"}
 SESSION_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}")
 STATE_FILES = "/run/agentbox/agents"
+# What of the state files the host reads: a state is one line of about 150 bytes.
+STATE_FILE_LIMIT = 4096
+MAX_SESSIONS = 64
+STATES_OUTPUT_LIMIT = MAX_SESSIONS * (STATE_FILE_LIMIT + 2) + 4096  # and the activity line, the exec's stderr
+ANSWER_LIMIT = 1 << 20  # agentbox-agent's JSON answer (and its stderr): a few hundred bytes
 T = TypeVar("T")
 # As root, before the in-box half writes credentials and prompts to STATE_FILES: that directory on a
 # tmpfs, which no checkpoint or snapshot keeps (_box_tmpfs, shared with _carry_env). What the disk held
@@ -163,7 +168,8 @@ def _run_dir_on_tmpfs(provider: Provider, box: str, what: str) -> None:
 def _call(provider: Provider, box: str, argv: list[str], request: dict[str, Any] | None, what: str) -> dict[str, Any]:
     script = f'command -v {AGENT_PROGRAM} >/dev/null 2>&1 || exit 3; exec {AGENT_PROGRAM} "$@"'
     stdin = json.dumps(request).encode("utf-8") if request is not None else None
-    run = provider.exec(box, ["sh", "-c", script, AGENT_PROGRAM, *argv], stdin=stdin)
+    run = provider.exec(box, ["sh", "-c", script, AGENT_PROGRAM, *argv], stdin=stdin, limit=ANSWER_LIMIT,
+                        what=f"answer of {AGENT_PROGRAM} {argv[0]}")
     if run.rc == 3:
         raise AgentError(
             f"the box's image has no {AGENT_PROGRAM}: rebuild the image (ansible-playbook playbooks/build_image.yml) "
@@ -242,18 +248,31 @@ def resume(provider: Provider, facts: BoxFacts) -> dict[str, Any] | None:
 def read_states(provider: Provider, box: str, extra_script: str = "") -> list[dict[str, Any]]:
     """The box's agent sessions as their hooks last reported them; [] when none (or unreadable).
 
-    The files are written in the box, so they are treated as untrusted: only known keys and values
-    of the expected shape come out. `extra_script` runs in the same exec after them (the idle policy's
-    activity probe); its output lines come back in the list as {"line": text} entries, for the caller to
-    validate.
+    The files are written in the box, so they are treated as untrusted: at most MAX_SESSIONS of them
+    are read, each to one byte past STATE_FILE_LIMIT (in the exec itself, and the host reads no more
+    than that), and only known keys and values of the expected shape come out. A file over its cap is
+    refused (OutputTooLarge, logged on the host). `extra_script` runs in the same exec after them (the
+    idle policy's activity probe); its output lines come back in the list as {"line": text} entries,
+    for the caller to validate.
     """
-    script = f"cat {STATE_FILES}/*.state.json 2>/dev/null; echo; {extra_script} true"
+    script = (f'n=0; for f in {STATE_FILES}/*.state.json; do [ -e "$f" ] || continue; n=$((n + 1)); '
+              f'[ "$n" -gt {MAX_SESSIONS} ] && break; head -c {STATE_FILE_LIMIT + 1} -- "$f" | tr "\\n" " "; echo; '
+              f"done 2>/dev/null; echo; {extra_script} true")
     try:
-        run = provider.exec(box, ["sh", "-c", script], timeout=10)
+        run = provider.exec(box, ["sh", "-c", script], timeout=10, limit=STATES_OUTPUT_LIMIT,
+                            what="agent states (/run/agentbox/agents)")
+    except OutputTooLarge:
+        raise
     except ProviderError:
         return []
     states: list[dict[str, Any]] = []
-    for line in run.text.splitlines()[:256]:  # bounded: the box writes this
+    # One line per file (its line breaks made spaces in the box): a line past the cap is a file past it.
+    for data in run.stdout.split(b"\n")[: MAX_SESSIONS + 2]:
+        if len(data) > STATE_FILE_LIMIT:
+            raise too_large(box, "agent state file (/run/agentbox/agents/*.state.json)", STATE_FILE_LIMIT)
+        line = data.decode("utf-8", "replace")
+        if not line:
+            continue
         try:
             raw = json.loads(line)
         except ValueError:
@@ -295,8 +314,16 @@ def attach_command(provider: Provider, facts: BoxFacts, session: str) -> str:
 
 
 def agents_of(provider: Provider, names: list[str]) -> dict[str, dict[str, Any] | None]:
-    """{box: its current agent or None} for running boxes (one exec each, see each_box)."""
-    return each_box(provider, names, lambda box: current(read_states(provider, box)))
+    """{box: its current agent or None} for running boxes (one exec each, see each_box). A box whose
+    states are refused (over their cap, logged on the host) is listed without an agent."""
+
+    def probe(box: str) -> dict[str, Any] | None:
+        try:
+            return current(read_states(provider, box))
+        except OutputTooLarge:
+            return None
+
+    return each_box(provider, names, probe)
 
 
 def each_box(provider: Provider, names: list[str], probe: Callable[[str], T]) -> dict[str, T]:

@@ -17,7 +17,16 @@ from typing import TYPE_CHECKING, Any
 
 from . import _agent, _git, _gitlayer, _journal, _naming, _preflight, _relay_state, _rollback, _seed
 from ._boot import BOOT_COMMAND, boot_box, boot_box_then  # below the providers, which run it after a restart
-from ._provider import BoxFacts, BoxSpec, ExecTimedOut, Provider, ProviderError, exec_deadline, worktree_records
+from ._provider import (
+    BoxFacts,
+    BoxSpec,
+    ExecTimedOut,
+    OutputTooLarge,
+    Provider,
+    ProviderError,
+    exec_deadline,
+    worktree_records,
+)
 
 if TYPE_CHECKING:
     from ._access import Identities
@@ -29,6 +38,7 @@ WEB_PORT = 80
 FETCH_TIMEOUT = 120.0
 # Seconds the in-box shutdown of a stop may take; after it the engine's stop ends the box anyway.
 SHUTDOWN_TIMEOUT = 60.0
+SHUTDOWN_OUTPUT_LIMIT = 64 * 1024  # what of agentbox-ctl shutdown's output the host reads (it uses none)
 
 
 @dataclasses.dataclass
@@ -404,8 +414,10 @@ def destroy_box(
                             f"it committed since its branch was last fetched went with the box; the host's "
                             f"{facts.branch} stays as it was ({kept})")
     provider.destroy(facts.name)
-    if facts.id:
-        _relay_state.forget_box(facts.id)
+    # The relay's files of the box go whatever the box put in them; what cannot go is reported.
+    problem = _relay_state.forget_box(facts.id) if facts.id else None
+    if problem:
+        warnings.append(problem)
     from . import _access
 
     _access.box_removed(facts.name, facts.engine)
@@ -495,8 +507,10 @@ def set_state(provider: Provider, facts: BoxFacts, state: str, boot: bool = True
                 with contextlib.suppress(ProviderError, _git.GitError), exec_deadline(FETCH_TIMEOUT):
                     _gitlayer.import_work(provider, facts)
             # Let the supervisor stop services cleanly: `docker stop` alone SIGKILLs them (and does, past the bound).
-            with contextlib.suppress(ExecTimedOut), exec_deadline(SHUTDOWN_TIMEOUT):
-                provider.exec(facts.name, ["sh", "-c", "command -v agentbox-ctl >/dev/null && agentbox-ctl shutdown || true"])
+            # Its output is not used: a box that prints more than the host reads is stopped all the same.
+            with contextlib.suppress(ExecTimedOut, OutputTooLarge), exec_deadline(SHUTDOWN_TIMEOUT):
+                provider.exec(facts.name, ["sh", "-c", "command -v agentbox-ctl >/dev/null && agentbox-ctl shutdown || true"],
+                              limit=SHUTDOWN_OUTPUT_LIMIT, what="output of agentbox-ctl shutdown")
         return provider.stop(facts.name)
     if state == "paused":
         if facts.state == "stopped":

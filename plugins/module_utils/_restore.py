@@ -27,7 +27,7 @@ import tempfile
 from typing import Any
 
 from . import _git, _naming, _restore_program, _seed
-from ._box_data import restore_answer
+from ._box_data import MAX_JSON_BYTES, restore_answer
 from ._checkpoint_records import CheckpointError
 from ._provider import Provider
 from ._tarstream import tar_of_paths, tar_of_tree
@@ -237,6 +237,8 @@ def _run_restore(restore: _Restore, jobs: list[dict[str, Any]], host_roots: dict
         user=user,
         env=_identity(repos[0]),
         stdin=json.dumps(request).encode(),
+        limit=MAX_JSON_BYTES + (1 << 20),  # the answer, and the restore's messages
+        what="answer of the in-box restore",
     )
     if run.rc != 0:
         detail = (run.stderr or run.stdout).decode("utf-8", "replace").strip()[-2000:]

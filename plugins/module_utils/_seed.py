@@ -23,10 +23,10 @@ import os
 import shlex
 from typing import Any
 
-from ._box_data import WORKSPACE, seed_record
+from ._box_data import MAX_JSON_BYTES, WORKSPACE, seed_record
 from ._git import CarryOver, Repo, capture_carry_over
 from ._journal import pause_point, pausing_stream
-from ._provider import Provider
+from ._provider import Provider, read_box_file
 from ._tarstream import Final, tar_ending_with, tar_of_tree
 
 WORKTREES_HOME = "/home/vscode/.agentbox-worktrees"
@@ -207,10 +207,8 @@ def finish(provider: Provider, box: str, target: str | None, result: SeedResult)
 
 def read_seed_record(provider: Provider, box: str) -> dict[str, Any] | None:
     """The box's seed record, checked on the host (the box can rewrite it); None when it has none."""
-    run = provider.exec(box, ["cat", SEED_RECORD], user="root")
-    if run.rc != 0:
-        return None
-    return seed_record(run.stdout, box)
+    data = read_box_file(provider, box, SEED_RECORD, f"seed record ({SEED_RECORD})", MAX_JSON_BYTES)
+    return None if data is None else seed_record(data, box)
 
 
 def capture_all(repos: list[Repo]) -> dict[str, CarryOver]:
