@@ -99,4 +99,3 @@ def measure_page(page: Path, width: int, height: int = 900) -> dict:
     found = re.search(r'data-measure="([^"]*)"', dom.stdout)
     assert found, dom.stdout[-2000:]
     return json.loads(html.unescape(found.group(1)))
-

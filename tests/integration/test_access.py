@@ -275,8 +275,9 @@ def test_attach_missing_box_removes_stale_alias(home: Path, repo_factory, boxes:
     assert volume_names(f"io.agentbox.box={name}") == []
 
 
-def test_an_unusable_named_key_is_said_and_no_key_is_made(home: Path, repo_factory, boxes: list[str],
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unusable_named_key_is_said_and_no_key_is_made(
+    home: Path, repo_factory, boxes: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     for key in (home / ".ssh").iterdir():
         key.unlink()
     # A key whose .pub is not text counts as none (it used to fail the task after the box was made).
@@ -335,8 +336,9 @@ def summary_line(out: str, label: str) -> str:
     return match.group(1)
 
 
-def test_first_create_without_a_key_makes_one_and_ssh_has_one_form(bare_home: Path, repo_factory,
-                                                                     boxes: list[str]) -> None:
+def test_first_create_without_a_key_makes_one_and_ssh_has_one_form(
+    bare_home: Path, repo_factory, boxes: list[str]
+) -> None:
     """A user with no ~/.ssh: the first create makes a key for the boxes and the printed line, with -F, logs in
     with the real OpenSSH client; after one yes (-e ssh_include=true) every create prints the short form, keeps
     the one Include line, and plain `ssh agentbox-<box>` logs in. Before: a warning to run ssh-keygen, no login,

@@ -27,6 +27,8 @@ from tests.integration.fleet_page import measure_page
 pytestmark = pytest.mark.integration
 
 VENV_BIN = REPO / ".venv" / "bin"
+
+
 def env_without_config(home: Path, collections: Path) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if not key.startswith("ANSIBLE_")}
     env.update(HOME=str(home), ANSIBLE_COLLECTIONS_PATH=str(collections), ANSIBLE_NOCOLOR="1",

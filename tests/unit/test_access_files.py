@@ -224,10 +224,10 @@ def _make_key(home: str, out: multiprocessing.Queue) -> None:
 def test_parallel_creates_make_one_key(home: Path) -> None:
     context = multiprocessing.get_context("fork")
     out = context.Queue()
-    workers = [context.Process(target=_make_key, args=(str(home), out)) for _ in range(6)]
+    workers = [context.Process(target=_make_key, args=(str(home), out)) for _worker in range(6)]
     for worker in workers:
         worker.start()
-    results = [out.get(timeout=60) for _ in workers]
+    results = [out.get(timeout=60) for _worker in workers]
     for worker in workers:
         worker.join(60)
         assert worker.exitcode == 0
