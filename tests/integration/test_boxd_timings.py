@@ -21,7 +21,7 @@ IMAGE = "agentbox/box:latest"
 def emu(box_image: str) -> Iterator:
     with running_emulator(image=box_image, start_seconds=PRODUCTION_START_SECONDS) as running:
         timings = running.control.configure(stop_seconds=PRODUCTION_STOP_SECONDS)
-        assert timings == {"start_seconds": PRODUCTION_START_SECONDS, "stop_seconds": PRODUCTION_STOP_SECONDS}
+        assert (timings["start_seconds"], timings["stop_seconds"]) == (PRODUCTION_START_SECONDS, PRODUCTION_STOP_SECONDS)
         yield running
 
 
