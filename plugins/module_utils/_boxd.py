@@ -640,8 +640,12 @@ class BoxdProvider(Provider):
             snapshot = store.snapshot(image)
             status = (getattr(snapshot, "status", "") or "").lower()
             if status == "failed":
-                raise ProviderError(f"snapshot {image} failed on boxd: remove the checkpoint and take it again",
-                                    box=name, operation="checkpoint")
+                try:
+                    store.delete_snapshot(image)  # nothing refers to it: no manifest was written
+                except ProviderError:
+                    pass  # prune_checkpoints.yml removes it later; the failure is what to report
+                raise ProviderError(f"snapshot {image} failed on boxd, and nothing was recorded: take the "
+                                    "checkpoint again", box=name, operation="checkpoint")
             if snapshot is not None and status != "pending" and (snapshot.version or 0) >= wanted:
                 break
             if time.monotonic() > deadline:
