@@ -394,6 +394,13 @@ def destroy_box(
                     )
             if delete_branch and facts.branch and _rollback.remove_branch(repo_root, facts.branch):
                 deleted_branches.append(f"{repo_root}:{facts.branch}")
+    if provider.shares_host_filesystem and facts.branch:
+        # The labels go with the container: where its branch stays is kept for a later delete_branch.
+        if delete_branch:
+            _rollback.forget_kept_branch(provider.name, provider.engine, facts.name)
+        else:
+            _rollback.remember_kept_branch(provider.name, provider.engine, facts.name, moved_to or facts.workspace,
+                                           facts.branch)  # fmt: skip
     report: dict[str, Any] = {"worktrees_removed": removed_worktrees, "branches_deleted": deleted_branches}
     if not_found:
         report["worktrees_not_found"] = not_found

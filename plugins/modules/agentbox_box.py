@@ -56,7 +56,8 @@ options:
       - The host directory the box works on. Default the current directory.
       - Used when creating, and to check that an existing box of that name belongs to this workspace.
       - With O(state=absent) and O(delete_branch=true) for a box that no longer exists, the repository whose
-        C(agentbox/<name>) branch is deleted.
+        C(agentbox/<name>) branch is deleted. Default the workspace that box's destroy recorded when it kept the
+        branch (C(~/.agentbox/kept_branches.json)), else the current directory.
       - With O(state=absent), the workspace's new path when it moved after the box was made; the box's worktree
         registration is found there by the box's id.
     type: path

@@ -172,6 +172,23 @@ def test_delete_branch_of_a_box_already_destroyed(player: Player, tmp_path: Path
     assert git(repo, "status", "--porcelain") == ""  # the host's tree untouched
 
 
+def test_delete_branch_of_a_destroyed_box_from_outside_its_workspace(player: Player, tmp_path: Path) -> None:
+    """Issue 33, item 13: the box's labels went with it, but its destroy recorded where its branch stays, so
+    destroy_box.yml -e delete_branch=true run from another repository deletes it there, not in $PWD's."""
+    repo = make_repo(tmp_path / "ws")
+    chown_tree(repo)
+    box = name("nc-out")
+    player.create(repo, box)
+    assert f"destroyed {box}" in flat(player.ok("destroy_box.yml", f"box={box}"))
+    elsewhere = make_repo(tmp_path / "elsewhere")
+    out = flat(player.ok("destroy_box.yml", f"box={box}", "delete_branch=true", cwd=elsewhere))
+    assert f"no box called {box} (already gone); worktrees removed: 0; branches deleted: {repo}:agentbox/{box}" in out
+    assert git(repo, "branch", "--list", f"agentbox/{box}") == ""
+    # Nothing left: it says where it looked, and how to look elsewhere.
+    again = flat(player.ok("destroy_box.yml", f"box={box}", "delete_branch=true", cwd=elsewhere))
+    assert f"no branch agentbox/{box} to delete in {elsewhere} (-e workspace=PATH looks in another)" in again
+
+
 def test_engine_down_names_the_socket(player: Player, tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "ws")
     down = {"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"}
