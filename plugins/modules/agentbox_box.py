@@ -37,7 +37,7 @@ options:
     description:
       - The box name, C([a-z0-9][a-z0-9_.-]{0,62}). The container is C(agentbox-<name>).
       - On a Docker engine the container's hostname is C(agentbox-<name>) too, and Linux takes at most 64
-        characters there: a name of 56 to 63 characters is refused before anything is made.
+        characters there, so a name of 56 to 63 characters is refused before anything is made.
       - Required unless O(state=present) or O(state=started), where it defaults to
         C(<workspace basename>-<short id>) (a new box each run). An empty string is an error, not a request
         for that default.
