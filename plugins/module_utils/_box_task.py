@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from . import _box, _carry_env, _daytona_options, _git, _gitlayer, _journal, _naming, _registry, _rollback, _seed
+from . import _box, _daytona_options, _git, _gitlayer, _journal, _naming, _registry, _rollback, _seed
 from ._module import PROVIDER_ARGUMENT_SPEC, provider_from_params
 
 BOX_ARGUMENT_SPEC: dict[str, Any] = {
@@ -181,17 +181,14 @@ def _run(
                     ship_depth=params["ship_depth"],
                     boot=params["boot"],
                     journal=journal,
+                    with_env=params["with_env"],
+                    carry_ignored=list(params["carry_ignored"]),
                 ),
             )
+            carried = created.carried or {"files": [], "bytes": 0, "secret": []}
             if params["with_env"] or params["carry_ignored"]:
-                try:
-                    result["carried_ignored"] = _carry_env.carry(
-                        provider, created.facts.name, workspace, params["with_env"], params["carry_ignored"], "/workspace"
-                    )
-                except BaseException:
-                    # Nothing half-made: the box (and the branch reserved for it) goes again.
-                    _box.destroy_box(provider, created.facts, delete_branch=True)
-                    raise
+                result["carried_ignored"] = {"files": carried["files"], "bytes": carried["bytes"]}
+            result["carried_secret"] = carried["secret"]
             if created.image_transfer:
                 result["image_transfer"] = created.image_transfer
             result["box"] = created.facts.to_dict()

@@ -124,6 +124,10 @@ options:
         into the new box, which seeding never does.
       - They are written to a tmpfs in the box (C(/run/agentbox/carried)) and linked from C(/workspace), so no
         checkpoint ever captures them; a box restored from a checkpoint gets them only when carried again.
+      - Untracked files named like secrets (C(.env*), C(*.pem), C(*.key), C(id_*) private keys, C(.npmrc) with a
+        token, C(.netrc)...) go the same way whatever C(.gitignore) says, with or without this option, never in a
+        layer of the box or a checkpoint (see RV(carried_secret)). In the box's own repository they are excluded
+        (C(info/exclude)), so C(git add -A) there does not commit the link.
     type: bool
     default: false
   carry_ignored:
@@ -291,9 +295,19 @@ access:
   sample: {"alias": "agentbox-fix-login", "ssh_config": "/home/me/.agentbox/ssh_config",
            "keys": ["/home/me/.ssh/id_ed25519"], "warnings": []}
 carried_ignored:
-  description: "Ignored files carried by O(with_env) and O(carry_ignored): C(files) (paths) and C(bytes)."
+  description: >-
+    Ignored files carried by O(with_env) and O(carry_ignored): C(files) (paths) and C(bytes) (all that went onto the
+    box's tmpfs, with RV(carried_secret)).
   returned: when O(with_env) or O(carry_ignored) was given and the box was created
   type: dict
+carried_secret:
+  description: >-
+    The workspace's untracked, not ignored files named like secrets, carried onto the box's tmpfs only (never a layer
+    or a checkpoint) and left out of the seed's untracked files; paths from the workspace.
+  returned: when the box was created
+  type: list
+  elements: str
+  sample: [".env", "certs/dev.pem"]
 boot:
   description: "What the in-box start sequence reported (dockerd storage driver, supervisor), when it ran."
   returned: when the box was created or started
