@@ -659,3 +659,66 @@ def editor_command(ide: str) -> str | None:
     """The editor's CLI when it is installed here (`code`, `cursor`), else None."""
     program = EDITORS.get(ide, "code" if ide == "ssh" else "")
     return shutil.which(program) if program else None
+
+
+# --------------------------------------------------------------------------------------------
+# Is anything behind a port's URL? (forward.yml)
+
+# Run in the box with python3: exit 3 when no socket listens on the port (IPv4 or IPv6, any address);
+# for the web port, whose listener is the supervisor's forwarder, exit 4 with its reason when it answers
+# for no service (502/503, a body starting 'agentbox: '). Anything else, or no answer in 10 s: exit 0.
+PORT_PROBE = r"""
+import socket, sys
+port, web = int(sys.argv[1]), sys.argv[2] == "web"
+wanted = ":%04X" % port
+def listens():
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as handle:
+                if any(f[1].endswith(wanted) and f[3] == "0A" for f in (l.split() for l in list(handle)[1:])):
+                    return True
+        except OSError:
+            pass
+    return False
+if not listens():
+    sys.exit(3)
+if not web:
+    sys.exit(0)
+answer = b""
+try:
+    conn = socket.create_connection(("127.0.0.1", port), timeout=10)
+except OSError:
+    sys.exit(0)
+with conn:
+    try:
+        conn.sendall(b"GET / HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        while len(answer) < 4096:
+            chunk = conn.recv(4096)
+            if not chunk:
+                break
+            answer += chunk
+    except OSError:
+        pass  # a reset once it answered (the forwarder does not read the request): what came is the answer
+head, _sep, body = answer.partition(b"\r\n\r\n")
+if head.split(b" ")[1:2] in ([b"502"], [b"503"]) and body.startswith(b"agentbox: "):
+    sys.stdout.write(body[len(b"agentbox: "):].decode("utf-8", "replace").strip()[:300])
+    sys.exit(4)
+"""
+
+
+def nothing_listens(provider: Provider, box: str, port: int, web: bool) -> str:
+    """Why the URL of the box's `port` would answer nothing useful ("nothing listens on port N in the box",
+    with the web forwarder's reason for the web port), or "" when something listens there or the box
+    cannot tell (no python3: a custom image). What the box prints is bounded, and only ever shown."""
+    try:
+        run = provider.exec_bounded(box, ["python3", "-c", PORT_PROBE, str(port), "web" if web else "port"],
+                                    BOX_TEXT_LIMIT)  # fmt: skip
+    except ProviderError:
+        return ""
+    said = f"nothing listens on port {port} in the box"
+    if run.rc == 3:
+        return said
+    if run.rc == 4:
+        reason = "".join(ch for ch in run.stdout.decode("utf-8", "replace") if ch.isprintable())[:300]
+        return f"{said}: {reason}" if reason else said
+    return ""

@@ -19,7 +19,6 @@ early). The box cannot write this file.
 
 from __future__ import annotations
 
-import calendar
 import contextlib
 import json
 import os
@@ -27,7 +26,7 @@ import re
 import time
 from typing import Any
 
-from . import _agent, _box
+from . import _agent, _box, _naming
 from ._access import BOX_USER
 from ._provider import BoxFacts, OutputTooLarge, Provider, ProviderError
 
@@ -59,16 +58,6 @@ ACTIVITY_LINE = re.compile(r"agentbox-activity (\d{1,12}) (\d{1,6}) (\d{1,6})")
 
 def state_file_default() -> str:
     return os.path.join(os.path.expanduser("~"), ".agentbox", "idle", "paused.json")
-
-
-def parse_since(since: str | None) -> float | None:
-    """Epoch seconds of an agent state's `since` (UTC, 2026-11-30T19:00:00Z), None when absent."""
-    if not since:
-        return None
-    try:
-        return float(calendar.timegm(time.strptime(since, "%Y-%m-%dT%H:%M:%SZ")))
-    except ValueError:
-        return None
 
 
 def parse_activity(lines: list[str], now: float) -> dict[str, Any] | None:
@@ -192,7 +181,7 @@ def plan(
             continue
         typed = seen.get("input")
         if state == "idle":
-            started = parse_since(agent.get("since"))
+            started = _naming.parse_iso(agent.get("since"))
             if started is None:
                 entry["reason"] = "its agent is idle, since an unknown time"
                 continue

@@ -56,7 +56,8 @@ options:
       - The host directory the box works on. Default the current directory.
       - Used when creating, and to check that an existing box of that name belongs to this workspace.
       - With O(state=absent) and O(delete_branch=true) for a box that no longer exists, the repository whose
-        C(agentbox/<name>) branch is deleted.
+        C(agentbox/<name>) branch is deleted. Default the workspace that box's destroy recorded when it kept the
+        branch (C(~/.agentbox/kept_branches.json)), else the current directory.
       - With O(state=absent), the workspace's new path when it moved after the box was made; the box's worktree
         registration is found there by the box's id.
     type: path
@@ -123,6 +124,10 @@ options:
         into the new box, which seeding never does.
       - They are written to a tmpfs in the box (C(/run/agentbox/carried)) and linked from C(/workspace), so no
         checkpoint ever captures them; a box restored from a checkpoint gets them only when carried again.
+      - Untracked files named like secrets (C(.env*), C(*.pem), C(*.key), C(id_*) private keys, C(.npmrc) with a
+        token, C(.netrc)...) go the same way whatever C(.gitignore) says, with or without this option, never in a
+        layer of the box or a checkpoint (see RV(carried_secret)). In the box's own repository they are excluded
+        (C(info/exclude)), so C(git add -A) there does not commit the link.
     type: bool
     default: false
   carry_ignored:
@@ -335,9 +340,19 @@ include_hint:
   returned: when created
   type: str
 carried_ignored:
-  description: "Ignored files carried by O(with_env) and O(carry_ignored): C(files) (paths) and C(bytes)."
+  description: >-
+    Ignored files carried by O(with_env) and O(carry_ignored): C(files) (paths) and C(bytes) (all that went onto the
+    box's tmpfs, with RV(carried_secret)).
   returned: when O(with_env) or O(carry_ignored) was given and the box was created
   type: dict
+carried_secret:
+  description: >-
+    The workspace's untracked, not ignored files named like secrets, carried onto the box's tmpfs only (never a layer
+    or a checkpoint) and left out of the seed's untracked files; paths from the workspace.
+  returned: when the box was created
+  type: list
+  elements: str
+  sample: [".env", "certs/dev.pem"]
 boot:
   description: "What the in-box start sequence reported (dockerd storage driver, supervisor), when it ran."
   returned: when the box was created or started

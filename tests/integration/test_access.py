@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -608,6 +608,41 @@ def test_forward_local_and_web_url_after_start(home: Path, repo_factory, boxes: 
     assert started.returncode == 0, started.stdout + started.stderr
     now = run_module("agentbox_forward", {"name": name})["url"]
     assert f"web: {now}" in started.stdout
+
+
+def test_forward_says_when_nothing_listens_in_the_box(home: Path, repo_factory, boxes: list[str]) -> None:
+    """forward.yml asks the box before it prints a URL: the web port's forwarder with no service behind it
+    (it would answer 503), a published port with no server; once a server listens, no note and the URL works."""
+    repo = repo_factory("ws")
+    name = f"fwn-{secrets.token_hex(3)}"
+    boxes.append(name)
+    made = run_module("agentbox_box", {"name": name, "workspace": str(repo), "ports": [8123]})
+    assert not made["failed"], made.get("msg")
+
+    def forward(port: int) -> str:
+        done = playbook("playbooks/forward.yml", "-e", f"box={name}", "-e", f"port={port}")
+        assert done.returncode == 0, done.stdout + done.stderr
+        return " ".join(done.stdout.split())
+
+    web = forward(80)
+    assert "listens: nothing listens on port 80 in the box: No service in /workspace/agentbox.yaml sets expose" in web, web
+    assert "nothing listens on port 8123 in the box (the URL answers once something does)" in forward(8123)
+    token = secrets.token_hex(8)
+    subprocess.run(["docker", "exec", "-u", "vscode", f"agentbox-{name}", "sh", "-c",
+                    f"mkdir -p /tmp/www && echo {token} > /tmp/www/token && cd /tmp/www && "
+                    "(nohup python3 -m http.server 8123 >/dev/null 2>&1 &)"], check=True)  # fmt: skip
+    url = wait_until_served(lambda: forward(8123), "listens:")
+    assert wait_for_http(url + "token") == token
+
+
+def wait_until_served(forward: Callable[[], str], note: str) -> str:
+    """forward.yml again until the server that was just started listens (a state polled with a deadline)."""
+    deadline = time.monotonic() + 60
+    while True:
+        said = forward()
+        if note not in said:
+            return re.search(r"url: +(http://127\.0\.0\.1:\d+/)", said).group(1)
+        assert time.monotonic() < deadline, said
 
 
 def test_ssh_wake_of_a_stopped_box_says_its_new_web_url(home: Path, repo_factory, boxes: list[str]) -> None:
