@@ -289,7 +289,9 @@ def current(states: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def attach_command(provider: Provider, facts: BoxFacts, session: str) -> str:
     """The line a user types on this machine to watch the agent's tmux session."""
-    return provider.terminal_command(facts, f"tmux attach -t {shlex.quote(session)}")
+    from . import _access
+
+    return provider.terminal_command(facts, f"tmux attach -t {shlex.quote(session)}", _access.ssh_program())
 
 
 def agents_of(provider: Provider, names: list[str]) -> dict[str, dict[str, Any] | None]:

@@ -13,11 +13,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _agent, _git, _gitlayer, _journal, _naming, _preflight, _relay_state, _rollback, _seed
 from ._boot import BOOT_COMMAND, boot_box, boot_box_then  # below the providers, which run it after a restart
 from ._provider import BoxFacts, BoxSpec, ExecTimedOut, Provider, ProviderError, exec_deadline, worktree_records
+
+if TYPE_CHECKING:
+    from ._access import Identities
 
 DEFAULT_IMAGE = "agentbox/box:latest"
 WEB_PORT = 80
@@ -239,8 +242,8 @@ def _create_claimed(
         # worktree seed's (refresh_access reads how it went, and makes its own exec when neither ran it).
         from . import _access
 
-        keys = _access.identity_files()
-        access_lines = _access.folded_setup([line for _path, line in keys])
+        keys = _access.box_identities()  # the boxes' own key is made here when the user has none
+        access_lines = _access.folded_setup(keys.public_lines())
         seed_result, folded_output = None, ""
         if restore is None and request.seed:
             seed_result, folded_output = _seed_workspace(
@@ -275,12 +278,12 @@ def refresh_access(
     provider: Provider,
     facts: BoxFacts,
     folded_output: str = "",
-    keys: list[tuple[str, str]] | None = None,
+    keys: Identities | None = None,
 ) -> dict[str, Any]:
     """`ssh agentbox-<box>` for a running box (see _access). A failure here is a warning: the box
     itself is fine, and attach.yml writes the entry again. `folded_output`: the stdout of an exec with
     the access's box side folded in (the boot's or the seed's), "" when none ran it; `keys`: the
-    identity_files() it was given (so the host's key files are read once)."""
+    box_identities() it was given (so the host's key files are read once)."""
     from . import _access
 
     try:

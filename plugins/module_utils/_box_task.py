@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import _box, _carry_env, _daytona_options, _git, _gitlayer, _journal, _naming, _registry, _rollback, _seed
+from ._access import answer_include, include_hint, include_present, ssh_command
 from ._module import PROVIDER_ARGUMENT_SPEC, provider_from_params
 
 BOX_ARGUMENT_SPEC: dict[str, Any] = {
@@ -39,6 +40,7 @@ BOX_ARGUMENT_SPEC: dict[str, Any] = {
     "keep_checkpoints": {"type": "bool", "default": False},
     "with_env": {"type": "bool", "default": False},
     "carry_ignored": {"type": "list", "elements": "str", "default": []},
+    "ssh_include": {"type": "bool"},
     **_daytona_options.BOX_OPTIONS,
     **PROVIDER_ARGUMENT_SPEC,
 }
@@ -61,6 +63,21 @@ def _planned(name: str, workspace: str, image: str, provider: str, engine: str) 
 
 def run_box_task(params: dict[str, Any], check_mode: bool) -> tuple[dict[str, Any], list[str]]:
     """The whole agentbox_box task: (result, warnings). Raises ProviderError or ValueError."""
+    result, warnings = _box_task(params, check_mode)
+    # After the task went through: a failed one leaves ~/.ssh/config as it was.
+    if params["ssh_include"] is not None and not check_mode and answer_include(params["ssh_include"]):
+        result["changed"] = True
+    box = result.get("box") or {}
+    if box.get("state") == "running":
+        # The one way in every output prints (the _access module's ssh_program), and once, how to shorten it.
+        result["ssh_command"] = ssh_command(box["name"])
+        if "access" in result:
+            result["access"]["included"] = include_present()
+            result["include_hint"] = include_hint(box["name"], record=not check_mode)
+    return result, warnings
+
+
+def _box_task(params: dict[str, Any], check_mode: bool) -> tuple[dict[str, Any], list[str]]:
     warnings: list[str] = []
     state = params["state"]
     name = params["name"]

@@ -265,7 +265,7 @@ class DockerProvider(Provider):
         name = "AGENTBOX_ENGINE" if self.isolation == "userns" else "DOCKER_HOST"
         return {name: os.environ[name]} if os.environ.get(name) else {}
 
-    def terminal_command(self, facts: BoxFacts, command: str) -> str:
+    def terminal_command(self, facts: BoxFacts, command: str, ssh: str = "ssh") -> str:
         return f"docker {self._host_option()}exec -it -u vscode {facts.container} {command}"
 
     def _host_option(self) -> str:

@@ -308,9 +308,10 @@ class Provider(abc.ABC):
         """How `ssh agentbox-<name>` reaches the box's sshd (the box runs and has its host key)."""
         raise ProviderError(f"`ssh agentbox-<box>` does not reach {self.name} boxes", box=name, operation="SSH access")
 
-    def terminal_command(self, facts: BoxFacts, command: str) -> str:
-        """The shell line that runs `command` (shell text) as the box user on this machine's terminal."""
-        return f"ssh -t agentbox-{facts.name} {command}"  # the alias access.yml writes (_ssh_proxy.alias)
+    def terminal_command(self, facts: BoxFacts, command: str, ssh: str = "ssh") -> str:
+        """The shell line that runs `command` (shell text) as the box user on this machine's terminal. `ssh`:
+        how to call ssh so it finds the alias (_access.ssh_program), for a provider that goes through it."""
+        return f"{ssh} -t agentbox-{facts.name} {command}"  # the alias _access writes (_ssh_proxy.alias)
 
     def forward_port(self, name: str, published: int, local_port: int | None) -> tuple[int, int]:
         """For port_urls 'forwarded': start a forward of the engine's port `published` to this machine's

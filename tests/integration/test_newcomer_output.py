@@ -174,10 +174,16 @@ def test_delete_branch_of_a_box_already_destroyed(player: Player, tmp_path: Path
 
 def test_engine_down_names_the_socket(player: Player, tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "ws")
-    down = {"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"}
+    down = {"AGENTBOX_ENGINE": f"unix://{tmp_path}/no-engine.sock"}
     for playbook, extra in (("create_box.yml", (f"workspace={repo}", "box=nc-down")), ("list_boxes.yml", ())):
         done = player.run(playbook, *extra, env=down)
         assert done.returncode != 0
         said = flat(done.stdout)
-        assert f"the Docker engine at unix://{tmp_path}/no-engine.sock does not answer" in said, said[-2000:]
-        assert "point DOCKER_HOST at a running engine" in said
+        assert f"the box engine at unix://{tmp_path}/no-engine.sock does not answer" in said, said[-2000:]
+        assert "scripts/ensure-box-engine.sh" in said and "isolation=none" in said
+    # With isolation=none the user's own engine is used: its message names DOCKER_HOST.
+    done = player.run("create_box.yml", f"workspace={repo}", "box=nc-down", "isolation=none",
+                      env={"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"})
+    said = flat(done.stdout)
+    assert done.returncode != 0 and f"the Docker engine at unix://{tmp_path}/no-engine.sock does not answer" in said
+    assert "point DOCKER_HOST at a running engine" in said

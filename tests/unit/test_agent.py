@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.agentbox.box.plugins.module_utils import _agent, _box_engine
+from ansible_collections.agentbox.box.plugins.module_utils import _access, _agent, _box_engine
 from ansible_collections.agentbox.box.plugins.module_utils._docker import DockerProvider
 from ansible_collections.agentbox.box.plugins.module_utils._provider import BoxFacts
 
@@ -94,7 +94,12 @@ def test_attach_command_per_provider(tmp_path: Path, monkeypatch: pytest.MonkeyP
     engine = "root@127.0.0.1:2201"
     remote = _agent.attach_command(DockerProvider(engine=engine), facts("docker_ssh", engine), "codex")
     assert remote == "docker -H ssh://root@127.0.0.1:2201 exec -it -u vscode agentbox-fix-login tmux attach -t codex"
-    # A provider without a terminal of its own (Daytona, boxd, the fake) is reached through the SSH alias.
+    # A provider without a terminal of its own (Daytona, boxd, the fake) is reached through the SSH alias, in
+    # the one form the other lines print: -F until ~/.ssh/config includes the aliases.
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cloud = _agent.attach_command(FakeProvider(tmp_path), facts("daytona", "https://api"), "it's")
+    assert cloud == "ssh -F ~/.agentbox/ssh_config -t agentbox-fix-login tmux attach -t 'it'\"'\"'s'"
+    _access.answer_include(True)
     cloud = _agent.attach_command(FakeProvider(tmp_path), facts("daytona", "https://api"), "it's")
     assert cloud == "ssh -t agentbox-fix-login tmux attach -t 'it'\"'\"'s'"
 
