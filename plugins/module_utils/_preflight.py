@@ -21,7 +21,9 @@ from ._naming import NameError_
 
 PROJECT_FILE = "agentbox.yaml"
 # The in-box supervisor's own file: its validator is the one the box will run, so create uses it too.
-_CTL = os.path.join(os.path.dirname(__file__), "..", "..", "roles", "inbox_supervisor", "files", "agentbox-ctl")
+# From this file's directory up to the collection's: one ".." per part of the name after "plugins".
+_UP = [".."] * len(__name__.rpartition(".plugins.")[2].split("."))
+_CTL = os.path.join(os.path.dirname(__file__), *_UP, "roles", "inbox_supervisor", "files", "agentbox-ctl")
 _ctl_module: ModuleType | None = None
 
 # What a repository in the middle of an operation leaves in its git directory, and what to do.

@@ -317,7 +317,8 @@ def code_root() -> str | None:
     """The directory holding ansible_collections/, when this file is on disk (not in a module's zip)."""
     here = os.path.abspath(__file__)
     root = here
-    for _level in range(6):  # _relay_state.py, module_utils, plugins, box, agentbox, ansible_collections
+    # One directory per part of the module's name (ansible_collections.agentbox.box.plugins...._relay_state).
+    for _level in range(__name__.count(".") + 1):
         root = os.path.dirname(root)
     if not os.path.isfile(here) or not os.path.isdir(os.path.join(root, "ansible_collections")):
         return None
