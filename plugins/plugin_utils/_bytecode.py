@@ -28,7 +28,8 @@ _UTIL_DIRS = ("module_utils", "plugin_utils")
 
 
 class _CollectionUtilFinder:
-    """A meta-path finder for `ansible_collections.agentbox.box.plugins.{module,plugin}_utils._x`."""
+    """A meta-path finder for `ansible_collections.agentbox.box.plugins.{module,plugin}_utils[.folder...]._x`
+    and the folders' own `__init__.py`."""
 
     agentbox_bytecode_cache = True
 
@@ -37,12 +38,16 @@ class _CollectionUtilFinder:
         if not fullname.startswith(_PACKAGE):
             return None
         parts = fullname[len(_PACKAGE) :].split(".")
-        if len(parts) != 2 or parts[0] not in _UTIL_DIRS:
+        if len(parts) < 2 or parts[0] not in _UTIL_DIRS or not all(part.isidentifier() for part in parts):
             return None
-        source = _PLUGINS / parts[0] / f"{parts[1]}.py"
-        if not source.is_file():
-            return None
-        return importlib.util.spec_from_file_location(fullname, source)
+        base = _PLUGINS.joinpath(*parts)
+        source = base.with_name(f"{parts[-1]}.py")
+        if source.is_file():
+            return importlib.util.spec_from_file_location(fullname, source)
+        init = base / "__init__.py"
+        if init.is_file():  # a folder of utils: its modules are found here too
+            return importlib.util.spec_from_file_location(fullname, init, submodule_search_locations=[str(base)])
+        return None
 
 
 def install() -> None:
