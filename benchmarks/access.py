@@ -62,7 +62,7 @@ def make_workspace(root: Path) -> Path:
 
 
 def remove_boxes(made: list) -> None:
-    from ansible_collections.agentbox.box.plugins.module_utils import _box
+    from ansible_collections.agentbox.box.plugins.module_utils.box import _box
 
     while made:
         provider, name = made.pop()
@@ -88,8 +88,10 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="abb-ws-"))
     os.chmod(work, 0o755)
 
-    from ansible_collections.agentbox.box.plugins.module_utils import _access, _box, _image_transfer
-    from ansible_collections.agentbox.box.plugins.module_utils._docker import DockerProvider
+    from ansible_collections.agentbox.box.plugins.module_utils.access import _access
+    from ansible_collections.agentbox.box.plugins.module_utils.box import _box
+    from ansible_collections.agentbox.box.plugins.module_utils.providers.docker import _image_transfer
+    from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._docker import DockerProvider
 
     token = secrets.token_hex(3)
     local_name, remote_name = f"bench-ssh-{token}", f"bench-ssh-r-{token}"

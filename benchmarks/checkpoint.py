@@ -31,8 +31,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / ".collections"))
 
-from ansible_collections.agentbox.box.plugins.module_utils import _box, _checkpoint, _naming  # noqa: E402
-from ansible_collections.agentbox.box.plugins.module_utils._docker import DockerProvider  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.box import _box  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.checkpoint import _checkpoint  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.core import _naming  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._docker import DockerProvider  # noqa: E402
 
 IMAGE = "agentbox/box:latest"
 GIT = ["git", "-c", "safe.directory=*", "-c", "user.name=Bench", "-c", "user.email=bench@example.invalid"]

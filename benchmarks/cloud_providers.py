@@ -35,8 +35,8 @@ from ansible.plugins.loader import init_plugin_loader  # noqa: E402
 
 init_plugin_loader([str(REPO / ".collections")])
 
-from ansible_collections.agentbox.box.plugins.module_utils._naming import box_labels  # noqa: E402
-from ansible_collections.agentbox.box.plugins.module_utils._provider import BoxSpec, Provider  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.core._naming import box_labels  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.core._provider import BoxSpec, Provider  # noqa: E402
 from tests import boxd_emulator, daytona_emulator  # noqa: E402
 
 IMAGE = "agentbox/box:latest"
@@ -81,9 +81,9 @@ def main() -> int:
     args = parser.parse_args()
     figures: dict[str, Any] = {"load_before": os.getloadavg()[0]}
 
-    from ansible_collections.agentbox.box.plugins.module_utils._boxd import BoxdProvider
-    from ansible_collections.agentbox.box.plugins.module_utils._daytona import DaytonaProvider
-    from ansible_collections.agentbox.box.plugins.module_utils._snapshot_store import snapshot_name
+    from ansible_collections.agentbox.box.plugins.module_utils.providers._snapshot_store import snapshot_name
+    from ansible_collections.agentbox.box.plugins.module_utils.providers.boxd._boxd import BoxdProvider
+    from ansible_collections.agentbox.box.plugins.module_utils.providers.daytona._daytona import DaytonaProvider
 
     with boxd_emulator.running_emulator(image=IMAGE) as emu:
         provider = BoxdProvider(token=emu.token, base_url=emu.base_url)

@@ -27,7 +27,10 @@ sys.path.insert(0, str(REPO))
 # tests.conftest first: it installs Ansible's collection loader, which the collection's lazy imports need.
 from tests.conftest import chown_tree, make_repo  # noqa: E402, I001
 
-from ansible_collections.agentbox.box.plugins.module_utils import _box, _docker, _git, _journal, _seed  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.box import _box  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.core import _journal  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.git import _git, _seed  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker import _docker  # noqa: E402
 
 
 def median_ms(samples: list[float]) -> float:

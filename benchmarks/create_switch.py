@@ -32,7 +32,9 @@ sys.path.insert(0, str(REPO))
 # tests.conftest first: it installs Ansible's collection loader, which the collection's lazy imports need.
 from tests.conftest import chown_tree, git, make_repo  # noqa: E402, I001
 
-from ansible_collections.agentbox.box.plugins.module_utils import _box, _docker, _git  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.box import _box  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.git import _git  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker import _docker  # noqa: E402
 
 IMAGE = "agentbox/box:latest"
 VENV = REPO / ".venv/bin"

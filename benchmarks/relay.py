@@ -34,8 +34,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / ".collections"))
 
-from ansible_collections.agentbox.box.plugins.module_utils import _box, _relay_state  # noqa: E402
-from ansible_collections.agentbox.box.plugins.module_utils._docker import DockerProvider  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.box import _box  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._docker import DockerProvider  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.relay import _relay_state  # noqa: E402
 
 GIT = ["git", "-c", "safe.directory=*", "-c", "user.name=Bench", "-c", "user.email=bench@example.invalid"]
 # N commits, each changing one small file, then the timed push; prints the push's nanoseconds.

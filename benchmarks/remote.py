@@ -32,8 +32,9 @@ for entry in (str(REPO / "tests" / "integration"), str(REPO / ".collections")):
 
 from engines import EngineFleet  # noqa: E402
 
-from ansible_collections.agentbox.box.plugins.module_utils import _box, _image_transfer  # noqa: E402
-from ansible_collections.agentbox.box.plugins.module_utils._docker import DockerProvider  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.box import _box  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker import _image_transfer  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._docker import DockerProvider  # noqa: E402
 
 IMAGE = "agentbox/box:latest"
 GIT_ENV = {

@@ -41,8 +41,10 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO / ".collections") not in sys.path:
     sys.path.insert(0, str(REPO / ".collections"))
 
-from ansible_collections.agentbox.box.plugins.module_utils import _agent, _idle, _naming  # noqa: E402
-from ansible_collections.agentbox.box.plugins.module_utils._docker import DockerProvider  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.agent import _agent  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.core import _naming  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.idle import _idle  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._docker import DockerProvider  # noqa: E402
 
 MIB = 1024 * 1024
 

@@ -40,7 +40,7 @@ init_plugin_loader([str(REPO / ".collections")])
 # #2042, #3332; measured here at load 16-20: 5 of 200 `echo` runs came back empty with exit code 0).
 # The tests read boxes through the project's own Engine API client, which reads one stream and waits
 # for a late exit code; calls it does not serve (tty, stream, socket, detach, stdin) keep the SDK.
-from ansible_collections.agentbox.box.plugins.module_utils._engine_api import local_engine  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._engine_api import local_engine  # noqa: E402
 
 SDK_EXEC_RUN = docker.models.containers.Container.exec_run
 

@@ -15,8 +15,11 @@ from ansible_collections.agentbox.box.plugins.plugin_utils._local_action import 
 
 # isort: split
 
-from ansible_collections.agentbox.box.plugins.module_utils._agent_task import AGENT_ARGUMENT_SPEC, run_agent_task
-from ansible_collections.agentbox.box.plugins.module_utils._module import PROVIDER_ARGUMENT_SPEC, provider_from_params
+from ansible_collections.agentbox.box.plugins.module_utils.providers._module import (
+    PROVIDER_ARGUMENT_SPEC,
+    provider_from_params,
+)
+from ansible_collections.agentbox.box.plugins.module_utils.tasks._agent_task import AGENT_ARGUMENT_SPEC, run_agent_task
 
 
 class ActionModule(InProcessAction):

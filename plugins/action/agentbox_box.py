@@ -18,8 +18,8 @@ from ansible_collections.agentbox.box.plugins.plugin_utils._local_action import 
 
 # isort: split
 
-from ansible_collections.agentbox.box.plugins.module_utils import _image_transfer
-from ansible_collections.agentbox.box.plugins.module_utils._box_task import BOX_ARGUMENT_SPEC, run_box_task
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker import _image_transfer
+from ansible_collections.agentbox.box.plugins.module_utils.tasks._box_task import BOX_ARGUMENT_SPEC, run_box_task
 
 
 class ActionModule(InProcessAction):

@@ -16,8 +16,8 @@ _bytecode.install()
 
 # isort: split
 
-from ansible_collections.agentbox.box.plugins.module_utils._module import failure  # noqa: E402
-from ansible_collections.agentbox.box.plugins.module_utils._relay_main import RELAY_ARGUMENT_SPEC, relay_task  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.providers._module import failure  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.tasks._relay_main import RELAY_ARGUMENT_SPEC, relay_task  # noqa: E402
 
 
 class ActionModule(ActionBase):

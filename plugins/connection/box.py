@@ -179,13 +179,13 @@ try:
 
     # isort: split
 
-    from ansible_collections.agentbox.box.plugins.module_utils._box import set_state
-    from ansible_collections.agentbox.box.plugins.module_utils._provider import (
+    from ansible_collections.agentbox.box.plugins.module_utils.box._box import set_state
+    from ansible_collections.agentbox.box.plugins.module_utils.core._provider import (
         BoxNotFound,
         EngineUnreachable,
         ProviderError,
     )
-    from ansible_collections.agentbox.box.plugins.module_utils._registry import provider_settings, where
+    from ansible_collections.agentbox.box.plugins.module_utils.providers._registry import provider_settings, where
     from ansible_collections.agentbox.box.plugins.plugin_utils._filetar import (
         NotARegularFile,
         extract_single_file,

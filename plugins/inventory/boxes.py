@@ -160,10 +160,10 @@ try:
 
     # isort: split
 
-    from ansible_collections.agentbox.box.plugins.module_utils._agent import agents_of
-    from ansible_collections.agentbox.box.plugins.module_utils._naming import project_id, sanitize_group
-    from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
-    from ansible_collections.agentbox.box.plugins.module_utils._registry import (
+    from ansible_collections.agentbox.box.plugins.module_utils.agent._agent import agents_of
+    from ansible_collections.agentbox.box.plugins.module_utils.core._naming import project_id, sanitize_group
+    from ansible_collections.agentbox.box.plugins.module_utils.core._provider import ProviderError
+    from ansible_collections.agentbox.box.plugins.module_utils.providers._registry import (
         CLOUD_SETTINGS,
         PROVIDERS,
         cloud_settings,

@@ -137,8 +137,11 @@ credentials:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.agentbox.box.plugins.module_utils._agent_task import AGENT_ARGUMENT_SPEC, run_agent_task
-from ansible_collections.agentbox.box.plugins.module_utils._module import provider_from_params, run_provider_module
+from ansible_collections.agentbox.box.plugins.module_utils.providers._module import (
+    provider_from_params,
+    run_provider_module,
+)
+from ansible_collections.agentbox.box.plugins.module_utils.tasks._agent_task import AGENT_ARGUMENT_SPEC, run_agent_task
 
 
 def _run(module: AnsibleModule) -> dict:

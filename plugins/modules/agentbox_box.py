@@ -404,8 +404,8 @@ recovered:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.agentbox.box.plugins.module_utils._box_task import BOX_ARGUMENT_SPEC, run_box_task
-from ansible_collections.agentbox.box.plugins.module_utils._module import run_module
+from ansible_collections.agentbox.box.plugins.module_utils.providers._module import run_module
+from ansible_collections.agentbox.box.plugins.module_utils.tasks._box_task import BOX_ARGUMENT_SPEC, run_box_task
 
 
 def _task(module: AnsibleModule) -> dict:

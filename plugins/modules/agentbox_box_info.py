@@ -61,9 +61,9 @@ boxes:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.agentbox.box.plugins.module_utils import _naming
-from ansible_collections.agentbox.box.plugins.module_utils._agent import agents_of
-from ansible_collections.agentbox.box.plugins.module_utils._module import (
+from ansible_collections.agentbox.box.plugins.module_utils.agent._agent import agents_of
+from ansible_collections.agentbox.box.plugins.module_utils.core import _naming
+from ansible_collections.agentbox.box.plugins.module_utils.providers._module import (
     PROVIDER_ARGUMENT_SPEC,
     provider_from_params,
     run_module,

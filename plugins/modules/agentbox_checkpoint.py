@@ -171,8 +171,12 @@ removed:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.agentbox.box.plugins.module_utils import _checkpoint, _naming
-from ansible_collections.agentbox.box.plugins.module_utils._module import provider_from_params, run_provider_module
+from ansible_collections.agentbox.box.plugins.module_utils.checkpoint import _checkpoint
+from ansible_collections.agentbox.box.plugins.module_utils.core import _naming
+from ansible_collections.agentbox.box.plugins.module_utils.providers._module import (
+    provider_from_params,
+    run_provider_module,
+)
 
 
 def _summary(checkpoint: dict | None) -> dict:

@@ -91,8 +91,13 @@ box:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.agentbox.box.plugins.module_utils import _access, _box, _naming
-from ansible_collections.agentbox.box.plugins.module_utils._module import provider_from_params, run_provider_module
+from ansible_collections.agentbox.box.plugins.module_utils.access import _access
+from ansible_collections.agentbox.box.plugins.module_utils.box import _box
+from ansible_collections.agentbox.box.plugins.module_utils.core import _naming
+from ansible_collections.agentbox.box.plugins.module_utils.providers._module import (
+    provider_from_params,
+    run_provider_module,
+)
 
 MAX_TTL = 24 * 3600
 

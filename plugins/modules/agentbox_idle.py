@@ -131,8 +131,9 @@ stopped:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.agentbox.box.plugins.module_utils import _idle, _naming
-from ansible_collections.agentbox.box.plugins.module_utils._module import (
+from ansible_collections.agentbox.box.plugins.module_utils.core import _naming
+from ansible_collections.agentbox.box.plugins.module_utils.idle import _idle
+from ansible_collections.agentbox.box.plugins.module_utils.providers._module import (
     fail_on_errors,
     provider_from_params,
     run_provider_module,

@@ -226,9 +226,9 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.agentbox.box.plugins.module_utils._box_engine import engine_host
-from ansible_collections.agentbox.box.plugins.module_utils._docker import engine_unreachable
-from ansible_collections.agentbox.box.plugins.module_utils._image import (
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._box_engine import engine_host
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._docker import engine_unreachable
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._image import (
     ImageError,
     ImageRequest,
     ensure_image,

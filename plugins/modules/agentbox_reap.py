@@ -107,19 +107,19 @@ paused:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.agentbox.box.plugins.module_utils import _naming
-from ansible_collections.agentbox.box.plugins.module_utils._daytona_idle import (
-    IDLE_LABEL,
-    IDLE_PROBE_SCRIPT,
-    idle_decision,
-)
-from ansible_collections.agentbox.box.plugins.module_utils._idle import EPHEMERAL_REASON
-from ansible_collections.agentbox.box.plugins.module_utils._module import (
+from ansible_collections.agentbox.box.plugins.module_utils.core import _naming
+from ansible_collections.agentbox.box.plugins.module_utils.core._provider import BoxFacts, Provider, ProviderError
+from ansible_collections.agentbox.box.plugins.module_utils.idle._idle import EPHEMERAL_REASON
+from ansible_collections.agentbox.box.plugins.module_utils.providers._module import (
     fail_on_errors,
     provider_from_params,
     run_provider_module,
 )
-from ansible_collections.agentbox.box.plugins.module_utils._provider import BoxFacts, Provider, ProviderError
+from ansible_collections.agentbox.box.plugins.module_utils.providers.daytona._daytona_idle import (
+    IDLE_LABEL,
+    IDLE_PROBE_SCRIPT,
+    idle_decision,
+)
 
 
 def _timeout_for(facts: BoxFacts, params: dict) -> float | None:

@@ -88,8 +88,8 @@ answered:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.agentbox.box.plugins.module_utils._module import run_module
-from ansible_collections.agentbox.box.plugins.module_utils._relay_main import RELAY_ARGUMENT_SPEC, relay_task
+from ansible_collections.agentbox.box.plugins.module_utils.providers._module import run_module
+from ansible_collections.agentbox.box.plugins.module_utils.tasks._relay_main import RELAY_ARGUMENT_SPEC, relay_task
 
 
 def main() -> None:

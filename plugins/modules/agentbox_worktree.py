@@ -142,8 +142,13 @@ downloaded:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.agentbox.box.plugins.module_utils import _box, _git, _gitlayer, _naming
-from ansible_collections.agentbox.box.plugins.module_utils._module import provider_from_params, run_provider_module
+from ansible_collections.agentbox.box.plugins.module_utils.box import _box
+from ansible_collections.agentbox.box.plugins.module_utils.core import _naming
+from ansible_collections.agentbox.box.plugins.module_utils.git import _git, _gitlayer
+from ansible_collections.agentbox.box.plugins.module_utils.providers._module import (
+    provider_from_params,
+    run_provider_module,
+)
 
 
 def _run(module: AnsibleModule) -> dict:
@@ -157,7 +162,7 @@ def _run(module: AnsibleModule) -> dict:
     result: dict = {"changed": False, "box": facts.to_dict()}
     if module.params["state"] == "present":
         if module.check_mode:
-            from ansible_collections.agentbox.box.plugins.module_utils import _seed
+            from ansible_collections.agentbox.box.plugins.module_utils.git import _seed
 
             record = _seed.read_seed_record(provider, box)
             result["changed"] = record is None
@@ -170,7 +175,7 @@ def _run(module: AnsibleModule) -> dict:
             module.warn(warning)
         return result
     if module.params["state"] == "downloaded":
-        from ansible_collections.agentbox.box.plugins.module_utils import _export
+        from ansible_collections.agentbox.box.plugins.module_utils.git import _export
 
         result["downloaded"] = _export.download(provider, facts, module.params["dest"], module.check_mode)
         result["changed"] = True
@@ -180,7 +185,7 @@ def _run(module: AnsibleModule) -> dict:
         head = _git.git_out(facts.workspace, "rev-parse", f"refs/heads/{facts.branch}") if facts.branch else ""
         result["fetched"] = {"branch": facts.branch, "commit": head, "note": "commits already land in the host repo"}
         return result
-    from ansible_collections.agentbox.box.plugins.module_utils import _ship
+    from ansible_collections.agentbox.box.plugins.module_utils.git import _ship
 
     if module.check_mode:
         result["changed"] = True

@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import IO
 
-from ansible_collections.agentbox.box.plugins.module_utils._safe_extract import ArchiveRefused, first_entry
+from ansible_collections.agentbox.box.plugins.module_utils.core._safe_extract import ArchiveRefused, first_entry
 
 CHUNK = 1 << 16
 

@@ -20,7 +20,7 @@ from ansible_collections.agentbox.box.plugins.plugin_utils import _bytecode
 # Before any module_util loads: the action plugins import this file first, so theirs come from .pyc.
 _bytecode.install()
 
-from ansible_collections.agentbox.box.plugins.module_utils._module import failure  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.providers._module import failure  # noqa: E402
 
 LOCAL_TRANSPORTS = ("local", "ansible.builtin.local")
 

@@ -20,8 +20,8 @@ import os
 import threading
 from typing import Any
 
-from ansible_collections.agentbox.box.plugins.module_utils._provider import Provider
-from ansible_collections.agentbox.box.plugins.module_utils._registry import ENGINE_PROVIDERS, get_provider
+from ansible_collections.agentbox.box.plugins.module_utils.core._provider import Provider
+from ansible_collections.agentbox.box.plugins.module_utils.providers._registry import ENGINE_PROVIDERS, get_provider
 
 # Host variables the inventory sets and the connection plugin reads (its `vars:` entries).
 VAR_BOX = "agentbox_box"

@@ -31,7 +31,7 @@ if _COLLECTIONS not in sys.path:
 
 # Exec goes through the project's own Engine API client (see DockerBackend.exec_argv); the engine's late
 # exit codes are waited for as the providers wait for them (the boxd emulator uses this backend too).
-from ansible_collections.agentbox.box.plugins.module_utils._engine_api import (  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._engine_api import (  # noqa: E402
     EngineAPIError,
     exec_exit_code,
     local_engine,

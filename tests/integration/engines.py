@@ -194,7 +194,8 @@ class EngineFleet:
         else:
             os.environ[SSH_CONFIG_ENV] = self._old_env
         try:
-            from ansible_collections.agentbox.box.plugins.module_utils import _docker, _ssh
+            from ansible_collections.agentbox.box.plugins.module_utils.providers.docker import _docker
+            from ansible_collections.agentbox.box.plugins.module_utils.ssh import _ssh
 
             for engine in self.engines:
                 for name in (engine.alias, engine.destination):

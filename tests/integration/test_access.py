@@ -453,8 +453,8 @@ def engine_fleet() -> Iterator[object]:
     from tests.integration.engines import EngineFleet
 
     with EngineFleet(count=1, tmpfs_size="3g") as fleet:
-        from ansible_collections.agentbox.box.plugins.module_utils import _image_transfer
-        from ansible_collections.agentbox.box.plugins.module_utils._docker import DockerProvider
+        from ansible_collections.agentbox.box.plugins.module_utils.providers.docker import _image_transfer
+        from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._docker import DockerProvider
 
         provider = DockerProvider(engine=fleet.engines[0].alias, ssh_options={})
         _image_transfer.ensure_image(provider, "agentbox/box:latest", compress=False)

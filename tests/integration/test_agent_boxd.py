@@ -45,7 +45,7 @@ class BoxdWorld(shared.World):
     """test_agent_box's World with every playbook on `provider=boxd` and every box command through boxd's exec."""
 
     def __init__(self, client: docker.DockerClient, root: Path, emu: Any) -> None:
-        from ansible_collections.agentbox.box.plugins.module_utils._boxd import BoxdProvider
+        from ansible_collections.agentbox.box.plugins.module_utils.providers.boxd._boxd import BoxdProvider
 
         super().__init__(client, root)
         self.emu = emu

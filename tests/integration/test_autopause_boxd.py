@@ -22,9 +22,9 @@ PROJECT = "b" * 16
 
 @pytest.fixture
 def boxd_fleet(tmp_path: Path, box_image: str) -> Iterator[dict]:
-    from ansible_collections.agentbox.box.plugins.module_utils import _naming
-    from ansible_collections.agentbox.box.plugins.module_utils._boxd import BoxdProvider
-    from ansible_collections.agentbox.box.plugins.module_utils._provider import BoxSpec
+    from ansible_collections.agentbox.box.plugins.module_utils.core import _naming
+    from ansible_collections.agentbox.box.plugins.module_utils.core._provider import BoxSpec
+    from ansible_collections.agentbox.box.plugins.module_utils.providers.boxd._boxd import BoxdProvider
 
     with running_emulator(image=box_image) as emu:
         provider = BoxdProvider(token=emu.token, base_url=emu.base_url)

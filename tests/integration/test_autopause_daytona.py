@@ -26,9 +26,9 @@ PROJECT = "d" * 16
 def daytona_fleet(tmp_path: Path) -> Iterator[dict]:
     if not docker.from_env().images.list(name=IMAGE):
         pytest.fail(f"{IMAGE} is missing: build it first (ansible-playbook playbooks/build_image.yml)")
-    from ansible_collections.agentbox.box.plugins.module_utils import _naming
-    from ansible_collections.agentbox.box.plugins.module_utils._daytona import DaytonaProvider
-    from ansible_collections.agentbox.box.plugins.module_utils._provider import BoxSpec
+    from ansible_collections.agentbox.box.plugins.module_utils.core import _naming
+    from ansible_collections.agentbox.box.plugins.module_utils.core._provider import BoxSpec
+    from ansible_collections.agentbox.box.plugins.module_utils.providers.daytona._daytona import DaytonaProvider
 
     with running_emulator(image=IMAGE) as (api_url, api_key, admin):
         provider = DaytonaProvider(api_key=api_key, api_url=api_url)

@@ -127,8 +127,8 @@ def test_autopause_playbook_runs_the_policy_and_bad_input_fails_first(fleet: dic
 def test_relay_scope_forgets_the_pause_records_of_unregistered_boxes(tmp_path: Path) -> None:
     """The relay's pass (box_ids: its registrations) on the real engine: nothing else on the engine is
     counted; the pause record of a box no longer registered goes, another engine's stays."""
-    from ansible_collections.agentbox.box.plugins.module_utils import _idle
-    from ansible_collections.agentbox.box.plugins.module_utils._docker import DockerProvider
+    from ansible_collections.agentbox.box.plugins.module_utils.idle import _idle
+    from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._docker import DockerProvider
 
     provider = DockerProvider()
     state_file = str(tmp_path / "paused.json")

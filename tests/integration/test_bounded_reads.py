@@ -68,9 +68,9 @@ print(json.dumps({"boxes": result["boxes"], "errors": result["errors"]}))
 CAPPED_EXECS = PREAMBLE + """
 import json
 import docker
-from ansible_collections.agentbox.box.plugins.module_utils._engine_api import local_engine
-from ansible_collections.agentbox.box.plugins.module_utils._engine_sdk import SDKEngine
-from ansible_collections.agentbox.box.plugins.module_utils._provider import OutputTooLarge
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._engine_api import local_engine
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._engine_sdk import SDKEngine
+from ansible_collections.agentbox.box.plugins.module_utils.core._provider import OutputTooLarge
 said = []
 for client in (local_engine(30.0), SDKEngine(docker.from_env().api, "local")):
     try:

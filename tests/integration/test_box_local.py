@@ -217,7 +217,8 @@ def test_idempotent_check_mode_and_lifecycle(engine, boxes, tmp_path):
     paused = run_module("agentbox_box", {"name": name, "state": "paused"})
     assert paused["changed"] is True and paused["box"]["state"] == "paused"
     assert engine.containers.get(f"agentbox-{name}").status == "paused"
-    from ansible_collections.agentbox.box.plugins.module_utils import _docker, _provider
+    from ansible_collections.agentbox.box.plugins.module_utils.core import _provider
+    from ansible_collections.agentbox.box.plugins.module_utils.providers.docker import _docker
 
     with pytest.raises(_provider.ProviderError, match="paused: resume it"):
         _docker.DockerProvider().exec(name, ["true"])

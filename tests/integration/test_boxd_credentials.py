@@ -90,8 +90,8 @@ def test_parallel_ansible_workers_share_one_exchanged_token(emu, tmp_path: Path)
 
 
 def test_a_refused_key_says_so(emu, home) -> None:
-    from ansible_collections.agentbox.box.plugins.module_utils._boxd import BoxdProvider
-    from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
+    from ansible_collections.agentbox.box.plugins.module_utils.core._provider import ProviderError
+    from ansible_collections.agentbox.box.plugins.module_utils.providers.boxd._boxd import BoxdProvider
 
     provider = BoxdProvider(api_key="bxd_not_this_one", base_url=emu.base_url)
     try:
@@ -102,7 +102,7 @@ def test_a_refused_key_says_so(emu, home) -> None:
 
 
 def test_a_provider_with_a_key_reaches_boxd_with_its_token(emu, home) -> None:
-    from ansible_collections.agentbox.box.plugins.module_utils._boxd import BoxdProvider
+    from ansible_collections.agentbox.box.plugins.module_utils.providers.boxd._boxd import BoxdProvider
 
     since = len(emu.control.requests())
     provider = BoxdProvider(api_key=emu.api_key, base_url=emu.base_url)

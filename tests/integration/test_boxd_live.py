@@ -15,9 +15,9 @@ pytestmark = [
 
 
 def test_live_create_exec_pause_destroy(tmp_path) -> None:
-    from ansible_collections.agentbox.box.plugins.module_utils._boxd import BoxdProvider
-    from ansible_collections.agentbox.box.plugins.module_utils._naming import box_labels
-    from ansible_collections.agentbox.box.plugins.module_utils._provider import BoxSpec
+    from ansible_collections.agentbox.box.plugins.module_utils.core._naming import box_labels
+    from ansible_collections.agentbox.box.plugins.module_utils.core._provider import BoxSpec
+    from ansible_collections.agentbox.box.plugins.module_utils.providers.boxd._boxd import BoxdProvider
 
     provider = BoxdProvider()
     name = f"live-{secrets.token_hex(3)}"

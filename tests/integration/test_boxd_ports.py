@@ -47,14 +47,14 @@ def emu(box_image: str) -> Iterator:
 
 
 def _provider(emu):
-    from ansible_collections.agentbox.box.plugins.module_utils._boxd import BoxdProvider
+    from ansible_collections.agentbox.box.plugins.module_utils.providers.boxd._boxd import BoxdProvider
 
     return BoxdProvider(token=emu.token, base_url=emu.base_url)
 
 
 def _box_spec(name: str, ports: list[int]):
-    from ansible_collections.agentbox.box.plugins.module_utils._naming import box_labels
-    from ansible_collections.agentbox.box.plugins.module_utils._provider import BoxSpec
+    from ansible_collections.agentbox.box.plugins.module_utils.core._naming import box_labels
+    from ansible_collections.agentbox.box.plugins.module_utils.core._provider import BoxSpec
 
     box_id = secrets.token_hex(8)
     labels = box_labels(box=name, box_id=box_id, project="0" * 16, workspace="/tmp", branch="",
@@ -127,7 +127,7 @@ def test_web_url_and_forwarded_port_reach_servers_in_the_box(emu, tmp_path: Path
 
 
 def test_more_ports_than_boxd_allows_make_nothing(emu) -> None:
-    from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
+    from ansible_collections.agentbox.box.plugins.module_utils.core._provider import ProviderError
 
     provider = _provider(emu)
     before = len(emu.control.state()["machines"])

@@ -68,7 +68,7 @@ class World:
         return done
 
     def provider(self, **overrides):
-        from ansible_collections.agentbox.box.plugins.module_utils._boxd import BoxdProvider
+        from ansible_collections.agentbox.box.plugins.module_utils.providers.boxd._boxd import BoxdProvider
 
         return BoxdProvider(**{"token": self.token, "base_url": self.base_url, **overrides})
 
@@ -118,8 +118,8 @@ def created(world: World) -> dict:
 
 
 def _spec(world: World, name: str, **extra):
-    from ansible_collections.agentbox.box.plugins.module_utils._naming import box_labels
-    from ansible_collections.agentbox.box.plugins.module_utils._provider import BoxSpec
+    from ansible_collections.agentbox.box.plugins.module_utils.core._naming import box_labels
+    from ansible_collections.agentbox.box.plugins.module_utils.core._provider import BoxSpec
 
     box_id = secrets.token_hex(8)
     labels = box_labels(box=name, box_id=box_id, project="0" * 16, workspace=str(world.root), branch="",
@@ -198,7 +198,7 @@ def test_exec_files_lifecycle_and_destroy(world: World) -> None:
         assert provider.exec(name, ["sleep", "30"], timeout=1).rc == 124
         big = provider.exec(name, ["head", "-c", str(20 << 20), "/dev/zero"], limit=None)  # read whole, as asked
         assert big.rc == 0 and len(big.stdout) == 20 << 20
-        from ansible_collections.agentbox.box.plugins.module_utils._provider import OutputTooLarge
+        from ansible_collections.agentbox.box.plugins.module_utils.core._provider import OutputTooLarge
 
         with pytest.raises(OutputTooLarge, match="the box's output of head is over 1048576 bytes"):
             provider.exec(name, ["head", "-c", str(20 << 20), "/dev/zero"], limit=1 << 20)  # the stream is cut
@@ -252,7 +252,7 @@ def test_faults_never_duplicate_a_machine(world: World) -> None:
         assert provider.exec(name, ["sh", "-c", "echo x >> /tmp/count; wc -l < /tmp/count"]).stdout == b"1\n"
         # A stream dropped mid-exec is never re-sent: the command may have run.
         control.add_fault(method="Exec", action="drop", after=1)
-        from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
+        from ansible_collections.agentbox.box.plugins.module_utils.core._provider import ProviderError
 
         with pytest.raises(ProviderError, match="may have run"):
             provider.exec(name, ["sh", "-c", "echo x >> /tmp/count; head -c 8388608 /dev/zero"])
@@ -277,8 +277,8 @@ class _NotBoxd(SimpleHTTPRequestHandler):
 def test_bad_input_says_what_to_do_and_makes_nothing(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
     from boxd import Boxd
 
-    from ansible_collections.agentbox.box.plugins.module_utils._boxd import BoxdProvider
-    from ansible_collections.agentbox.box.plugins.module_utils._provider import EngineUnreachable, ProviderError
+    from ansible_collections.agentbox.box.plugins.module_utils.core._provider import EngineUnreachable, ProviderError
+    from ansible_collections.agentbox.box.plugins.module_utils.providers.boxd._boxd import BoxdProvider
 
     before = len(world.machines())
     for key in ("BOXD_API_KEY", "BOXD_TOKEN"):
@@ -324,7 +324,7 @@ def test_bad_input_says_what_to_do_and_makes_nothing(world: World, monkeypatch: 
     assert provider.find(name) is None
 
     # The machine name taken by a machine without our labels: refused, that machine untouched.
-    from ansible_collections.agentbox.box.plugins.module_utils._boxd_state import machine_name
+    from ansible_collections.agentbox.box.plugins.module_utils.providers.boxd._boxd_state import machine_name
 
     taken = f"bt-{secrets.token_hex(3)}"
     foreign = sdk.machines.create(machine_name(taken), image=IMAGE)

@@ -36,8 +36,8 @@ def world(box_image: str) -> Iterator[World]:
 
 
 def spec_of(world: World, name: str, **extra):
-    from ansible_collections.agentbox.box.plugins.module_utils._naming import box_labels
-    from ansible_collections.agentbox.box.plugins.module_utils._provider import BoxSpec
+    from ansible_collections.agentbox.box.plugins.module_utils.core._naming import box_labels
+    from ansible_collections.agentbox.box.plugins.module_utils.core._provider import BoxSpec
 
     box_id = secrets.token_hex(8)
     labels = box_labels(box=name, box_id=box_id, project="0" * 16, workspace=str(world.root), branch="",
@@ -128,7 +128,7 @@ def test_an_upload_over_a_file_never_shows_a_reader_a_partial_file(world: World,
 def test_an_upload_cut_off_mid_stream_leaves_the_old_file_and_no_debris(world: World, box: str) -> None:
     """The exec's stdin is cut after 3 MiB (the call cancelled, the command killed by the emulator as boxd
     does): the upload fails, the old file is whole, nothing temporary stays, nothing of the upload runs."""
-    from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
+    from ansible_collections.agentbox.box.plugins.module_utils.core._provider import ProviderError
 
     provider = world.provider()
     directory = f"/tmp/cut-{secrets.token_hex(3)}"
@@ -196,7 +196,7 @@ def test_every_create_option_reaches_boxd(world: World) -> None:
 def test_a_create_failing_after_the_machine_exists_leaves_no_machine(world: World, step: str) -> None:
     """The egress call or the secrets exec fails once the machine is made, and the first delete of the
     clean-up loses its connection: the create fails, and no machine of that box is left."""
-    from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
+    from ansible_collections.agentbox.box.plugins.module_utils.core._provider import ProviderError
 
     control = world.emu.control
     provider = world.provider(egress_allow=["github.com"] if step == "egress" else [])

@@ -76,7 +76,7 @@ def test_a_hibernated_box_is_woken_by_start_and_resume(world: World, box: str) -
 def test_a_checkpoint_waits_for_its_version_and_never_saves_over_a_name(world: World, box: str) -> None:
     """The capture is pending a while (the emulator's snapshot_seconds); commit returns once it is ready. A
     name that exists would get a new version on boxd, over what it holds: the provider refuses it first."""
-    from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
+    from ansible_collections.agentbox.box.plugins.module_utils.core._provider import ProviderError
 
     provider = world.provider()
     store = provider.checkpoint_store()
@@ -101,7 +101,7 @@ def test_a_checkpoint_waits_for_its_version_and_never_saves_over_a_name(world: W
 def test_a_failed_capture_fails_the_checkpoint_and_leaves_no_snapshot(world: World, box: str) -> None:
     import grpc
 
-    from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
+    from ansible_collections.agentbox.box.plugins.module_utils.core._provider import ProviderError
 
     provider = world.provider()
     store = provider.checkpoint_store()
@@ -129,7 +129,7 @@ def test_a_failed_capture_fails_the_checkpoint_and_leaves_no_snapshot(world: Wor
 
 
 def test_an_archived_checkpoint_says_it_cannot_be_restored(world: World, box: str) -> None:
-    from ansible_collections.agentbox.box.plugins.module_utils._checkpoint_records import CheckpointError
+    from ansible_collections.agentbox.box.plugins.module_utils.checkpoint._checkpoint_records import CheckpointError
 
     provider = world.provider()
     store = provider.checkpoint_store()

@@ -34,7 +34,7 @@ class World(SshWorld):
         return {"BOXD_TOKEN": self.emu.token}  # the pipe reads the token from ssh's environment, never a file
 
     def provider(self):
-        from ansible_collections.agentbox.box.plugins.module_utils._boxd import BoxdProvider
+        from ansible_collections.agentbox.box.plugins.module_utils.providers.boxd._boxd import BoxdProvider
 
         return BoxdProvider(token=self.emu.token, base_url=self.emu.base_url)
 

@@ -28,8 +28,8 @@ def emu(box_image: str) -> Iterator:
 
 
 def _box_spec(name: str):
-    from ansible_collections.agentbox.box.plugins.module_utils._naming import box_labels
-    from ansible_collections.agentbox.box.plugins.module_utils._provider import BoxSpec
+    from ansible_collections.agentbox.box.plugins.module_utils.core._naming import box_labels
+    from ansible_collections.agentbox.box.plugins.module_utils.core._provider import BoxSpec
 
     box_id = secrets.token_hex(8)
     labels = box_labels(box=name, box_id=box_id, project="0" * 16, workspace="/tmp", branch="",
@@ -38,7 +38,7 @@ def _box_spec(name: str):
 
 
 def test_create_stop_and_start_wait_out_a_twelve_second_start(emu) -> None:
-    from ansible_collections.agentbox.box.plugins.module_utils._boxd import BoxdProvider
+    from ansible_collections.agentbox.box.plugins.module_utils.providers.boxd._boxd import BoxdProvider
 
     provider = BoxdProvider(token=emu.token, base_url=emu.base_url)
     name = f"btm-{secrets.token_hex(3)}"

@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO / ".collections") not in sys.path:
     sys.path.insert(0, str(REPO / ".collections"))
 
-from ansible_collections.agentbox.box.plugins.module_utils import _naming  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.core import _naming  # noqa: E402
 
 pytestmark = pytest.mark.integration
 IMAGE = os.environ.get("AGENTBOX_TEST_BOX_IMAGE", "agentbox/box:latest")
@@ -426,9 +426,9 @@ def test_box_env_is_in_neither_kind_of_checkpoint(lab: Lab) -> None:
 
 
 def test_the_default_checkpoint_belongs_to_one_provider_and_engine(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ansible_collections.agentbox.box.plugins.module_utils import _checkpoint
-    from ansible_collections.agentbox.box.plugins.module_utils._daytona import DaytonaProvider
-    from ansible_collections.agentbox.box.plugins.module_utils._docker import DockerProvider
+    from ansible_collections.agentbox.box.plugins.module_utils.checkpoint import _checkpoint
+    from ansible_collections.agentbox.box.plugins.module_utils.providers.daytona._daytona import DaytonaProvider
+    from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._docker import DockerProvider
 
     workspace = lab.workspace()
     project = _naming.project_id(str(workspace))
@@ -448,7 +448,7 @@ def test_the_default_checkpoint_belongs_to_one_provider_and_engine(lab: Lab, mon
     # The name of a checkpoint on another engine of the same kind is taken: say so, never clobber it.
     manifest = lab.home / ".agentbox" / "checkpoints" / project / "warm" / "manifest.json"
     assert json.loads(manifest.read_text())["engine"] == "docker:local"
-    from ansible_collections.agentbox.box.plugins.module_utils._provider import BoxFacts
+    from ansible_collections.agentbox.box.plugins.module_utils.core._provider import BoxFacts
 
     facts = BoxFacts(name=box, id="", provider="docker_ssh", engine=remote.engine, state="running",
                      container=f"agentbox-{box}", image=IMAGE, project=project, workspace=str(workspace),

@@ -25,8 +25,10 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO / ".collections") not in sys.path:
     sys.path.insert(0, str(REPO / ".collections"))
 
-from ansible_collections.agentbox.box.plugins.module_utils import _box, _checkpoint, _naming  # noqa: E402
-from ansible_collections.agentbox.box.plugins.module_utils._docker import DockerProvider  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.box import _box  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.checkpoint import _checkpoint  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.core import _naming  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._docker import DockerProvider  # noqa: E402
 
 pytestmark = pytest.mark.integration
 IMAGE = os.environ.get("AGENTBOX_TEST_BOX_IMAGE", "agentbox/box:latest")

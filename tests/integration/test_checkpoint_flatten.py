@@ -18,9 +18,9 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO / ".collections") not in sys.path:
     sys.path.insert(0, str(REPO / ".collections"))
 
-from ansible_collections.agentbox.box.plugins.module_utils import _checkpoint  # noqa: E402
-from ansible_collections.agentbox.box.plugins.module_utils._docker import DockerProvider  # noqa: E402
-from ansible_collections.agentbox.box.plugins.module_utils._provider import BoxFacts  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.checkpoint import _checkpoint  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.core._provider import BoxFacts  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._docker import DockerProvider  # noqa: E402
 
 pytestmark = pytest.mark.integration
 LEAK = b"leaked-" + secrets.token_hex(12).encode()

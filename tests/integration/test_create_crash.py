@@ -2,7 +2,7 @@
 each point of a create; the next create or destroy of that name finds what was left and cleans it.
 
 The create is held at a named point by the test-only wait point AGENTBOX_TEST_PAUSE_AT (see
-plugins/module_utils/_journal.py): the real create code runs up to there, then waits to be killed.
+plugins/module_utils/core/_journal.py): the real create code runs up to there, then waits to be killed.
 """
 
 from __future__ import annotations

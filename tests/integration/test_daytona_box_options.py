@@ -178,7 +178,7 @@ def test_an_ephemeral_box_is_deleted_when_it_stops_and_never_paused(emu: Emu) ->
 def test_the_idle_policies_leave_an_ephemeral_box_to_daytona(emu: Emu) -> None:
     """An ephemeral box idle for an hour: agentbox_reap and agentbox_idle succeed and report it left alone (a
     pause would delete it); it is still started after both."""
-    from ansible_collections.agentbox.box.plugins.module_utils._daytona import DaytonaProvider
+    from ansible_collections.agentbox.box.plugins.module_utils.providers.daytona._daytona import DaytonaProvider
 
     short = _unique("ephi")
     provider = DaytonaProvider(api_key=emu.api_key, api_url=emu.api_url)

@@ -41,7 +41,7 @@ class Emu:
         self.api_url, self.api_key, self.admin = api_url, api_key, admin
 
     def provider(self, **options):
-        from ansible_collections.agentbox.box.plugins.module_utils._daytona import DaytonaProvider
+        from ansible_collections.agentbox.box.plugins.module_utils.providers.daytona._daytona import DaytonaProvider
 
         return DaytonaProvider(api_key=self.api_key, api_url=self.api_url, **options)
 
@@ -52,8 +52,8 @@ class Emu:
 
 
 def spec(name: str, box_id: str | None = None, image: str = IMAGE, project: str = "c" * 16):
-    from ansible_collections.agentbox.box.plugins.module_utils import _naming
-    from ansible_collections.agentbox.box.plugins.module_utils._provider import BoxSpec
+    from ansible_collections.agentbox.box.plugins.module_utils.core import _naming
+    from ansible_collections.agentbox.box.plugins.module_utils.core._provider import BoxSpec
 
     box_id = box_id or uuid.uuid4().hex[:8]
     labels = _naming.box_labels(box=name, box_id=box_id, project=project, workspace="/nowhere", branch="",
@@ -200,7 +200,7 @@ def test_get_by_name_is_cached_as_daytona_caches_it(emu: Emu, desired_state_lag:
 
 def test_a_failed_create_leaves_nothing(emu: Emu) -> None:
     """The image cannot be had (the build fails): the SDK's wait raises without a status; nothing stays."""
-    from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
+    from ansible_collections.agentbox.box.plugins.module_utils.core._provider import ProviderError
 
     provider = emu.provider()
     name = unique("bf")
@@ -227,7 +227,7 @@ def test_a_failed_create_leaves_nothing(emu: Emu) -> None:
 
 def test_a_recoverable_error_is_recovered(emu: Emu) -> None:
     """A sandbox the runner reports broken but recoverable (a full disk) is recovered, not given up on."""
-    from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
+    from ansible_collections.agentbox.box.plugins.module_utils.core._provider import ProviderError
 
     provider = emu.provider()
     name = unique("rec")
@@ -245,7 +245,7 @@ def test_a_recoverable_error_is_recovered(emu: Emu) -> None:
 
 def test_a_capture_whose_answer_is_lost_waits_for_its_snapshot(emu: Emu) -> None:
     """The snapshot exists only once the capture ends; a lost answer must not be read as a failed capture."""
-    from ansible_collections.agentbox.box.plugins.module_utils._snapshot_store import snapshot_name
+    from ansible_collections.agentbox.box.plugins.module_utils.providers._snapshot_store import snapshot_name
 
     provider = emu.provider()
     name = unique("cap")
@@ -266,7 +266,7 @@ def test_a_capture_whose_answer_is_lost_waits_for_its_snapshot(emu: Emu) -> None
 
 def test_an_inactive_snapshot_is_activated_to_restore_from(emu: Emu) -> None:
     """Daytona deactivates snapshots unused for 14 days; a restore activates it rather than calling it gone."""
-    from ansible_collections.agentbox.box.plugins.module_utils._snapshot_store import snapshot_name
+    from ansible_collections.agentbox.box.plugins.module_utils.providers._snapshot_store import snapshot_name
 
     provider = emu.provider()
     source, restored = unique("src"), unique("rst")
@@ -289,7 +289,7 @@ def test_an_inactive_snapshot_is_activated_to_restore_from(emu: Emu) -> None:
 def test_a_snapshot_still_being_deactivated_is_activated_once_daytona_lets_it(emu: Emu) -> None:
     """Daytona refuses an activation within 10 minutes of the deactivation (400 "deactivation is still in
     progress"); the restore asks again until it is let through (here 10 emulated minutes are 4 s)."""
-    from ansible_collections.agentbox.box.plugins.module_utils._snapshot_store import snapshot_name
+    from ansible_collections.agentbox.box.plugins.module_utils.providers._snapshot_store import snapshot_name
 
     provider = emu.provider()
     source, restored = unique("src"), unique("rst")
@@ -314,7 +314,7 @@ def test_a_snapshot_still_being_deactivated_is_activated_once_daytona_lets_it(em
 def test_a_snapshot_another_client_is_activating_is_waited_for(emu: Emu) -> None:
     """Two restores from one inactive snapshot: the one whose activation comes second is refused with 400
     "cannot be activated - it is in pending state", and waits for the snapshot to be active."""
-    from ansible_collections.agentbox.box.plugins.module_utils._snapshot_store import snapshot_name
+    from ansible_collections.agentbox.box.plugins.module_utils.providers._snapshot_store import snapshot_name
 
     provider = emu.provider()
     source, restored = unique("src"), unique("rst")
@@ -372,7 +372,7 @@ def test_retries_stop_at_the_retry_deadline_when_rate_limits_never_end(emu: Emu)
     """Every answer is a 429 asking, as Daytona's throttler does, for a 2 s wait (`Retry-After-<throttler>`
     only): the retries stop at the overall deadline (10 s here) whatever the retry count allows, and the error
     says so, with the attempts made and the wait asked for."""
-    from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
+    from ansible_collections.agentbox.box.plugins.module_utils.core._provider import ProviderError
 
     provider = emu.provider(retries=1000, retry_deadline=10)
     name = unique("ddl")
@@ -398,7 +398,7 @@ def test_lifecycle_retries_stop_at_the_retry_deadline_too(emu: Emu) -> None:
     """A start whose every POST is refused by the sandbox-lifecycle throttler (2 s asked each time): converge's
     own retries stop at the same overall deadline as api_call's (10 s here), saying so, not at the 300 s
     start timeout nor after 1000 retries."""
-    from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
+    from ansible_collections.agentbox.box.plugins.module_utils.core._provider import ProviderError
 
     provider = emu.provider(retries=1000, retry_deadline=10)
     name = unique("lcd")
@@ -419,8 +419,8 @@ def test_lifecycle_retries_stop_at_the_retry_deadline_too(emu: Emu) -> None:
 
 def test_configuration_ignores_dotenv_files_in_the_working_directory(emu: Emu, tmp_path, monkeypatch) -> None:
     """The SDK reads ./.env for what its config leaves empty; the workspace an agent writes is no config."""
-    from ansible_collections.agentbox.box.plugins.module_utils import _daytona as dt
-    from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
+    from ansible_collections.agentbox.box.plugins.module_utils.core._provider import ProviderError
+    from ansible_collections.agentbox.box.plugins.module_utils.providers.daytona import _daytona as dt
 
     (tmp_path / ".env").write_text(f"DAYTONA_TARGET=elsewhere\nDAYTONA_API_KEY={emu.api_key}\n")
     monkeypatch.chdir(tmp_path)
@@ -498,7 +498,7 @@ def small_pages(emu: Emu) -> Iterator[None]:
 
 def _service_order(emu: Emu, project: str) -> list[str]:
     """The project's boxes in the service's own order (its default sort, by last activity), in one page."""
-    from ansible_collections.agentbox.box.plugins.module_utils._naming import label
+    from ansible_collections.agentbox.box.plugins.module_utils.core._naming import label
 
     query = urllib.parse.urlencode({"labels": json.dumps({label("project"): project}), "limit": 100})
     return [item["name"] for item in _api(emu, "GET", f"/sandbox?{query}")["items"]]
@@ -631,7 +631,7 @@ def test_output_larger_than_dev_shm(emu: Emu, box: str) -> None:
     assert (run.rc, len(run.stdout), run.stderr) == (0, size, b"fine\n")
     assert run.stdout.count(b"x") == size
     # With a cap (the default for every read but the user's own commands), the waiter prints one byte past it.
-    from ansible_collections.agentbox.box.plugins.module_utils._provider import OutputTooLarge
+    from ansible_collections.agentbox.box.plugins.module_utils.core._provider import OutputTooLarge
 
     with pytest.raises(OutputTooLarge, match=f"the box's output of sh is over {1 << 20} bytes"):
         provider.exec(box, ["sh", "-c", f"yes x | head -c {size}"], limit=1 << 20)
@@ -667,7 +667,7 @@ def test_a_moved_image_tag_is_built_anew(emu: Emu) -> None:
 def test_network_rules_disk_and_refusals_before_anything_is_made(emu: Emu) -> None:
     """AGENTBOX_DAYTONA_NETWORK (block_all, or an IPv4 allow list) and AGENTBOX_DAYTONA_DISK reach the create;
     a bad list, or a disk for a snapshot box (its disk is the snapshot's), fails before anything is made."""
-    from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
+    from ansible_collections.agentbox.box.plugins.module_utils.core._provider import ProviderError
     from tests.daytona_emulator import TEST_IMAGE, ensure_test_image, remove_test_image
 
     with pytest.raises(ProviderError, match="needs a CIDR prefix"):

@@ -34,9 +34,9 @@ IMAGE = os.environ.get("AGENTBOX_DAYTONA_LIVE_IMAGE", "agentbox/box:latest")
 
 @pytest.fixture(scope="module")
 def live() -> Iterator[dict]:
-    from ansible_collections.agentbox.box.plugins.module_utils import _naming
-    from ansible_collections.agentbox.box.plugins.module_utils._daytona import DaytonaProvider
-    from ansible_collections.agentbox.box.plugins.module_utils._provider import BoxSpec
+    from ansible_collections.agentbox.box.plugins.module_utils.core import _naming
+    from ansible_collections.agentbox.box.plugins.module_utils.core._provider import BoxSpec
+    from ansible_collections.agentbox.box.plugins.module_utils.providers.daytona._daytona import DaytonaProvider
 
     provider = DaytonaProvider()
     if not provider.image_exists(IMAGE):
@@ -99,9 +99,9 @@ def test_pause_resume(live: dict) -> None:
 
 
 def test_checkpoint_round_trip(live: dict) -> None:
-    from ansible_collections.agentbox.box.plugins.module_utils import _naming
-    from ansible_collections.agentbox.box.plugins.module_utils._provider import BoxSpec
-    from ansible_collections.agentbox.box.plugins.module_utils._snapshot_store import snapshot_name
+    from ansible_collections.agentbox.box.plugins.module_utils.core import _naming
+    from ansible_collections.agentbox.box.plugins.module_utils.core._provider import BoxSpec
+    from ansible_collections.agentbox.box.plugins.module_utils.providers._snapshot_store import snapshot_name
 
     provider, name = live["provider"], live["name"]
     provider.exec(name, ["sh", "-c", "echo kept > /home/vscode/kept.txt"]).check("write")

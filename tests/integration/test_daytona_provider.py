@@ -83,7 +83,7 @@ class World:
         return done
 
     def provider(self):
-        from ansible_collections.agentbox.box.plugins.module_utils._daytona import DaytonaProvider
+        from ansible_collections.agentbox.box.plugins.module_utils.providers.daytona._daytona import DaytonaProvider
 
         return DaytonaProvider(api_key=self.api_key, api_url=self.api_url)
 
@@ -369,7 +369,7 @@ def test_checkpoint_and_restore_into_a_new_box(world: World, checkpointed: dict)
 
 
 def test_checkpoint_info_and_prune(world: World, checkpointed: dict) -> None:
-    from ansible_collections.agentbox.box.plugins.module_utils._snapshot_store import snapshot_name
+    from ansible_collections.agentbox.box.plugins.module_utils.providers._snapshot_store import snapshot_name
 
     provider = world.provider()
     project = provider.find(world.box).project

@@ -25,14 +25,14 @@ IMAGE = "agentbox/box:latest"
 
 
 def _provider(emu, **options):
-    from ansible_collections.agentbox.box.plugins.module_utils._daytona import DaytonaProvider
+    from ansible_collections.agentbox.box.plugins.module_utils.providers.daytona._daytona import DaytonaProvider
 
     return DaytonaProvider(api_key=emu.api_key, api_url=emu.api_url, **options)
 
 
 def _spec(name: str, box_id: str | None = None):
-    from ansible_collections.agentbox.box.plugins.module_utils import _naming
-    from ansible_collections.agentbox.box.plugins.module_utils._provider import BoxSpec
+    from ansible_collections.agentbox.box.plugins.module_utils.core import _naming
+    from ansible_collections.agentbox.box.plugins.module_utils.core._provider import BoxSpec
 
     box_id = box_id or uuid.uuid4().hex[:8]
     project = "f" * 16
@@ -125,7 +125,7 @@ def test_an_ended_exec_session_is_made_again(emu: Emu, box: str, answer: str) ->
     used it before and in a new one."""
     from daytona import Daytona, DaytonaConfig, SessionExecuteRequest
 
-    from ansible_collections.agentbox.box.plugins.module_utils._daytona_exec import EXEC_SESSION
+    from ansible_collections.agentbox.box.plugins.module_utils.providers.daytona._daytona_exec import EXEC_SESSION
 
     emu.admin.set_config(ended_session_answer=answer)
     used = _provider(emu)
@@ -151,7 +151,7 @@ def test_an_ended_exec_session_is_made_again(emu: Emu, box: str, answer: str) ->
 
 
 def _exec_session_alive(emu: Emu, sandbox_id: str) -> bool:
-    from ansible_collections.agentbox.box.plugins.module_utils._daytona_exec import EXEC_SESSION
+    from ansible_collections.agentbox.box.plugins.module_utils.providers.daytona._daytona_exec import EXEC_SESSION
 
     sessions = emu.admin.state()["sessions"]
     return any(s["sandboxId"] == sandbox_id and s["sessionId"] == EXEC_SESSION and s["alive"] for s in sessions)
@@ -205,7 +205,7 @@ def test_rate_limited_upload_is_retried(emu: Emu, box: str) -> None:
 
 
 def test_persistent_500_fails_clearly_without_retrying(emu: Emu, box: str) -> None:
-    from ansible_collections.agentbox.box.plugins.module_utils._daytona_api import DaytonaCallError
+    from ansible_collections.agentbox.box.plugins.module_utils.providers.daytona._daytona_api import DaytonaCallError
 
     provider = _provider(emu)
     since = len(emu.admin.requests())
@@ -219,7 +219,10 @@ def test_persistent_500_fails_clearly_without_retrying(emu: Emu, box: str) -> No
 
 
 def test_persistent_503_gives_up_after_the_bounded_retries(emu: Emu, box: str) -> None:
-    from ansible_collections.agentbox.box.plugins.module_utils._daytona_api import DEFAULT_RETRIES, DaytonaCallError
+    from ansible_collections.agentbox.box.plugins.module_utils.providers.daytona._daytona_api import (
+        DEFAULT_RETRIES,
+        DaytonaCallError,
+    )
 
     provider = _provider(emu)
     since = len(emu.admin.requests())
@@ -263,7 +266,7 @@ def test_rate_limited_create_is_asked_again_once_refused(emu: Emu) -> None:
 
 
 def test_name_taken_by_another_box_is_refused(emu: Emu, box: str) -> None:
-    from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
+    from ansible_collections.agentbox.box.plugins.module_utils.core._provider import ProviderError
 
     with pytest.raises(ProviderError, match="already exists and is not this box"):
         _provider(emu).create(_spec(box))
@@ -271,8 +274,8 @@ def test_name_taken_by_another_box_is_refused(emu: Emu, box: str) -> None:
 
 
 def test_wrong_key_is_a_clear_error(emu: Emu) -> None:
-    from ansible_collections.agentbox.box.plugins.module_utils._daytona import DaytonaProvider
-    from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
+    from ansible_collections.agentbox.box.plugins.module_utils.core._provider import ProviderError
+    from ansible_collections.agentbox.box.plugins.module_utils.providers.daytona._daytona import DaytonaProvider
 
     wrong = DaytonaProvider(api_key="not-the-key", api_url=emu.api_url)
     with pytest.raises(ProviderError, match="refused the API key"):
@@ -304,7 +307,7 @@ def test_secrets_are_tmpfs_files_never_env(emu: Emu) -> None:
 
 
 def test_exec_in_a_paused_or_stopped_box_says_so(emu: Emu) -> None:
-    from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
+    from ansible_collections.agentbox.box.plugins.module_utils.core._provider import ProviderError
 
     provider = _provider(emu)
     name = f"off-{uuid.uuid4().hex[:6]}"
@@ -348,7 +351,7 @@ def test_box_from_an_image_with_resources(emu: Emu) -> None:
 
 
 def test_resources_with_a_snapshot_are_refused_before_anything_is_made(emu: Emu) -> None:
-    from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
+    from ansible_collections.agentbox.box.plugins.module_utils.core._provider import ProviderError
 
     spec = _spec(f"res-{uuid.uuid4().hex[:6]}")
     spec.resources = {"memory": "2g"}

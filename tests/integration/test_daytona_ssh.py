@@ -115,7 +115,7 @@ def test_an_expired_token_is_refreshed(world: World) -> None:
 
 def test_a_token_past_its_recorded_expiry_says_how_to_renew(tmp_path: Path, monkeypatch) -> None:
     """The ProxyCommand checks the expiry Daytona gave before trying (the real gateway just closes)."""
-    from ansible_collections.agentbox.box.plugins.module_utils import _daytona_ssh
+    from ansible_collections.agentbox.box.plugins.module_utils.providers.daytona import _daytona_ssh
 
     monkeypatch.setenv("HOME", str(tmp_path))
     past = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 60))

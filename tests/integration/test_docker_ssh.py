@@ -37,9 +37,13 @@ for entry in (str(HERE), str(HERE.parents[1] / ".collections")):
 
 from engines import REPO, EngineFleet  # noqa: E402
 
-from ansible_collections.agentbox.box.plugins.module_utils import _box, _image_transfer, _naming, _ship, _ssh  # noqa: E402
-from ansible_collections.agentbox.box.plugins.module_utils._docker import DockerProvider  # noqa: E402
-from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.box import _box  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.core import _naming  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.core._provider import ProviderError  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.git import _ship  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker import _image_transfer  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._docker import DockerProvider  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.ssh import _ssh  # noqa: E402
 from tests.conftest import make_repo, run_module  # noqa: E402
 
 pytestmark = pytest.mark.integration

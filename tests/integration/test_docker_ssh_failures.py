@@ -22,10 +22,11 @@ for entry in (str(HERE), str(HERE.parents[1] / ".collections")):
 
 from engines import EngineFleet, free_port  # noqa: E402
 
-from ansible_collections.agentbox.box.plugins.module_utils import _docker, _ssh  # noqa: E402
-from ansible_collections.agentbox.box.plugins.module_utils._docker import DockerProvider  # noqa: E402
-from ansible_collections.agentbox.box.plugins.module_utils._provider import EngineUnreachable  # noqa: E402
-from ansible_collections.agentbox.box.plugins.module_utils._registry import get_provider  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.core._provider import EngineUnreachable  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.providers._registry import get_provider  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker import _docker  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._docker import DockerProvider  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.ssh import _ssh  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

@@ -25,13 +25,16 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / ".collections"))
 
-from ansible_collections.agentbox.box.plugins.module_utils._ckpt_env import without_container_config  # noqa: E402
-from ansible_collections.agentbox.box.plugins.module_utils._docker import DockerProvider  # noqa: E402
-from ansible_collections.agentbox.box.plugins.module_utils._engine_api import EngineAPIError, local_engine  # noqa: E402
-from ansible_collections.agentbox.box.plugins.module_utils._provider import (  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.core._provider import (  # noqa: E402
     BoxNotFound,
     EngineUnreachable,
     ProviderError,
+)
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._ckpt_env import without_container_config  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._docker import DockerProvider  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._engine_api import (  # noqa: E402
+    EngineAPIError,
+    local_engine,
 )
 
 pytestmark = pytest.mark.integration

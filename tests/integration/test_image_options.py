@@ -109,7 +109,10 @@ def test_cas_agents_and_vnc_reach_the_image_and_its_fingerprint(
 def test_default_options_keep_the_fingerprint_of_the_files_alone(repository: str, tmp_path: Path) -> None:
     """The labels count only when they are not the defaults: an image built before they counted
     (every default box image) keeps its fingerprint and is not rebuilt."""
-    from ansible_collections.agentbox.box.plugins.module_utils._image import compute_fingerprint, context_from_parts
+    from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._image import (
+        compute_fingerprint,
+        context_from_parts,
+    )
 
     defaults = run_module("agentbox_image", {"dockerfile": "FROM debian:bookworm\n", "tag": repository}, check_mode=True)
     assert defaults["fingerprint"] == compute_fingerprint(context_from_parts("FROM debian:bookworm\n"))

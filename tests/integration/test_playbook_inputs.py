@@ -76,7 +76,7 @@ def test_switch_to_a_box_that_does_not_exist_says_how_to_list_them(docker_client
 def checkpoint_images(docker_client: docker.DockerClient, box_image: str, tmp_path: Path) -> Iterator[dict]:
     """Three checkpoint tags of one workspace's project (on the box image's layers, nothing is built):
     `orphan` (nothing refers to it), `kept` (a manifest does) and `used` (a container runs from it)."""
-    from ansible_collections.agentbox.box.plugins.module_utils import _naming
+    from ansible_collections.agentbox.box.plugins.module_utils.core import _naming
 
     workspace = make_repo(tmp_path / "ws")
     project = _naming.project_id(str(workspace))
@@ -134,7 +134,7 @@ def test_prune_checkpoints_keeps_to_the_project_it_is_run_in(docker_client: dock
     """Run from workspace A without -e workspace, prune offers only A's orphan checkpoint image, never B's (an
     engine holds other projects' and other users' checkpoints, whose manifests this HOME does not have);
     -e all_projects=true offers both."""
-    from ansible_collections.agentbox.box.plugins.module_utils import _naming
+    from ansible_collections.agentbox.box.plugins.module_utils.core import _naming
 
     workspaces = {key: make_repo(tmp_path / f"ws-{key}") for key in ("a", "b")}
     refs = {key: _naming.checkpoint_image(_naming.project_id(str(path)), "orphan") for key, path in workspaces.items()}

@@ -488,7 +488,7 @@ def test_gh_pr_runs_on_the_host_or_says_how_to_get_gh(box: str, engine: docker.D
 def test_registrations_of_removed_boxes_are_pruned(
     host: Host, box: str, engine: docker.DockerClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ansible_collections.agentbox.box.plugins.module_utils import _relay_server, _relay_state
+    from ansible_collections.agentbox.box.plugins.module_utils.relay import _relay_server, _relay_state
 
     monkeypatch.setenv("HOME", host.home)
     gone_id = secrets.token_hex(4)

@@ -33,7 +33,7 @@ def boxd(host: shared.Host, box_image: str) -> Iterator[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def boxd_box(host: shared.Host, project: dict[str, Path], boxd: dict[str, Any]) -> Iterator[tuple[Any, str]]:
-    from ansible_collections.agentbox.box.plugins.module_utils._boxd import BoxdProvider
+    from ansible_collections.agentbox.box.plugins.module_utils.providers.boxd._boxd import BoxdProvider
 
     with started_box(host, project, "boxd", boxd["env"], "rl-bx") as name:
         yield BoxdProvider(token=boxd["env"]["BOXD_TOKEN"], base_url=boxd["env"]["BOXD_BASE_URL"]), name

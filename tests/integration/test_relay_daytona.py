@@ -37,7 +37,7 @@ def daytona(host: shared.Host) -> Iterator[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def daytona_box(host: shared.Host, project: dict[str, Path], daytona: dict[str, Any]) -> Iterator[tuple[Any, str]]:
-    from ansible_collections.agentbox.box.plugins.module_utils._daytona import DaytonaProvider
+    from ansible_collections.agentbox.box.plugins.module_utils.providers.daytona._daytona import DaytonaProvider
 
     with started_box(host, project, "daytona", daytona["env"], "rl-dt") as name:
         yield DaytonaProvider(api_key=daytona["key"], api_url=daytona["url"]), name

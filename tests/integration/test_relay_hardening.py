@@ -137,7 +137,7 @@ def test_an_inline_bundle_over_the_limit_is_refused_on_the_host(
 ) -> None:
     """The in-box script keeps an inline bundle to INLINE_BUNDLE_LIMIT, but the box can replace
     what it runs: the host reads no more than the limit and refuses, and no host branch moves."""
-    from ansible_collections.agentbox.box.plugins.module_utils._ship import INLINE_BUNDLE_LIMIT
+    from ansible_collections.agentbox.box.plugins.module_utils.git._ship import INLINE_BUNDLE_LIMIT
 
     hostile = make_box()
     container = engine.containers.get(f"agentbox-{hostile}")

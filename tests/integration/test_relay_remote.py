@@ -22,7 +22,7 @@ if str(HERE) not in sys.path:
 
 from engines import EngineFleet  # noqa: E402
 
-from ansible_collections.agentbox.box.plugins.module_utils._docker import DockerProvider  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._docker import DockerProvider  # noqa: E402
 from tests.conftest import run_module  # noqa: E402
 
 pytestmark = pytest.mark.integration

@@ -29,8 +29,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from ansible_collections.agentbox.box.plugins.module_utils._naming import now_iso, strip_labels
-from ansible_collections.agentbox.box.plugins.module_utils._provider import (
+from ansible_collections.agentbox.box.plugins.module_utils.core._naming import now_iso, strip_labels
+from ansible_collections.agentbox.box.plugins.module_utils.core._provider import (
     BoxFacts,
     BoxSpec,
     CappedOutput,
@@ -39,8 +39,8 @@ from ansible_collections.agentbox.box.plugins.module_utils._provider import (
     Provider,
     ProviderError,
 )
-from ansible_collections.agentbox.box.plugins.module_utils._seed import BOX_UID, SEED_RECORD, WORKSPACE
-from ansible_collections.agentbox.box.plugins.module_utils._snapshot_store import SnapshotCheckpoints
+from ansible_collections.agentbox.box.plugins.module_utils.git._seed import BOX_UID, SEED_RECORD, WORKSPACE
+from ansible_collections.agentbox.box.plugins.module_utils.providers._snapshot_store import SnapshotCheckpoints
 
 BOX_USERS = {"root": (0, 0, "/root"), "vscode": (BOX_UID, BOX_UID, "/home/vscode")}
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

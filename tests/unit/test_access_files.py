@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.agentbox.box.plugins.module_utils import _access
-from ansible_collections.agentbox.box.plugins.module_utils._docker import DockerProvider
-from ansible_collections.agentbox.box.plugins.module_utils._provider import BoxFacts
-from ansible_collections.agentbox.box.plugins.module_utils._relay_state import code_root, module_argv
+from ansible_collections.agentbox.box.plugins.module_utils.access import _access
+from ansible_collections.agentbox.box.plugins.module_utils.core._provider import BoxFacts
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._docker import DockerProvider
+from ansible_collections.agentbox.box.plugins.module_utils.relay._relay_state import code_root, module_argv
 
 
 @pytest.fixture
@@ -354,7 +354,7 @@ def test_host_launchers_never_import_from_their_current_directory(home: Path, mo
 
 
 def test_both_host_launchers_are_written_once_0700_and_never_import_from_their_current_directory(home: Path) -> None:
-    from ansible_collections.agentbox.box.plugins.module_utils import _boxd_pipe
+    from ansible_collections.agentbox.box.plugins.module_utils.providers.boxd import _boxd_pipe
 
     marker = plant(home / "hostile")
     env = {key: value for key, value in os.environ.items() if not key.startswith("PYTHON")}

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.agentbox.box.plugins.module_utils import _access, _agent, _box_engine
-from ansible_collections.agentbox.box.plugins.module_utils._docker import DockerProvider
-from ansible_collections.agentbox.box.plugins.module_utils._provider import BoxFacts
+from ansible_collections.agentbox.box.plugins.module_utils.access import _access
+from ansible_collections.agentbox.box.plugins.module_utils.agent import _agent
+from ansible_collections.agentbox.box.plugins.module_utils.core._provider import BoxFacts
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker import _box_engine
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._docker import DockerProvider
 
 from .fake_provider import FakeProvider
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.agentbox.box.plugins.module_utils import _git
+from ansible_collections.agentbox.box.plugins.module_utils.git import _git
 from tests.conftest import GIT_ENV, chown_tree, git, make_repo
 
 

@@ -12,9 +12,11 @@ from typing import Any
 
 import pytest
 
-from ansible_collections.agentbox.box.plugins.module_utils import _box, _checkpoint, _relay_ops
-from ansible_collections.agentbox.box.plugins.module_utils._checkpoint_records import CheckpointError
-from ansible_collections.agentbox.box.plugins.module_utils._relay_protocol import RequestError, parse_request
+from ansible_collections.agentbox.box.plugins.module_utils.box import _box
+from ansible_collections.agentbox.box.plugins.module_utils.checkpoint import _checkpoint
+from ansible_collections.agentbox.box.plugins.module_utils.checkpoint._checkpoint_records import CheckpointError
+from ansible_collections.agentbox.box.plugins.module_utils.relay import _relay_ops
+from ansible_collections.agentbox.box.plugins.module_utils.relay._relay_protocol import RequestError, parse_request
 from tests.conftest import make_repo
 
 from .fake_provider import FakeProvider, FakeSnapshots

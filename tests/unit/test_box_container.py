@@ -9,7 +9,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from ansible_collections.agentbox.box.plugins.module_utils._box_container import (
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._box_container import (
     BadValue,
     container_config,
     memory_bytes,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ansible_collections.agentbox.box.plugins.module_utils._box_data import (
+from ansible_collections.agentbox.box.plugins.module_utils.core._box_data import (
     BoxDataError,
     head_line,
     object_id,

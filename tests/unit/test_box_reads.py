@@ -15,14 +15,20 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.agentbox.box.plugins.module_utils import _agent, _box, _idle, _seed, _ship
-from ansible_collections.agentbox.box.plugins.module_utils._box_data import MAX_JSON_BYTES
-from ansible_collections.agentbox.box.plugins.module_utils._daytona_exec import WAIT_SCRIPT, parse_wait_output
-from ansible_collections.agentbox.box.plugins.module_utils._provider import (
+from ansible_collections.agentbox.box.plugins.module_utils.agent import _agent
+from ansible_collections.agentbox.box.plugins.module_utils.box import _box
+from ansible_collections.agentbox.box.plugins.module_utils.core._box_data import MAX_JSON_BYTES
+from ansible_collections.agentbox.box.plugins.module_utils.core._provider import (
     EXEC_OUTPUT_LIMIT,
     CappedOutput,
     OutputTooLarge,
     read_box_file,
+)
+from ansible_collections.agentbox.box.plugins.module_utils.git import _seed, _ship
+from ansible_collections.agentbox.box.plugins.module_utils.idle import _idle
+from ansible_collections.agentbox.box.plugins.module_utils.providers.daytona._daytona_exec import (
+    WAIT_SCRIPT,
+    parse_wait_output,
 )
 
 from .fake_provider import FakeProvider

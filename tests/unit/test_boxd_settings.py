@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.agentbox.box.plugins.module_utils._boxd_api import BoxdSettings
-from ansible_collections.agentbox.box.plugins.module_utils._errors import ProviderError
+from ansible_collections.agentbox.box.plugins.module_utils.core._errors import ProviderError
+from ansible_collections.agentbox.box.plugins.module_utils.providers.boxd._boxd_api import BoxdSettings
 
 
 @pytest.mark.parametrize(("url", "says"), [
@@ -45,7 +45,7 @@ def test_without_an_address_the_sdks_own_front_door_is_dialled(monkeypatch: pyte
     The key exchange goes to the console host, as the SDK derives it."""
     from boxd._urls import resolve_endpoint
 
-    from ansible_collections.agentbox.box.plugins.module_utils._boxd_api import client_for, forget_client
+    from ansible_collections.agentbox.box.plugins.module_utils.providers.boxd._boxd_api import client_for, forget_client
 
     for name in ("BOXD_BASE_URL", "BOXD_API_URL"):
         monkeypatch.delenv(name, raising=False)
@@ -66,8 +66,8 @@ def test_an_unreachable_key_exchange_is_reported_as_unreachable(home, monkeypatc
     problem to report as such, not a refused key."""
     import socket
 
-    from ansible_collections.agentbox.box.plugins.module_utils._boxd import BoxdProvider
-    from ansible_collections.agentbox.box.plugins.module_utils._errors import EngineUnreachable
+    from ansible_collections.agentbox.box.plugins.module_utils.core._errors import EngineUnreachable
+    from ansible_collections.agentbox.box.plugins.module_utils.providers.boxd._boxd import BoxdProvider
 
     monkeypatch.delenv("BOXD_TOKEN", raising=False)
     with socket.socket() as probe:  # a port nothing listens on

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from ansible_collections.agentbox.box.plugins.module_utils import _boxd_state as st
-from ansible_collections.agentbox.box.plugins.module_utils._boxd_store import BoxdCheckpoints
-from ansible_collections.agentbox.box.plugins.module_utils._snapshot_store import parse_snapshot_name
+from ansible_collections.agentbox.box.plugins.module_utils.providers._snapshot_store import parse_snapshot_name
+from ansible_collections.agentbox.box.plugins.module_utils.providers.boxd import _boxd_state as st
+from ansible_collections.agentbox.box.plugins.module_utils.providers.boxd._boxd_store import BoxdCheckpoints
 
 # The table in _boxd_state's docstring and docs/providers/boxd.md, row by row:
 # status -> (box state, needs a start, ready for an exec without waiting).

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ansible_collections.agentbox.box.plugins.module_utils import _git
+from ansible_collections.agentbox.box.plugins.module_utils.git import _git
 from tests.conftest import git, make_repo
 
 

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO / ".collections") not in sys.path:
     sys.path.insert(0, str(REPO / ".collections"))
 
-from ansible_collections.agentbox.box.plugins.module_utils import _checkpoint  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.checkpoint import _checkpoint  # noqa: E402
 
 GIT = ["git", "-c", "safe.directory=*", "-c", "user.name=T", "-c", "user.email=t@example.invalid"]
 
@@ -153,7 +153,7 @@ def test_default_is_kept_with_the_other_project_settings(tmp_path: Path, monkeyp
     path = Path(_checkpoint.project_config_path("p1"))
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"someone_else": {"keep": True}}))
-    from ansible_collections.agentbox.box.plugins.module_utils._docker import DockerProvider
+    from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._docker import DockerProvider
 
     local = DockerProvider()  # no engine call: only its provider name and engine are read
     assert _checkpoint.project_default(local, "p1") is None
@@ -443,7 +443,10 @@ def test_restore_registers_nested_repositories_inside_the_baked_root(tmp_path: P
 def test_blob_ids_are_gits_own_for_links_dangling_links_and_odd_names(tmp_path: Path) -> None:
     """Untracked files the box and the host both have are compared by blob id: git's own id of what is
     there, a symlink by its target text (a dangling one too), a name holding a newline as one path."""
-    from ansible_collections.agentbox.box.plugins.module_utils._restore_program import blob_ids, object_format
+    from ansible_collections.agentbox.box.plugins.module_utils.checkpoint._restore_program import (
+        blob_ids,
+        object_format,
+    )
 
     repo = tmp_path / "r"
     repo.mkdir()

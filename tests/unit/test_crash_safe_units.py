@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.agentbox.box.plugins.module_utils import _ckpt_env, _journal, _naming
+from ansible_collections.agentbox.box.plugins.module_utils.core import _journal, _naming
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker import _ckpt_env
 
 
 @pytest.mark.parametrize("name", ["fix\n", "fix.lock", "a..b", "fix.", "Fix", "-x", "", "x" * 64])

@@ -24,9 +24,9 @@ from daytona import (
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / ".collections"))
 
-from ansible_collections.agentbox.box.plugins.module_utils import _daytona as dt  # noqa: E402
-from ansible_collections.agentbox.box.plugins.module_utils import _snapshot_store as snapshots  # noqa: E402
-from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.core._provider import ProviderError  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.providers import _snapshot_store as snapshots  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.providers.daytona import _daytona as dt  # noqa: E402
 
 
 def sh(line: str, **kwargs) -> subprocess.CompletedProcess:

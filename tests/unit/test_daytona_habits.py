@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 from daytona import DaytonaRateLimitError
 
-from ansible_collections.agentbox.box.plugins.module_utils import _daytona as dt
-from ansible_collections.agentbox.box.plugins.module_utils import _daytona_state as st
-from ansible_collections.agentbox.box.plugins.module_utils import _shell_line as shell_line
+from ansible_collections.agentbox.box.plugins.module_utils.core import _shell_line as shell_line
+from ansible_collections.agentbox.box.plugins.module_utils.providers.daytona import _daytona as dt
+from ansible_collections.agentbox.box.plugins.module_utils.providers.daytona import _daytona_state as st
 
 
 def sandbox(state: str, desired: str | None = None, name: str = "box") -> SimpleNamespace:
@@ -107,7 +107,7 @@ def test_an_image_is_pinned_by_digest_by_image_id_or_sent_by_tag_with_a_warning(
 
     import docker
 
-    from ansible_collections.agentbox.box.plugins.module_utils import _daytona_sandboxes as sb
+    from ansible_collections.agentbox.box.plugins.module_utils.providers.daytona import _daytona_sandboxes as sb
     from tests.daytona_emulator import TEST_IMAGE, ensure_test_image, remove_test_image
 
     pinned = "registry.example/team/box@sha256:" + "a" * 64

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.agentbox.box.plugins.module_utils._engine_api import (
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._engine_api import (
     EngineAPIError,
     exec_exit_code,
     pause_patiently,

@@ -3,7 +3,7 @@ nested bounds keep the earlier end, and an exec's own timeout still applies when
 
 from __future__ import annotations
 
-from ansible_collections.agentbox.box.plugins.module_utils._provider import exec_deadline, exec_time_left
+from ansible_collections.agentbox.box.plugins.module_utils.core._provider import exec_deadline, exec_time_left
 
 
 def test_no_deadline_leaves_an_exec_its_own_timeout() -> None:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.agentbox.box.plugins.module_utils import _box_engine, _git_view
+from ansible_collections.agentbox.box.plugins.module_utils.git import _git_view
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker import _box_engine
 from tests.conftest import git, make_repo
 
 OWNER = (101000, 101000)  # the box user's host ids under the box engine's remap

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ansible_collections.agentbox.box.plugins.module_utils import _idle
+from ansible_collections.agentbox.box.plugins.module_utils.idle import _idle
 
 NOW = 1_800_000_000.0
 
@@ -130,7 +130,7 @@ def test_record_first_seen_paused_and_forgotten_when_running_or_gone(tmp_path: P
 
 
 def test_relay_policy_file_defaults_switch_and_bad_values(tmp_path: Path) -> None:
-    from ansible_collections.agentbox.box.plugins.module_utils import _relay_idle
+    from ansible_collections.agentbox.box.plugins.module_utils.relay import _relay_idle
 
     path = tmp_path / "policy.json"
     default = _relay_idle.load_policy(str(path), environ={})
@@ -150,7 +150,7 @@ def test_relay_policy_file_defaults_switch_and_bad_values(tmp_path: Path) -> Non
 
 
 def test_relay_reaches_each_engine_once() -> None:
-    from ansible_collections.agentbox.box.plugins.module_utils import _relay_idle
+    from ansible_collections.agentbox.box.plugins.module_utils.relay import _relay_idle
 
     registrations = {"1": {"provider": "docker", "engine": "local", "name": "a"},
                      "2": {"provider": "docker", "engine": "local", "name": "b"},

@@ -15,8 +15,8 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO / ".collections") not in sys.path:
     sys.path.insert(0, str(REPO / ".collections"))
 
-from ansible_collections.agentbox.box.plugins.module_utils import _image  # noqa: E402
-from ansible_collections.agentbox.box.plugins.module_utils._image import (  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker import _image  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._image import (  # noqa: E402
     ContextFile,
     ImageError,
     compute_fingerprint,

@@ -27,8 +27,8 @@ from ansible.utils.display import Display  # noqa: E402
 
 init_plugin_loader([str(REPO / ".collections")])
 
-from ansible_collections.agentbox.box.plugins.module_utils._naming import project_id  # noqa: E402
-from ansible_collections.agentbox.box.plugins.module_utils._provider import (  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.core._naming import project_id  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.core._provider import (  # noqa: E402
     BoxFacts,
     EngineUnreachable,
     ExecResult,

@@ -13,8 +13,8 @@ import yaml
 from ansible_collections.agentbox.box.plugins.connection import box as connection_plugin
 from ansible_collections.agentbox.box.plugins.doc_fragments.provider import ModuleDocFragment
 from ansible_collections.agentbox.box.plugins.inventory import boxes as inventory_plugin
-from ansible_collections.agentbox.box.plugins.module_utils._module import PROVIDER_ARGUMENT_SPEC
-from ansible_collections.agentbox.box.plugins.module_utils._registry import (
+from ansible_collections.agentbox.box.plugins.module_utils.providers._module import PROVIDER_ARGUMENT_SPEC
+from ansible_collections.agentbox.box.plugins.module_utils.providers._registry import (
     CLOUD_SETTINGS,
     PROVIDERS,
     box_options,

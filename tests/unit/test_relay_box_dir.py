@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.agentbox.box.plugins.module_utils import _relay_state
+from ansible_collections.agentbox.box.plugins.module_utils.relay import _relay_state
 
 BOX_ID = "0badc0de"
 

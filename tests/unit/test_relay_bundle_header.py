@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ansible_collections.agentbox.box.plugins.module_utils._relay_protocol import (
+from ansible_collections.agentbox.box.plugins.module_utils.relay._relay_protocol import (
     BUNDLE_GRACE,
     MAX_BUNDLE_BYTES,
     MAX_BUNDLE_RECEPTIONS,
@@ -15,7 +15,7 @@ from ansible_collections.agentbox.box.plugins.module_utils._relay_protocol impor
     bundle_header,
     parse_request,
 )
-from ansible_collections.agentbox.box.plugins.module_utils._relay_server import BundleGate
+from ansible_collections.agentbox.box.plugins.module_utils.relay._relay_server import BundleGate
 
 TIP = "a" * 40
 
@@ -112,7 +112,7 @@ def test_a_bundle_sent_below_the_minimum_rate_is_cut_after_the_grace_and_frees_i
     import socket
     import threading
 
-    from ansible_collections.agentbox.box.plugins.module_utils._relay_server import SocketBundles
+    from ansible_collections.agentbox.box.plugins.module_utils.relay._relay_server import SocketBundles
 
     declared = 64 << 20
     gate = BundleGate({"AGENTBOX_RELAY_BUNDLE_GRACE": "1", "AGENTBOX_RELAY_BUNDLE_SLOTS": "1"})

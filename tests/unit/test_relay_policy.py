@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ansible_collections.agentbox.box.plugins.module_utils import _relay_ops, _relay_policy
-from ansible_collections.agentbox.box.plugins.module_utils._relay_protocol import approval_reason, parse_request
+from ansible_collections.agentbox.box.plugins.module_utils.relay import _relay_ops, _relay_policy
+from ansible_collections.agentbox.box.plugins.module_utils.relay._relay_protocol import approval_reason, parse_request
 from tests.conftest import git, make_repo
 
 OWN = "agentbox/fix-login"

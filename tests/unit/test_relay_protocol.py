@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ansible_collections.agentbox.box.plugins.module_utils._relay_protocol import (
+from ansible_collections.agentbox.box.plugins.module_utils.relay._relay_protocol import (
     MAX_REQUEST_BYTES,
     RateLimiter,
     RequestError,
@@ -108,7 +108,7 @@ def test_describe_is_one_line_of_what_was_asked() -> None:
 def test_look_alike_branch_names_are_escaped_and_flagged_on_the_approval_line() -> None:
     import asyncio
 
-    from ansible_collections.agentbox.box.plugins.module_utils._relay_server import Pending
+    from ansible_collections.agentbox.box.plugins.module_utils.relay._relay_server import Pending
 
     look_alike = "m\u0430in"  # a Cyrillic а: git's rules accept it, and it reads as main
     parsed = parse_request(request("git.push", **{"as": look_alike}))

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO / ".collections") not in sys.path:
     sys.path.insert(0, str(REPO / ".collections"))
 
-from ansible_collections.agentbox.box.plugins.module_utils._safe_extract import (  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.core._safe_extract import (  # noqa: E402
     ArchiveRefused,
     extract,
     extract_as,
@@ -287,7 +287,7 @@ def test_extract_as_unpacks_as_the_owner_and_refuses_in_the_child(sandbox: tuple
 MEMORY_PROBE = r"""
 import os, resource, sys, tarfile
 sys.path.insert(0, sys.argv[2])
-from ansible_collections.agentbox.box.plugins.module_utils._safe_extract import extract, first_entry
+from ansible_collections.agentbox.box.plugins.module_utils.core._safe_extract import extract, first_entry
 
 SIZES = [100 << 20, 150 << 20, 50 << 20, 0]  # 300 MiB of zeros in a few files
 ZEROS = bytes(1 << 16)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.agentbox.box.plugins.module_utils import _carry_env, _git
-from ansible_collections.agentbox.box.plugins.module_utils._secret_files import named_like_secret
+from ansible_collections.agentbox.box.plugins.module_utils.core._secret_files import named_like_secret
+from ansible_collections.agentbox.box.plugins.module_utils.git import _carry_env, _git
 from tests.conftest import git, make_repo
 
 KEY = b"-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----\n"

@@ -13,8 +13,8 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO / ".collections") not in sys.path:
     sys.path.insert(0, str(REPO / ".collections"))
 
-from ansible_collections.agentbox.box.plugins.module_utils import _git, _ship  # noqa: E402
-from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.core._provider import ProviderError  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.git import _git, _ship  # noqa: E402
 
 ENV = {
     **os.environ,

@@ -14,8 +14,8 @@ if str(REPO / ".collections") not in sys.path:
 
 import paramiko  # noqa: E402
 
-from ansible_collections.agentbox.box.plugins.module_utils import _ssh  # noqa: E402
-from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.core._provider import ProviderError  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.ssh import _ssh  # noqa: E402
 
 
 @pytest.mark.parametrize(

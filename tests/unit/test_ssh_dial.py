@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO / ".collections") not in sys.path:
     sys.path.insert(0, str(REPO / ".collections"))
 
-from ansible_collections.agentbox.box.plugins.module_utils._ssh_dial import dial_stdio_adapter  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.ssh._ssh_dial import dial_stdio_adapter  # noqa: E402
 
 OUTPUT = b"M  staged.txt\n D deleted.txt\n?? untracked.txt\n"
 ERROR = b"a warning\n"

@@ -8,7 +8,7 @@ import os
 import tarfile
 from pathlib import Path
 
-from ansible_collections.agentbox.box.plugins.module_utils._tarstream import Final, tar_ending_with
+from ansible_collections.agentbox.box.plugins.module_utils.core._tarstream import Final, tar_ending_with
 
 RECORD = "/etc/agentbox/seed.json"
 

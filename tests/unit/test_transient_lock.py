@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.agentbox.box.plugins.module_utils._host_files import transient_lock
+from ansible_collections.agentbox.box.plugins.module_utils.core._host_files import transient_lock
 
 WORKERS = 4
 ROUNDS = 40
@@ -21,7 +21,7 @@ ROUNDS = 40
 # lost increment.
 WORKER = """
 import os, sys, time
-from ansible_collections.agentbox.box.plugins.module_utils._host_files import transient_lock
+from ansible_collections.agentbox.box.plugins.module_utils.core._host_files import transient_lock
 lock, log, counter, rounds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 print("ready", flush=True)
 assert sys.stdin.readline().strip() == "go"
@@ -85,7 +85,7 @@ def test_a_held_lock_times_out_with_the_given_error_and_the_holder_still_cleans_
     lock = tmp_path / "held.lock"
     holder = "\n".join([
         "import sys",
-        "from ansible_collections.agentbox.box.plugins.module_utils._host_files import transient_lock",
+        "from ansible_collections.agentbox.box.plugins.module_utils.core._host_files import transient_lock",
         "with transient_lock(sys.argv[1], 60, RuntimeError('x')):",
         "    print('held', flush=True)",
         "    sys.stdin.readline()",

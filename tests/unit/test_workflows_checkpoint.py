@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.agentbox.box.plugins.module_utils import _box, _checkpoint
-from ansible_collections.agentbox.box.plugins.module_utils._checkpoint_records import CheckpointError
-from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
+from ansible_collections.agentbox.box.plugins.module_utils.box import _box
+from ansible_collections.agentbox.box.plugins.module_utils.checkpoint import _checkpoint
+from ansible_collections.agentbox.box.plugins.module_utils.checkpoint._checkpoint_records import CheckpointError
+from ansible_collections.agentbox.box.plugins.module_utils.core._provider import ProviderError
 from tests.conftest import git, make_repo
 
 from .fake_provider import FakeProvider

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.agentbox.box.plugins.module_utils import _box
+from ansible_collections.agentbox.box.plugins.module_utils.box import _box
 from tests.conftest import git, make_repo
 
 from .fake_provider import FakeProvider

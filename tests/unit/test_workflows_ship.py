@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.agentbox.box.plugins.module_utils import _box, _ship
-from ansible_collections.agentbox.box.plugins.module_utils._box_data import BoxDataError
-from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
+from ansible_collections.agentbox.box.plugins.module_utils.box import _box
+from ansible_collections.agentbox.box.plugins.module_utils.core._box_data import BoxDataError
+from ansible_collections.agentbox.box.plugins.module_utils.core._provider import ProviderError
+from ansible_collections.agentbox.box.plugins.module_utils.git import _ship
 from tests.conftest import git, make_repo
 
 from .fake_provider import FakeProvider

@@ -1,0 +1,726 @@
+# Copyright (c) agentbox.box contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Docker provider: boxes as containers on the local engine or on an engine reached over SSH.
+
+The two differ only in how the client reaches the engine (`_client_for`); every operation
+below is the same for both. Boxes are found by their io.agentbox.* labels, never by a local
+state file, so any machine that reaches the engine sees the same boxes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import threading
+from collections.abc import Iterable, Iterator
+from typing import IO, Any
+
+from ...access import _editor_volumes
+from ...core._host_files import ensure_private_dir, ssh_config_file
+from ...core._naming import CONTAINER_BOX_NAME_MAX, container_name, docker_volume_name, label, strip_labels
+from ...core._provider import (
+    BoxFacts,
+    BoxNotFound,
+    BoxSpec,
+    Command,
+    EngineUnreachable,
+    ExecResult,
+    OutputTooLarge,
+    Provider,
+    ProviderError,
+    SshProxy,
+)
+from . import _box_engine
+from ._box_container import BadValue, container_config, proxy_environment
+from ._engine_api import (
+    EngineAPI,
+    EngineAPIError,
+    EngineUnanswered,
+    local_engine,
+    pause_patiently,
+)
+from ._engine_sdk import SDKEngine
+from ._gitlayer_volumes import create_layers, remove_layers, rescue_commits
+
+
+# The docker SDK is imported on first use: the per-task calls (list, find, exec, archives), a box's
+# create, removal and state changes, and checkpoints go through _engine_api on engines it reaches,
+# and must not pay for it. Until _sdk() rebinds it, the SDK's exception name below is a stand-in
+# that nothing raises: no SDK exception can exist before the SDK is loaded, so an `except` clause
+# naming it never catches anything.
+class _DockerExceptionStandIn(Exception):
+    """Caught before the SDK is loaded: nothing raises it."""
+
+
+docker: Any = None
+DockerException: Any = _DockerExceptionStandIn
+
+
+def _sdk() -> Any:
+    global docker, DockerException
+    if docker is None:
+        try:
+            import docker as sdk
+            from docker import errors
+        except ImportError as exc:
+            raise ProviderError(f"the Python 'docker' package is required on the controller: {exc}") from exc
+        DockerException = errors.DockerException
+        docker = sdk
+    return docker
+
+
+BOX_USER = "vscode"
+WEB_PORT = 80
+# The capabilities a box needs for Docker-in-box and FUSE; never --privileged.
+BOX_CAPABILITIES = ["SYS_ADMIN", "NET_ADMIN"]
+BOX_SECURITY_OPT = ["seccomp=unconfined", "apparmor=unconfined"]
+RUN_DIR = "/run/agentbox"
+SECRETS_DIR = RUN_DIR + "/secrets"
+DOCKER_STATES = {
+    "running": "running",
+    "paused": "paused",
+    "created": "stopped",
+    "exited": "stopped",
+    "dead": "stopped",
+    "restarting": "stopped",
+    "removing": "stopped",
+}
+API_TIMEOUT = 120
+
+# One client per engine per process: Ansible builds a new connection object for every task,
+# and the inventory lists many engines; reconnecting each time is the slow part.
+_CLIENTS: dict[str, Any] = {}
+_CLIENTS_LOCK = threading.Lock()
+# Engine API versions seen answering; unlike clients, safe to inherit across a fork.
+_API_VERSIONS: dict[str, str] = {}
+
+
+def engine_unreachable(engine: str, exc: Exception, docker_host: str | None = None) -> EngineUnreachable:
+    """The one message for an engine that does not answer: where it was looked for, and what to do."""
+    if engine == "local" and docker_host and docker_host == _box_engine.box_engine_host():
+        return EngineUnreachable(f"the box engine at {docker_host} does not answer ({exc}): {_box_engine.START_HINT}")
+    where = (docker_host or _box_engine.user_engine_host()) if engine == "local" else engine
+    return EngineUnreachable(
+        f"the Docker engine at {where} does not answer ({exc}). Start it (scripts/ensure-docker.sh "
+        "starts a local one) or point DOCKER_HOST at a running engine."
+    )
+
+
+def _engine_error(
+    status: int | None, text: str, name: str, operation: str, engine: str, missing: str | None = None
+) -> ProviderError:
+    """One ProviderError for an engine's error answer, whichever client got it. `missing` is the
+    message for a 404 about something other than the container (a path in it)."""
+    if "is paused" in text:
+        return ProviderError(
+            "the box is paused: resume it (playbooks/box_state.yml -e state=started) and try again",
+            box=name,
+            operation=operation,
+        )
+    if "is not running" in text:
+        return ProviderError(
+            "the box is stopped: start it (playbooks/box_state.yml -e state=started) and try again",
+            box=name,
+            operation=operation,
+        )
+    if status == 404 and "no such container" in text.lower():
+        return BoxNotFound(f"no box called {name!r} on engine {engine}", box=name, operation=operation)
+    if status == 404 and missing:
+        return ProviderError(missing, box=name, operation=operation)
+    return ProviderError(text, box=name, operation=operation)
+
+
+def _client_for(engine: str, ssh_options: dict[str, Any] | None = None, docker_host: str | None = None) -> Any:
+    _sdk()
+    # Keyed by pid too: a forked Ansible worker must not share its parent's connection.
+    key = f"{os.getpid()}:{engine}:{docker_host or ''}"
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.get(key)
+        if client is not None:
+            return client
+        try:
+            if engine == "local":
+                # A worker forked from a process that already reached this engine knows its API
+                # version: skip the /version and /_ping round trips every new client would make.
+                known = _API_VERSIONS.get(key.split(":", 1)[1])
+                environment = {**os.environ, "DOCKER_HOST": docker_host} if docker_host else None
+                client = docker.from_env(timeout=API_TIMEOUT, version=known or "auto", environment=environment)
+                if not known:
+                    client.api.ping()
+                    _API_VERSIONS[key.split(":", 1)[1]] = client.api.api_version
+            else:
+                from ...ssh._ssh import docker_client_over_ssh
+
+                client = docker_client_over_ssh(engine, timeout=API_TIMEOUT, **(ssh_options or {}))
+                client.api.ping()
+        except DockerException as exc:
+            raise engine_unreachable(engine, exc, docker_host) from exc
+        _CLIENTS[key] = client
+        return client
+
+
+def forget_client(engine: str, docker_host: str | None = None) -> None:
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.pop(f"{os.getpid()}:{engine}:{docker_host or ''}", None)
+    if client is not None:
+        try:
+            client.close()
+        except Exception:  # noqa: BLE001 - closing a dead client must not mask the real error
+            pass
+
+
+class _Summary:
+    """Just enough of a container object for _facts, made from a listing entry."""
+
+    def __init__(self, name: str, attrs: dict[str, Any]):
+        self.name = name
+        self.attrs = attrs
+
+
+class _Gone(Exception):
+    """What was to be removed is not there (any more)."""
+
+
+def _or_gone(remove: Any, *args: Any, **kwargs: Any) -> None:
+    """A removal, with the engine's 404 as _Gone."""
+    try:
+        remove(*args, **kwargs)
+    except EngineAPIError as exc:
+        if exc.status == 404:
+            raise _Gone() from exc
+        raise
+
+
+class DockerProvider(Provider):
+    """Boxes as containers. `engine` is 'local' or an SSH destination (provider docker_ssh)."""
+
+    shares_host_filesystem = True
+    image_user_ids = True
+    max_box_name = CONTAINER_BOX_NAME_MAX  # the container's hostname, agentbox-<box>, fits Linux's limit
+
+    def __init__(self, engine: str | None = None, ssh_options: dict[str, Any] | None = None,
+                 isolation: str | None = None, **_ignored: Any):
+        super().__init__()
+        self._engine = engine or "local"
+        # Local boxes live on the box engine (user namespaces) unless isolation 'none' asks for the
+        # user's engine; one not told its isolation also finds boxes of the user's engine (_box_engine).
+        self.isolation = _box_engine.check_isolation(isolation)
+        self._isolation_given = bool(isolation)
+        self.name = "docker" if self._engine == "local" else "docker_ssh"
+        # Only the local engine sees the controller's files (the workspace .git bind mounts).
+        self.shares_host_filesystem = self._engine == "local"
+        self.relay_channel = "socket" if self._engine == "local" else "tunnel"
+        self.transfers_images = self._engine != "local"  # a remote engine gets the local engine's images
+        self.thread_safe_client = self._engine == "local"
+        # A remote engine publishes on its own 127.0.0.1; an editor attaches to this machine's engine only.
+        self.port_urls = "published" if self._engine == "local" else "forwarded"
+        self.attaches_dev_containers = self._engine == "local"
+        self._ssh_options = ssh_options or {}
+        # The per-task calls go straight to the engine's socket when the standard library can
+        # reach it (the local engine without TLS); otherwise the SDK makes them too.
+        self._docker_host: str | None = None  # the local engine's address (docker_host)
+        self._direct: EngineAPI | None = None
+        if self._engine == "local":
+            self._use_local_engine(self.isolation)
+
+    def _use_local_engine(self, isolation: str) -> None:
+        self.isolation = isolation
+        self._docker_host = _box_engine.engine_host(isolation)
+        # The box engine is ours (a unix socket, never TLS); the user's engine as DOCKER_* say.
+        environ = {"DOCKER_HOST": self._docker_host} if isolation == "userns" else None
+        self._direct = local_engine(API_TIMEOUT, environ)
+
+    @property  # type: ignore[override]
+    def docker_host(self) -> str | None:
+        """The local engine's address (None for a remote engine): what `docker -H` needs."""
+        return self._docker_host
+
+    # -- plumbing -------------------------------------------------------------------------------
+    @property
+    def engine(self) -> str:
+        return self._engine
+
+    @property
+    def ssh_options(self) -> dict[str, Any]:
+        """The SSH settings of a docker_ssh engine (the relay opens its own channel with them)."""
+        return dict(self._ssh_options)
+
+    @property
+    def client(self) -> Any:
+        return _client_for(self._engine, self._ssh_options, self._docker_host)
+
+    # -- reaching boxes from other processes --------------------------------------------------------
+    def reopen_options(self) -> dict[str, Any]:
+        if self._engine == "local":
+            return {"isolation": self.isolation}
+        # The relay and the wake may run with another environment: keep the SSH settings this one used.
+        config_file = ssh_config_file(self._ssh_options.get("config_file"))
+        return {"engine": self._engine, "ssh_options": {**self._ssh_options, "config_file": config_file}}
+
+    def reopen_environment(self) -> dict[str, str]:
+        if self._engine != "local":
+            return {}
+        name = "AGENTBOX_ENGINE" if self.isolation == "userns" else "DOCKER_HOST"
+        return {name: os.environ[name]} if os.environ.get(name) else {}
+
+    def terminal_command(self, facts: BoxFacts, command: str, ssh: str = "ssh") -> str:
+        return f"docker {self._host_option()}exec -it -u vscode {facts.container} {command}"
+
+    def _host_option(self) -> str:
+        """`-H <address> ` for the docker CLI when the engine is not the CLI's default one."""
+        if self._engine != "local":
+            return f"-H ssh://{self._engine} "
+        if self._docker_host and self._docker_host != _box_engine.user_engine_host({}):
+            return f"-H {self._docker_host} "
+        return ""
+
+    def forward_port(self, name: str, published: int, local_port: int | None) -> tuple[int, int]:
+        if self._engine == "local":
+            return super().forward_port(name, published, local_port)  # published on this machine already
+        from ...ssh import _ssh  # the SSH transport is loaded only for boxes on remote engines
+
+        return _ssh.start_forward_daemon(self._engine, published, local_port or 0, **self._ssh_options)
+
+    def discard(self) -> None:
+        self.close()
+        forget_client(self._engine, self._docker_host)
+
+    def ssh_proxy(self, name: str) -> SshProxy:
+        from ...ssh import _ssh_proxy
+
+        if self._engine != "local":
+            ensure_private_dir(_ssh_proxy.control_dir())  # the engine connection's shared socket lives there
+            return SshProxy(_ssh_proxy.engine_proxy_argv(name, self._engine, self._ssh_options))
+        warnings = []
+        if not shutil.which("docker"):
+            warnings.append(f"the docker CLI is not on this machine; `ssh {_ssh_proxy.alias(name)}` runs it: "
+                            "install it (apt-get install docker.io)")  # fmt: skip
+        return SshProxy(_ssh_proxy.local_proxy_argv(name, self._docker_host), warnings=warnings)
+
+    @property
+    def api(self) -> Any:
+        return self.client.api
+
+    @contextlib.contextmanager
+    def _engine_call(self, name: str, operation: str, missing: str | None = None) -> Iterator[EngineAPI | SDKEngine]:
+        """The engine's client (_calls), with its failures turned into the provider's errors: a box that is
+        paused, stopped or gone, and `missing` for a 404 about something else (a path in the box)."""
+        try:
+            yield self._calls()
+        except EngineUnanswered as exc:
+            raise engine_unreachable(self._engine, exc, self._docker_host) from exc
+        except EngineAPIError as exc:
+            raise _engine_error(exc.status, exc.message, name, operation, self._engine, missing) from exc
+
+    def _facts(self, container: Any) -> BoxFacts:
+        attrs = container.attrs
+        labels = strip_labels(attrs.get("Config", {}).get("Labels"))
+        # Boxes made before the box engine carry no isolation label: they ran on the user's engine.
+        labels.setdefault("isolation", "none")
+        state = DOCKER_STATES.get(attrs.get("State", {}).get("Status", ""), "missing")
+        ports: dict[str, int] = {}
+        for key, bindings in (attrs.get("NetworkSettings", {}).get("Ports") or {}).items():
+            if bindings:
+                ports[key.split("/")[0]] = int(bindings[0]["HostPort"])
+        web = ports.get(str(WEB_PORT))
+        return BoxFacts(
+            name=labels.get("box", container.name.removeprefix("agentbox-")),
+            id=labels.get("id", ""),
+            provider=self.name,
+            engine=self._engine,
+            state=state,
+            container=container.name,
+            image=labels.get("image") or attrs.get("Config", {}).get("Image", ""),
+            project=labels.get("project", ""),
+            workspace=labels.get("workspace", ""),
+            branch=labels.get("branch", ""),
+            created=labels.get("created", ""),
+            ports=ports,
+            labels=labels,
+            checkpoint=labels.get("checkpoint") or None,
+            web_url=f"http://127.0.0.1:{web}/" if web and self._engine == "local" else None,
+        )
+
+    # -- discovery ------------------------------------------------------------------------------
+    def find(self, name: str) -> BoxFacts | None:
+        with self._engine_call(name, "find") as engine:
+            attrs = engine.inspect_container(container_name(name))
+        if attrs is None and self._other_local_isolation():
+            # A box not told its isolation may be an unisolated one on the user's engine.
+            other = DockerProvider(isolation=self._other_local_isolation())
+            with contextlib.suppress(EngineUnreachable):
+                if other.find(name) is not None:
+                    self._use_local_engine(other.isolation)
+                    return self.find(name)
+        if attrs is None:
+            return None
+        container = _Summary(str(attrs.get("Name", "")).lstrip("/"), attrs)
+        if label("box") not in (container.attrs.get("Config", {}).get("Labels") or {}):
+            raise ProviderError(
+                f"container {container.name!r} exists but was not made by agentbox (no io.agentbox.box label); "
+                "pick another box name or remove that container",
+                box=name,
+            )
+        return self._facts(container)
+
+    def list_boxes(self, project: str | None = None) -> list[BoxFacts]:
+        filters = {"label": [label("kind") + "=box"]}
+        if project:
+            filters["label"].append(f"{label('project')}={project}")
+        # One request: /containers/json already carries labels, state and ports.
+        with self._engine_call("", "list boxes") as engine:
+            summaries = engine.containers(filters["label"])
+        boxes = [self._facts_from_summary(s) for s in summaries]
+        if self._other_local_isolation():
+            # The user's engine may still hold unisolated boxes (made with isolation none, or before
+            # the box engine): listed too, whenever that engine answers.
+            with contextlib.suppress(EngineUnreachable):
+                boxes += DockerProvider(isolation=self._other_local_isolation()).list_boxes(project)
+        return sorted(boxes, key=lambda f: f.name)
+
+    def _other_local_isolation(self) -> str | None:
+        """The other local engine's isolation, where a box of this provider may also live: only for
+        a local provider not told its isolation, and only when that engine is another daemon."""
+        if self._engine != "local" or self._isolation_given or self.isolation != "userns":
+            return None
+        return "none" if _box_engine.user_engine_host() != self._docker_host else None
+
+    def _facts_from_summary(self, summary: dict[str, Any]) -> BoxFacts:
+        """BoxFacts from a /containers/json entry (the listing), in the shape _facts gives."""
+        ports: dict[str, int] = {}
+        for port in summary.get("Ports") or []:
+            if port.get("PublicPort") and port.get("Type", "tcp") == "tcp":
+                ports.setdefault(str(port["PrivatePort"]), int(port["PublicPort"]))
+        names = summary.get("Names") or ["/"]
+        attrs = {
+            "Config": {"Labels": summary.get("Labels") or {}, "Image": summary.get("Image", "")},
+            "State": {"Status": summary.get("State", "")},
+            "NetworkSettings": {"Ports": {f"{k}/tcp": [{"HostPort": str(v)}] for k, v in ports.items()}},
+        }
+        return self._facts(_Summary(names[0].lstrip("/"), attrs))
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def create(self, spec: BoxSpec) -> BoxFacts:
+        cname = container_name(spec.name)
+        volume = docker_volume_name(spec.name)
+        volume_labels = {**spec.labels, label("kind"): "volume"}
+        resources = spec.resources or {}
+        created_volume = False
+        container: str | None = None
+        layers: dict[str, str] = {}
+        engine = None
+        try:
+            engine = self._calls()
+            box_root = self._box_root_ids(engine, spec.name)
+            # Only a volume made here is removed on failure: one with this name may belong to a box
+            # that another run is creating at this moment.
+            # `volume create` of an existing name answers with that volume: it is ours only when it
+            # carries this box's id (a run racing for the name may have made it a moment ago).
+            made = engine.create_volume(volume, volume_labels)
+            created_volume = (made.get("Labels") or {}).get(label("id")) == spec.box_id
+            binds = [(volume, "/var/lib/docker", "rw")]
+            # Never the host's .git itself: an overlay whose writes stay in the box's volumes (_gitlayer).
+            layers = create_layers(engine, spec.name, spec.box_id, spec.labels, spec.bind_paths, box_root)
+            binds += [(layer, path, "rw") for layer, path in layers.items()]
+            binds += [(host_path, box_path, "ro") for host_path, box_path in spec.mounts.items()]
+            # Editor servers with their extensions, per box (never shared): _editor_volumes.
+            for editor_volume, box_path, editor_labels in _editor_volumes.box_volumes(spec.name, volume_labels):
+                engine.create_volume(editor_volume, editor_labels)
+                binds.append((editor_volume, box_path, "rw"))
+            config = container_config(
+                image=spec.image,
+                name=cname,
+                command=["sleep", "infinity"],
+                labels={**spec.labels, **_editor_volumes.container_labels(), label("isolation"): self.isolation},
+                env=spec.box_env(),
+                binds=binds,
+                ports=list(spec.ports),
+                cap_add=BOX_CAPABILITIES,
+                devices=[("/dev/fuse", "/dev/fuse", "rwm")],
+                security_opt=BOX_SECURITY_OPT,
+                tmpfs={RUN_DIR: "mode=0755,uid=1000,gid=1000"},
+                extra_hosts={"host.docker.internal": "host-gateway"},
+                memory=resources.get("memory"),
+                nano_cpus=int(float(resources["cpus"]) * 1e9) if resources.get("cpus") else None,
+                pids_limit=resources.get("pids_limit"),
+                proxies=proxy_environment(),
+            )
+            try:
+                container = engine.create_container(config, cname)
+            except EngineAPIError as exc:
+                if exc.status == 404 and "no such image" in exc.message.lower():
+                    raise ProviderError(
+                        f"image {spec.image!r} is not on engine {self._engine}: build it with the box_image role "
+                        "(playbooks/create_box.yml does) or pass another 'image'",
+                        box=spec.name,
+                        operation="create",
+                    ) from exc
+                if exc.status == 409:
+                    raise ProviderError(
+                        f"a container called {cname!r} already exists on engine {self._engine}: pick another box name",
+                        box=spec.name,
+                        operation="create",
+                    ) from exc
+                raise
+            engine.start_container(container)
+            if spec.secrets:
+                self._write_secrets(spec.name, spec.secrets)
+            attrs = engine.inspect_container(container)
+            if attrs is None:
+                raise ProviderError("the box's container went away as it started", box=spec.name, operation="create")
+            return self._facts_of(attrs)
+        except BaseException as exc:
+            if engine is not None:
+                self._remove_half_made(engine, container, volume if created_volume else None, spec.name, layers)
+            if isinstance(exc, EngineUnanswered):
+                raise engine_unreachable(self._engine, exc, self._docker_host) from exc
+            if isinstance(exc, EngineAPIError):
+                raise ProviderError(exc.message, box=spec.name, operation="create") from exc
+            if isinstance(exc, BadValue):
+                raise ProviderError(str(exc), box=spec.name, operation="create") from exc
+            raise
+
+    def _box_root_ids(self, engine: EngineAPI | SDKEngine, name: str) -> tuple[int, int]:
+        """The host (uid, gid) of root in a box of this engine; refuses an engine that does not remap
+        user namespaces unless isolation 'none' was asked for."""
+        remapped = _box_engine.remapped_ids(str(engine.info().get("DockerRootDir", "")))
+        if remapped is None and self._engine != "local" and not self._isolation_given:
+            # A remote engine not told its isolation keeps working unisolated, labelled and said so.
+            self.isolation = "none"
+            self.warn(f"engine {self._engine} does not remap user namespaces: root in box {name} is root on "
+                      "that engine's host (start its dockerd with --userns-remap to isolate its boxes)")
+        if remapped is None and self.isolation != "none":
+            where = f"the engine at {self._docker_host}" if self._engine == "local" else f"engine {self._engine}"
+            raise ProviderError(
+                f"{where} does not remap user namespaces, so root in a box would be root on that host: "
+                + ("point AGENTBOX_ENGINE at the box engine (scripts/ensure-box-engine.sh)" if self._engine == "local"
+                   else "run scripts/ensure-box-engine.sh on it (or start its dockerd with --userns-remap)")
+                + ", or create with isolation=none to accept that",
+                box=name,
+                operation="create",
+            )
+        return remapped or (0, 0)
+
+    def _calls(self) -> EngineAPI | SDKEngine:
+        """The client of a box's create and removal: the standard-library one where it reaches the
+        engine, else the SDK's (TLS, ssh) behind the same methods."""
+        if self._direct is not None:
+            return self._direct
+        return SDKEngine(self.api, self._engine)
+
+    @contextlib.contextmanager
+    def _calling(self, name: str, operation: str) -> Iterator[EngineAPI | SDKEngine]:
+        """_calls(), with an engine that does not answer and its error answers turned into the
+        provider's errors."""
+        try:
+            yield self._calls()
+        except EngineUnanswered as exc:
+            raise engine_unreachable(self._engine, exc, self._docker_host) from exc
+        except EngineAPIError as exc:
+            raise ProviderError(exc.message, box=name or None, operation=operation) from exc
+
+    @staticmethod
+    def _remove_half_made(
+        engine: EngineAPI | SDKEngine,
+        container: str | None,
+        volume: str | None,
+        box: str | None = None,
+        layers: dict[str, str] | None = None,
+    ) -> None:
+        """Undo a create by what it made: the container by its id, the volumes it made by name."""
+        if container is not None:
+            with contextlib.suppress(EngineAPIError, EngineUnanswered):
+                engine.remove_container(container, force=True, volumes=True)
+        # The box's git layers: each overlay, then its upper and work volumes (named by this box's id).
+        # The box's editor server volumes were made in the same run as its volume: both are ours.
+        names = [layer + suffix for layer in layers or {} for suffix in ("", "-upper", "-work")]
+        names += [volume, *(_editor_volumes.per_box_volumes(box) if volume and box else [])] if volume else []
+        for name in names:
+            with contextlib.suppress(EngineAPIError, EngineUnanswered):
+                engine.remove_volume(name, force=True)
+
+    def _write_secrets(self, name: str, secrets: dict[str, str]) -> None:
+        """Secrets go to a tmpfs file each: never in env, labels or the writable layer.
+
+        Written through exec's stdin: the engine's archive API cannot reach into a tmpfs mount.
+        """
+        for key in secrets:
+            if not re.fullmatch(r"[A-Za-z0-9_.-]{1,128}", key) or key.startswith("."):
+                raise ProviderError(
+                    f"secret name {key!r} must be 1-128 characters from A-Z, a-z, 0-9, '_', '.', '-'",
+                    box=name,
+                    operation="create",
+                )
+        self.exec(
+            name, ["install", "-d", "-m", "0700", "-o", BOX_USER, "-g", BOX_USER, SECRETS_DIR], user="root"
+        ).check("making the secrets directory", name)
+        for key, value in secrets.items():
+            self.exec(
+                name,
+                ["sh", "-c", 'umask 077 && cat > "$0/$1"', SECRETS_DIR, key],
+                user=BOX_USER,
+                stdin=value.encode("utf-8"),
+            ).check(f"writing secret {key}", name)
+
+    def _box_attrs(
+        self, engine: EngineAPI | SDKEngine, name: str, operation: str, container: str | None = None
+    ) -> dict[str, Any]:
+        """The box's container as the engine inspects it (by `container`, its id, once known)."""
+        attrs = engine.inspect_container(container or container_name(name))
+        if attrs is None:
+            raise BoxNotFound(f"no box called {name!r} on engine {self._engine}", box=name, operation=operation)
+        return attrs
+
+    def _facts_of(self, attrs: dict[str, Any]) -> BoxFacts:
+        return self._facts(_Summary(str(attrs.get("Name", "")).lstrip("/"), attrs))
+
+    def _current(self, name: str, operation: str) -> BoxFacts:
+        with self._calling(name, operation) as engine:
+            return self._facts_of(self._box_attrs(engine, name, operation))
+
+    def _transition(self, name: str, operation: str, method: str, wanted: str) -> BoxFacts:
+        """`method` (start/pause/unpause_container) on the box's container, then its facts, which
+        must say `wanted`."""
+        with self._calling(name, operation) as engine:
+            container = str(self._box_attrs(engine, name, operation)["Id"])
+            if method == "pause_container":
+                pause_patiently(engine.pause_container, container)
+            else:
+                getattr(engine, method)(container)
+            facts = self._facts_of(self._box_attrs(engine, name, operation, container))
+        if facts.state != wanted:
+            raise ProviderError(f"box is {facts.state}, expected {wanted}", box=name, operation=operation)
+        return facts
+
+    def start(self, name: str) -> BoxFacts:
+        facts = self._current(name, "start")
+        if facts.state == "paused":
+            return self.resume(name)
+        if facts.state == "running":
+            return facts
+        return self._transition(name, "start", "start_container", "running")
+
+    def stop(self, name: str) -> BoxFacts:
+        facts = self._current(name, "stop")
+        if facts.state == "paused":
+            self._transition(name, "stop", "unpause_container", "running")
+        if facts.state == "stopped":
+            return facts
+        with self._calling(name, "stop") as engine:
+            container = str(self._box_attrs(engine, name, "stop")["Id"])
+            engine.stop_container(container, timeout=10)
+            return self._facts_of(self._box_attrs(engine, name, "stop", container))
+
+    def pause(self, name: str) -> BoxFacts:
+        facts = self._current(name, "pause")
+        if facts.state == "paused":
+            return facts
+        if facts.state != "running":
+            raise ProviderError("only a running box can be paused; start it first", box=name, operation="pause")
+        return self._transition(name, "pause", "pause_container", "paused")
+
+    def resume(self, name: str) -> BoxFacts:
+        facts = self._current(name, "resume")
+        if facts.state == "running":
+            return facts
+        if facts.state == "stopped":
+            return self._transition(name, "start", "start_container", "running")
+        return self._transition(name, "resume", "unpause_container", "running")
+
+    def destroy(self, name: str) -> None:
+        with self._calling(name, "destroy") as engine:
+            with contextlib.suppress(_Gone):
+                _or_gone(engine.remove_container, container_name(name), force=True, volumes=True)
+            for volume_name in (docker_volume_name(name), *_editor_volumes.per_box_volumes(name)):
+                with contextlib.suppress(_Gone):
+                    _or_gone(engine.remove_volume, volume_name, force=True)
+            remove_layers(engine, name)
+
+    def destroy_if_id(self, name: str, box_id: str) -> bool:
+        """Remove the container and volume of box `box_id` only: by the engine's id once the label
+        matched, so a container someone else made under this name in between is never hit."""
+        removed = False
+        with self._calling(name, "undo create") as engine:
+            attrs = engine.inspect_container(container_name(name))
+            if attrs is not None and ((attrs.get("Config") or {}).get("Labels") or {}).get(label("id")) == box_id:
+                with contextlib.suppress(_Gone):
+                    _or_gone(engine.remove_container, str(attrs["Id"]), force=True, volumes=True)
+                    removed = True
+            for volume_name in (docker_volume_name(name), *_editor_volumes.per_box_volumes(name)):
+                try:
+                    volume = engine.inspect_volume(volume_name)
+                    if volume is not None and (volume.get("Labels") or {}).get(label("id")) == box_id:
+                        engine.remove_volume(volume_name, force=True)
+                except EngineAPIError:
+                    pass  # gone, or in use by the container of the run that won the name
+            remove_layers(engine, name, box_id)
+        return removed
+
+    def remove_leftover_volumes(self, name: str) -> list[dict[str, Any]]:
+        wanted = [f"{label('box')}={name}", f"{label('kind')}=volume"]
+        removed = []
+        with self._calling(name, "destroy") as engine:
+            # Commits still in the box's git layers are brought into the host before the layers go.
+            rescue_commits(engine, name)
+            for volume in engine.volumes(wanted):
+                try:
+                    engine.remove_volume(str(volume["Name"]), force=True)
+                except EngineAPIError as exc:
+                    if exc.status == 404:
+                        continue
+                    raise
+                removed.append({"name": volume["Name"], "labels": volume.get("Labels") or {}})
+            # The box's git layers too (a box's commits not yet fetched go with them).
+            removed += [{"name": layer, "labels": {}} for layer in remove_layers(engine, name)]
+        return removed
+
+    # -- inside the box -------------------------------------------------------------------------
+    def run_command(self, name: str, command: Command) -> ExecResult:
+        cname = container_name(name)
+        argv, user, workdir, env, stdin = command.argv, command.user, command.workdir, command.env, command.stdin
+        # The time bound on the local engine's own client; the SDK's (remote engines) has none.
+        try:
+            with self._engine_call(name, "exec") as engine:  # the read itself stops at command.limit
+                bound = {"timeout": command.timeout} if isinstance(engine, EngineAPI) and command.timeout is not None else {}
+                rc, stdout, stderr = engine.exec(cname, argv, user=user, workdir=workdir, env=env, stdin=stdin,
+                                                 max_output=command.limit, **bound)
+        except OutputTooLarge as exc:
+            raise OutputTooLarge(str(exc), box=name) from exc
+        return ExecResult(rc=rc, stdout=stdout, stderr=stderr)
+
+    def put_archive(self, name: str, path: str, tar_stream: Iterable[bytes] | IO[bytes]) -> None:
+        with self._engine_call(name, f"copy into {path}") as engine:
+            engine.put_archive(container_name(name), path, tar_stream)
+
+    def get_archive(self, name: str, path: str) -> Iterator[bytes]:
+        with self._engine_call(name, "copy out", f"{path} does not exist in the box") as engine:
+            return engine.get_archive(container_name(name), path)
+
+    # -- images and checkpoints -----------------------------------------------------------------
+    def checkpoint_store(self) -> Any:
+        """The engine side of checkpoints: images on this engine (_image_store)."""
+        from ._image_store import ImageStore  # lazy: only checkpoints need it
+
+        return ImageStore(self, self._calls)
+
+    def image_exists(self, image: str) -> bool:
+        with self._calling("", "image lookup") as engine:
+            return engine.inspect_image(image) is not None
+
+    def image_labels(self, image: str) -> dict[str, str]:
+        with self._calling("", "image lookup") as engine:
+            attrs = engine.inspect_image(image) or {}
+        return (attrs.get("Config") or {}).get("Labels") or {}
+
+    def commit(self, name: str, image: str, labels: dict[str, str], env: list[str] | None = None) -> dict[str, Any]:
+        repository, _sep, tag = image.rpartition(":")
+        conf: dict[str, Any] = {"Labels": labels}
+        if env is not None:
+            conf["Env"] = env  # the image's own environment, not the box's (see _ckpt_env)
+        with self._calling(name, "checkpoint") as engine:
+            container = str(self._box_attrs(engine, name, "checkpoint")["Id"])
+            image_id = engine.commit_container(container, repository, tag, conf, pause=True)
+            attrs = engine.inspect_image(image_id) or {}
+        return {"id": image_id, "size": attrs.get("Size", 0)}
