@@ -22,8 +22,9 @@ import json, sys
 from ansible.plugins.loader import init_plugin_loader
 init_plugin_loader([sys.argv[1]])
 import ansible_collections.agentbox.box.plugins.action.agentbox_box
-names = ("_box", "_box_task", "_module", "_seed")
-mods = {n: sys.modules["ansible_collections.agentbox.box.plugins.module_utils." + n] for n in names}
+names = {"_box": "box", "_box_task": "tasks", "_module": "providers", "_seed": "git"}
+mods = {n: sys.modules[f"ansible_collections.agentbox.box.plugins.module_utils.{d}.{n}"] for n, d in names.items()}
+mods["tasks"] = sys.modules["ansible_collections.agentbox.box.plugins.module_utils.tasks"]
 report = {n: {"loader": type(m.__loader__).__name__, "file": m.__file__} for n, m in mods.items()}
 try:
     import ansible_collections.agentbox.box.plugins.module_utils._no_such_util
@@ -54,15 +55,23 @@ def probe(root: Path) -> dict:
     return json.loads(run.stdout)
 
 
+FOLDERS = {"_box": "box", "_box_task": "tasks", "_module": "providers", "_seed": "git"}
+
+
 def test_utils_load_from_a_bytecode_cache_kept_in_the_collection(tmp_path: Path) -> None:
     box = collection_copy(tmp_path)
-    cache = box / "plugins" / "module_utils" / "__pycache__"
+    cache = box / "plugins" / "module_utils" / "box" / "__pycache__"
     assert not cache.exists()
 
     first = probe(tmp_path)
-    for name in ("_box", "_box_task", "_module", "_seed"):
+    for name, folder in FOLDERS.items():
         assert first[name]["loader"] == "SourceFileLoader", first
-        assert first[name]["file"] == str(box / "plugins" / "module_utils" / f"{name}.py")
+        assert first[name]["file"] == str(box / "plugins" / "module_utils" / folder / f"{name}.py")
+    # A folder of utils (its __init__.py) comes from the cache too.
+    assert first["tasks"] == {
+        "loader": "SourceFileLoader",
+        "file": str(box / "plugins" / "module_utils" / "tasks" / "__init__.py"),
+    }
     cached = cache / f"_box.cpython-{sys.version_info.major}{sys.version_info.minor}.pyc"
     assert cached.is_file()
     written = cached.stat().st_mtime_ns
@@ -79,7 +88,7 @@ def test_utils_load_from_a_bytecode_cache_kept_in_the_collection(tmp_path: Path)
 def test_an_edited_util_is_compiled_again(tmp_path: Path) -> None:
     box = collection_copy(tmp_path)
     probe(tmp_path)
-    source = box / "plugins" / "module_utils" / "_module.py"
+    source = box / "plugins" / "module_utils" / "providers" / "_module.py"
     source.write_text(source.read_text() + "\nEDITED_MARK = 1\n")
     stat = source.stat()
     os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns + 2_000_000_000))
