@@ -171,7 +171,7 @@ removed:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.agentbox.box.plugins.module_utils.checkpoint import _checkpoint
+from ansible_collections.agentbox.box.plugins.module_utils.checkpoint import _checkpoint, _checkpoint_records
 from ansible_collections.agentbox.box.plugins.module_utils.core import _naming
 from ansible_collections.agentbox.box.plugins.module_utils.providers._module import (
     provider_from_params,
@@ -231,7 +231,7 @@ def _run(module: AnsibleModule) -> dict:
         if not params["name"] or facts is not None:
             module.fail_json(msg="keep: true takes the checkpoint's name (and workspace), not a box: "
                                  "name=NAME keep=true")
-        name = _checkpoint.parse_reference(params["name"], project)
+        name = _checkpoint_records.parse_reference(params["name"], project)
         found = _checkpoint.find_checkpoint(provider, project, name)
         if found is None:
             raise _checkpoint.CheckpointError(f"no checkpoint {name!r} in this project (on engine {provider.engine}): "
@@ -246,7 +246,7 @@ def _run(module: AnsibleModule) -> dict:
     if params["state"] == "absent":
         if not params["name"]:
             module.fail_json(msg="'name' is required with state=absent: the checkpoint to remove")
-        name = _checkpoint.parse_reference(params["name"], project)
+        name = _checkpoint_records.parse_reference(params["name"], project)
         found = _checkpoint.find_checkpoint(provider, project, name)
         before = found.to_dict() if found else {}
         if before:
@@ -288,7 +288,7 @@ def _run(module: AnsibleModule) -> dict:
     else:
         checkpoint = _checkpoint.capture(provider, plan, cleanup=params["cleanup"])
         if params["set_default"]:
-            _checkpoint.set_project_default(project, plan.name, facts.workspace, provider=provider)
+            _checkpoint_records.set_project_default(project, plan.name, facts.workspace, provider=provider)
         checkpoint["default"] = _checkpoint.project_default(provider, project) == plan.name
         for warning in checkpoint.pop("warnings", []):
             module.warn(warning)

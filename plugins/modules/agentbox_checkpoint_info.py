@@ -90,7 +90,7 @@ checkpoints:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.agentbox.box.plugins.module_utils.checkpoint import _checkpoint
+from ansible_collections.agentbox.box.plugins.module_utils.checkpoint import _checkpoint, _checkpoint_records
 from ansible_collections.agentbox.box.plugins.module_utils.core import _naming
 from ansible_collections.agentbox.box.plugins.module_utils.providers._module import (
     provider_from_params,
@@ -114,7 +114,7 @@ def _run(module: AnsibleModule) -> dict:
     kept = _checkpoint.kept_checkpoints(provider, project)
     listed = []
     for checkpoint in _checkpoint.list_checkpoints(provider, project):
-        if params["name"] and checkpoint.name != _checkpoint.parse_reference(params["name"], project):
+        if params["name"] and checkpoint.name != _checkpoint_records.parse_reference(params["name"], project):
             continue
         entry = checkpoint.to_dict()
         entry["stale"] = checkpoint.image_exists and _checkpoint.is_stale(provider, checkpoint.record)

@@ -426,7 +426,7 @@ def test_box_env_is_in_neither_kind_of_checkpoint(lab: Lab) -> None:
 
 
 def test_the_default_checkpoint_belongs_to_one_provider_and_engine(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ansible_collections.agentbox.box.plugins.module_utils.checkpoint import _checkpoint
+    from ansible_collections.agentbox.box.plugins.module_utils.checkpoint import _checkpoint, _checkpoint_records
     from ansible_collections.agentbox.box.plugins.module_utils.providers.daytona._daytona import DaytonaProvider
     from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._docker import DockerProvider
 
@@ -442,8 +442,8 @@ def test_the_default_checkpoint_belongs_to_one_provider_and_engine(lab: Lab, mon
     # A Docker checkpoint is the local engine's default only: Daytona and a remote engine have none.
     assert [_checkpoint.project_default(p, project) for p in (local, remote, daytona)] == ["warm", None, None]
     # Clearing Daytona's default (what removing a Daytona checkpoint does) leaves the Docker one alone.
-    _checkpoint.set_project_default(project, "snap", provider=daytona)
-    _checkpoint.set_project_default(project, None, provider=daytona)
+    _checkpoint_records.set_project_default(project, "snap", provider=daytona)
+    _checkpoint_records.set_project_default(project, None, provider=daytona)
     assert [_checkpoint.project_default(p, project) for p in (local, daytona)] == ["warm", None]
     # The name of a checkpoint on another engine of the same kind is taken: say so, never clobber it.
     manifest = lab.home / ".agentbox" / "checkpoints" / project / "warm" / "manifest.json"

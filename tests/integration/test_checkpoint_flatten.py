@@ -18,8 +18,8 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO / ".collections") not in sys.path:
     sys.path.insert(0, str(REPO / ".collections"))
 
-from ansible_collections.agentbox.box.plugins.module_utils.checkpoint import _checkpoint  # noqa: E402
 from ansible_collections.agentbox.box.plugins.module_utils.core._provider import BoxFacts  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker import _image_flatten  # noqa: E402
 from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._docker import DockerProvider  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -93,7 +93,7 @@ def test_flatten_replays_the_config_and_drops_run_agentbox(made: dict[str, Any])
         created="",
     )
     ours = {"io.agentbox.kind": "checkpoint", "io.agentbox.checkpoint": "flat"}
-    result = _checkpoint._flatten(DockerProvider(), facts, refs["flat"], ours)
+    result = _image_flatten.flatten(DockerProvider().checkpoint_store().engine, facts, refs["flat"], ours)
 
     image = client.images.get(refs["flat"])
     assert result["id"] == image.id

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from ansible_collections.agentbox.box.plugins.module_utils.box import _box
-from ansible_collections.agentbox.box.plugins.module_utils.checkpoint import _checkpoint
+from ansible_collections.agentbox.box.plugins.module_utils.checkpoint import _checkpoint, _checkpoint_records
 from ansible_collections.agentbox.box.plugins.module_utils.checkpoint._checkpoint_records import CheckpointError
 from ansible_collections.agentbox.box.plugins.module_utils.relay import _relay_ops
 from ansible_collections.agentbox.box.plugins.module_utils.relay._relay_protocol import RequestError, parse_request
@@ -118,7 +118,7 @@ def test_checkpoints_a_box_took_go_with_it_unless_kept_or_the_project_default(wo
         assert ask(world, "gone", name).rc == 0, name
     _checkpoint.capture(provider, _checkpoint.plan_capture(provider, facts, "users"))
     _checkpoint.keep(provider, facts.project, "mine-kept")
-    _checkpoint.set_project_default(facts.project, "mine-default", provider=provider)
+    _checkpoint_records.set_project_default(facts.project, "mine-default", provider=provider)
     other = make(world, "other")
     assert ask(world, "other", "others").rc == 0
     # What agentbox_checkpoint_info (and checkpoints.yml) list as kept: the user's, and the box's once kept

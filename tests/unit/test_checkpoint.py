@@ -23,7 +23,15 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO / ".collections") not in sys.path:
     sys.path.insert(0, str(REPO / ".collections"))
 
-from ansible_collections.agentbox.box.plugins.module_utils.checkpoint import _checkpoint  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.checkpoint import (  # noqa: E402
+    _checkpoint,
+    _checkpoint_records,
+    _restore,
+)
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker import (  # noqa: E402
+    _image_flatten,
+    _image_store,
+)
 
 GIT = ["git", "-c", "safe.directory=*", "-c", "user.name=T", "-c", "user.email=t@example.invalid"]
 
@@ -83,7 +91,7 @@ def test_filter_tar_drops_only_entries_under_run_agentbox(fmt: int) -> None:
         entries += [(LONG, b"sk-deep-secret", "file"), (KEPT_LONG, b"module.exports = 1", "file")]
     data = _tar(entries, fmt)
     for sizes in ([7, 1000, 511], [1 << 20], [512]):
-        filtered = b"".join(_checkpoint.filter_tar(_chunks(data, sizes)))
+        filtered = b"".join(_image_flatten.filter_tar(_chunks(data, sizes)))
         with tarfile.open(fileobj=io.BytesIO(filtered)) as tar:
             members = {m.name: m for m in tar.getmembers()}
             assert "run/agentbox" in members and "run/agentboxes.txt" in members
@@ -98,12 +106,12 @@ def test_filter_tar_drops_only_entries_under_run_agentbox(fmt: int) -> None:
 
 def test_filter_tar_keeps_a_stream_without_excluded_entries_byte_for_byte() -> None:
     data = _tar([("a/", None, "dir"), ("a/b", b"x" * 1000, "file"), (KEPT_LONG, b"y", "file")], tarfile.PAX_FORMAT)
-    assert b"".join(_checkpoint.filter_tar(_chunks(data, [333]))) == data
+    assert b"".join(_image_flatten.filter_tar(_chunks(data, [333]))) == data
 
 
 # -- config replay --------------------------------------------------------------------------------
 def test_config_changes_quote_what_dockerfile_would_expand() -> None:
-    changes = _checkpoint.config_changes(
+    changes = _image_flatten.config_changes(
         {
             "Env": ["PATH=/usr/bin:/bin", 'TRICKY=$HOME "q" \\x a=b'],
             "WorkingDir": "/workspace",
@@ -130,36 +138,36 @@ def test_config_changes_quote_what_dockerfile_would_expand() -> None:
 
 def test_config_changes_refuse_a_line_break() -> None:
     with pytest.raises(_checkpoint.CheckpointError, match="MULTI holds a line break"):
-        _checkpoint.config_changes({"Env": ["MULTI=a\nb"]}, {})
+        _image_flatten.config_changes({"Env": ["MULTI=a\nb"]}, {})
 
 
 # -- names, counters, defaults, manifests ---------------------------------------------------------
 def test_numbers_are_never_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
-    assert _checkpoint._next_number("p1", "box", []) == 1
-    _checkpoint._record_number("p1", "box", "box-1")
-    _checkpoint._record_number("p1", "box", "box-2")
+    assert _checkpoint_records.next_number("p1", "box", []) == 1
+    _checkpoint_records.record_number("p1", "box", "box-1")
+    _checkpoint_records.record_number("p1", "box", "box-2")
     # box-2 was removed since: its number stays used.
-    assert _checkpoint._next_number("p1", "box", ["box-1"]) == 3
-    assert _checkpoint._next_number("p1", "box", ["box-7", "box-x", "boxy-9"]) == 8
-    assert _checkpoint._next_number("p1", "other", []) == 1
-    assert _checkpoint._next_number("p2", "box", []) == 1
-    _checkpoint._record_number("p1", "box", "custom-name")  # not numbered: ignored
+    assert _checkpoint_records.next_number("p1", "box", ["box-1"]) == 3
+    assert _checkpoint_records.next_number("p1", "box", ["box-7", "box-x", "boxy-9"]) == 8
+    assert _checkpoint_records.next_number("p1", "other", []) == 1
+    assert _checkpoint_records.next_number("p2", "box", []) == 1
+    _checkpoint_records.record_number("p1", "box", "custom-name")  # not numbered: ignored
     assert json.loads((tmp_path / ".agentbox/checkpoints/p1/.counters.json").read_text()) == {"box": 2}
 
 
 def test_default_is_kept_with_the_other_project_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
-    path = Path(_checkpoint.project_config_path("p1"))
+    path = Path(_checkpoint_records.project_config_path("p1"))
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"someone_else": {"keep": True}}))
     from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._docker import DockerProvider
 
     local = DockerProvider()  # no engine call: only its provider name and engine are read
     assert _checkpoint.project_default(local, "p1") is None
-    _checkpoint.set_project_default("p1", "warm-1", "/src/app", provider=local)
+    _checkpoint_records.set_project_default("p1", "warm-1", "/src/app", provider=local)
     assert _checkpoint.project_default(local, "p1") == "warm-1"
-    _checkpoint.set_project_default("p1", None, provider=local)
+    _checkpoint_records.set_project_default("p1", None, provider=local)
     assert json.loads(path.read_text()) == {
         "someone_else": {"keep": True}, "workspace": "/src/app", "default_checkpoints": {}}
     # A default written before defaults were per engine is the local engine's.
@@ -199,20 +207,20 @@ def test_labels_carry_the_manifest_facts() -> None:
         "engine": "docker:local",
         "created": "2026-11-29T09:00:00Z",
     }
-    labels = _checkpoint._record_to_labels(record)
+    labels = _image_store.record_to_labels(record)
     assert labels["io.agentbox.kind"] == "checkpoint" and labels["io.agentbox.checkpoint"] == "warm-2"
-    assert all(f"io.agentbox.{key}" in labels for key in _checkpoint.LABEL_KEYS)
-    back = _checkpoint._labels_to_record(labels)
-    assert {key: back[key] for key in record} == record and back["schema"] == _checkpoint.SCHEMA_VERSION
+    assert all(f"io.agentbox.{key}" in labels for key in _image_store.LABEL_KEYS)
+    back = _image_store.labels_to_record(labels)
+    assert {key: back[key] for key in record} == record and back["schema"] == _checkpoint_records.SCHEMA_VERSION
 
 
 def test_references_of_another_project_are_refused() -> None:
-    assert _checkpoint.parse_reference("warm-1", "p" * 16) == "warm-1"
-    assert _checkpoint.parse_reference("agentbox-ckpt-" + "p" * 16 + ":warm-1", "p" * 16) == "warm-1"
+    assert _checkpoint_records.parse_reference("warm-1", "p" * 16) == "warm-1"
+    assert _checkpoint_records.parse_reference("agentbox-ckpt-" + "p" * 16 + ":warm-1", "p" * 16) == "warm-1"
     with pytest.raises(_checkpoint.CheckpointError, match="belongs to project"):
-        _checkpoint.parse_reference("agentbox-ckpt-" + "q" * 16 + ":warm-1", "p" * 16)
+        _checkpoint_records.parse_reference("agentbox-ckpt-" + "q" * 16 + ":warm-1", "p" * 16)
     with pytest.raises(ValueError, match="invalid checkpoint name"):
-        _checkpoint.parse_reference("Warm 1", "p" * 16)
+        _checkpoint_records.parse_reference("Warm 1", "p" * 16)
 
 
 # -- the in-box restore script, on real repositories ----------------------------------------------
@@ -237,7 +245,7 @@ def run_restore(request: dict) -> subprocess.CompletedProcess:
         "GIT_CONFIG_VALUE_0": "*",
     }
     return subprocess.run(
-        [sys.executable, "-c", _checkpoint.RESTORE_SCRIPT],
+        [sys.executable, "-c", _restore.RESTORE_SCRIPT],
         input=json.dumps(request),
         capture_output=True,
         text=True,

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.agentbox.box.plugins.module_utils.box import _box
-from ansible_collections.agentbox.box.plugins.module_utils.checkpoint import _checkpoint
+from ansible_collections.agentbox.box.plugins.module_utils.checkpoint import _checkpoint, _checkpoint_records, _restore
 from ansible_collections.agentbox.box.plugins.module_utils.checkpoint._checkpoint_records import CheckpointError
 from ansible_collections.agentbox.box.plugins.module_utils.core._provider import ProviderError
 from tests.conftest import git, make_repo
@@ -143,16 +143,16 @@ def test_a_checkpoint_name_and_the_default_belong_to_one_provider_and_engine(wor
     assert _checkpoint.find_checkpoint(a, project, "base").image == on_a["image"]
     assert _checkpoint.find_checkpoint(b, project, "base").image == on_b["image"]
     assert world.source in names(a, project) and world.source not in names(b, project)
-    _checkpoint.set_project_default(project, "base", provider=a)
+    _checkpoint_records.set_project_default(project, "base", provider=a)
     assert _checkpoint.project_default(a, project) == "base"
     assert _checkpoint.project_default(b, project) is None
-    _checkpoint.set_project_default(project, "base", provider=b)
+    _checkpoint_records.set_project_default(project, "base", provider=b)
     # Removing one provider's checkpoint clears its default only: the other's stays, and stays usable.
     removed = remove(a, project, "base")
     assert removed["image"] == on_a["image"] and removed.get("default_cleared") is True
     assert _checkpoint.project_default(a, project) is None
     assert _checkpoint.project_default(b, project) == "base"
-    assert _checkpoint.plan_restore(b, project, "base").image == on_b["image"]
+    assert _restore.plan_restore(b, project, "base").image == on_b["image"]
     # Prune removes what no manifest refers to, on its own provider only.
     orphan = take(a, "b1", "orphan")
     os.unlink(world.home / ".agentbox" / "fake" / "checkpoints" / project / "orphan" / "manifest.json")
@@ -175,16 +175,16 @@ def test_another_engine_of_the_provider_neither_sees_nor_takes_its_checkpoints(w
         assert _checkpoint.find_checkpoint(c, project, world.source) is None
         # Not "broken, remove it": a removal there would delete this engine's good manifest.
         with pytest.raises(CheckpointError, match=f"no checkpoint {world.source!r} in this project"):
-            _checkpoint.plan_restore(c, project, world.source)
+            _restore.plan_restore(c, project, world.source)
         with pytest.raises(CheckpointError, match="already exists on fake:fake:"):
             take(c, "b1", world.source)
         numbered = take(c, "b1")
         assert numbered["engine"] == f"fake:{c.engine}" and numbered["name"] not in names(a, project)
-        _checkpoint.set_project_default(project, numbered["name"], provider=c)
+        _checkpoint_records.set_project_default(project, numbered["name"], provider=c)
         assert _checkpoint.project_default(a, project) is None
         remove(c, project, numbered["name"])
         assert _checkpoint.project_default(c, project) is None
-        assert _checkpoint.plan_restore(a, project, world.source).image in a.images
+        assert _restore.plan_restore(a, project, world.source).image in a.images
     finally:
         for name in list(c.boxes):
             c.destroy(name)
@@ -257,7 +257,7 @@ def test_a_restore_failing_midway_leaves_nothing(world: World, method: str, call
         assert journals(world.home) == []
         # The checkpoint is whole and still restorable.
         assert a.images == images
-        assert _checkpoint.plan_restore(a, project, world.source).record["commit"]
+        assert _restore.plan_restore(a, project, world.source).record["commit"]
         assert manifest == (world.home / ".agentbox" / "fake" / "checkpoints" / project / world.source /
                             "manifest.json").read_bytes()  # fmt: skip
     finally:

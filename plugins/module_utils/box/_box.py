@@ -123,14 +123,14 @@ def create_box(provider: Provider, request: CreateRequest) -> Created:
     if checkpoint:
         # Checkpoint restore: the box starts from the checkpoint's image (see _checkpoint).
         # 'default' is the project's default checkpoint when one is set; 'none' is none.
-        from ..checkpoint import _checkpoint
+        from ..checkpoint import _checkpoint, _restore
 
         if checkpoint == "default":
             checkpoint = _checkpoint.project_default(provider, project)
         elif checkpoint == "none":
             checkpoint = None
     if checkpoint:
-        restore = _checkpoint.plan_restore(provider, project, checkpoint)
+        restore = _restore.plan_restore(provider, project, checkpoint)
         image = restore.image
     image_transfer = None
     if restore is None and provider.transfers_images:

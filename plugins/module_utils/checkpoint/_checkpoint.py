@@ -24,49 +24,16 @@ from typing import Any
 from ..core import _naming
 from ..core._provider import BoxFacts, Provider, ProviderError, worktree_records
 from ..git import _gitlayer
-from ..providers.docker._image_flatten import EXCLUDED_FROM_FLATTEN, config_changes, filter_tar, flatten
-from ..providers.docker._image_store import LABEL_KEYS, labels_to_record, record_to_labels
 from . import _checkpoint_records
 from ._checkpoint_records import (
-    COLLECTION_VERSION,
     DEFAULT_MAX_LAYERS,
-    SCHEMA_VERSION,
     CapturePlan,
     Checkpoint,
     CheckpointError,
     kept_checkpoints,
-    next_number,
-    parse_reference,
-    project_config_path,
     project_default,
-    read_manifest,
-    record_number,
     set_kept,
-    set_project_default,
 )
-from ._restore import RESTORE_SCRIPT, RestorePlan, RestoreResult, plan_restore, restore_workspace
-
-# The checkpoint API the modules, _box, _relay_ops and the tests use, whichever file defines it.
-__all__ = [
-    "COLLECTION_VERSION", "DEFAULT_MAX_LAYERS", "EXCLUDED_FROM_FLATTEN", "LABEL_KEYS", "RESTORE_SCRIPT",
-    "SCHEMA_VERSION", "CapturePlan", "Checkpoint", "CheckpointError", "RestorePlan", "RestoreResult",
-    "box_checkpoints", "capture", "config_changes", "current_fingerprint", "filter_tar", "find_checkpoint",
-    "is_kept", "is_stale", "keep", "kept_checkpoints", "list_checkpoints", "parse_reference", "plan_capture", "plan_restore",
-    "project_config_path", "project_default", "prune", "read_manifest", "remove", "remove_box_checkpoints",
-    "restore_workspace", "run_cleanup", "set_project_default",
-]
-
-# The private names the tests read from here since before the split (tests/unit/test_checkpoint.py,
-# tests/integration/test_checkpoint_flatten.py); the code uses the public ones.
-_next_number = next_number
-_record_number = record_number
-_labels_to_record = labels_to_record
-_record_to_labels = record_to_labels
-
-
-def _flatten(provider: Provider, facts: BoxFacts, target: str, labels: dict[str, str]) -> dict[str, Any]:
-    """A flattened image of the box on a Docker engine, as _image_store makes it."""
-    return flatten(provider.checkpoint_store().engine, facts, target, labels)
 
 
 def find_checkpoint(provider: Provider, project: str, name: str) -> Checkpoint | None:
