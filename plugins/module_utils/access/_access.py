@@ -471,9 +471,9 @@ def box_removed(box: str, engine: str) -> bool:
         return False
     write_entry(box, None)
     write_known_host(box, None)
-    from ..providers.daytona import _daytona_ssh
+    from ..providers import _registry
 
-    _daytona_ssh.forget(box)  # a Daytona box's gateway token goes with its entry
+    _registry.forget_access(box)  # what a provider keeps for the alias (a Daytona gateway token) goes with it
     return True
 
 

@@ -135,9 +135,7 @@ def create_box(provider: Provider, request: CreateRequest) -> Created:
     image_transfer = None
     if restore is None and provider.transfers_images:
         # A remote engine gets the image from the local one (or a registry) when it lacks it.
-        from ..providers.docker import _image_transfer
-
-        image_transfer = _image_transfer.ensure_image(provider, image).to_dict()
+        image_transfer = provider.bring_image(image)
     image_labels = provider.image_labels(image)  # one lookup: labels, and presence when it has any
     if not image_labels and not provider.image_exists(image):
         raise BoxError(

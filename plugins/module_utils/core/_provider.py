@@ -208,7 +208,7 @@ class Provider(abc.ABC):
     relay_channel: str = "socket"
     # Capabilities: what differs between providers, asked by the workflows instead of a provider's name.
     #: Boxes run on an engine that may lack the controller's images (a remote Docker engine): create
-    #: brings the image there first (_image_transfer.ensure_image).
+    #: brings the image there first (`bring_image`).
     transfers_images: bool = False
     #: A resume restarts the box's processes and empties its tmpfs (a Daytona pause is a stop): the
     #: box's keys and access are set up again after one.
@@ -337,6 +337,11 @@ class Provider(abc.ABC):
     def image_labels(self, image: str) -> dict[str, str]:
         """Labels of an image (or snapshot) on this engine; {} when absent or unsupported."""
         return {}
+
+    def bring_image(self, image: str) -> dict[str, Any]:
+        """Put `image` on this provider's engine when it lacks it (only asked when `transfers_images`);
+        what was done, as create reports it under `image_transfer`."""
+        raise ProviderError(f"the {self.name!r} provider does not transfer images")
 
     def checkpoint_store(self) -> Any:
         """The engine side of this provider's checkpoints, which _checkpoint works through: images on

@@ -17,6 +17,11 @@ from typing import Any
 
 from ..core._errors import ProviderError
 from ..core._provider import Provider
+from .daytona import _daytona_options as cloud  # the cloud providers' create options and their checks (no SDK)
+
+# agentbox_box's create options that only some providers honour (disk, network, ephemeral, auto_delete):
+# the one table the argument spec takes them from and box_options checks them against.
+PROVIDER_BOX_OPTIONS: dict[str, dict[str, Any]] = cloud.BOX_OPTIONS
 
 
 def _make_docker(**options: Any) -> Provider:
@@ -129,8 +134,6 @@ def provider_settings(provider: str, option: Callable[[str], Any]) -> dict[str, 
 def box_options(params: dict[str, Any]) -> dict[str, Any]:
     """The provider keyword arguments for agentbox_box's cloud create options (disk, network, ephemeral,
     auto_delete); ValueError when one is bad or given for a provider that cannot honour it."""
-    from .daytona import _daytona_options as cloud  # the checks of each provider's options (no SDK)
-
     # provider: (the options it honours, their check, how a message names its boxes)
     honoured: dict[str, tuple[tuple[str, ...], Callable[[dict[str, Any]], dict[str, Any]], str]] = {
         "daytona": (tuple(cloud.BOX_OPTIONS), cloud.daytona_options, "Daytona boxes (provider: daytona)"),
@@ -158,3 +161,11 @@ def get_provider(provider: str, **options: Any) -> Provider:
     if factory is None:
         raise ProviderError(f"unknown provider {provider!r}: use one of {', '.join(PROVIDERS)}")
     return factory(**options)
+
+
+def forget_access(box: str) -> None:
+    """Remove what a provider keeps on the host for `ssh agentbox-<box>` besides the alias entry (a
+    Daytona box's gateway token); nothing for a box that has none."""
+    from .daytona import _daytona_ssh
+
+    _daytona_ssh.forget(box)

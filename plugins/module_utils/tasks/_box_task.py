@@ -17,7 +17,6 @@ from ..core import _journal, _naming
 from ..git import _git, _gitlayer, _seed
 from ..providers import _registry
 from ..providers._module import PROVIDER_ARGUMENT_SPEC, provider_from_params
-from ..providers.daytona import _daytona_options
 
 BOX_ARGUMENT_SPEC: dict[str, Any] = {
     "name": {"type": "str"},
@@ -46,7 +45,7 @@ BOX_ARGUMENT_SPEC: dict[str, Any] = {
     "with_env": {"type": "bool", "default": False},
     "carry_ignored": {"type": "list", "elements": "str", "default": []},
     "ssh_include": {"type": "bool"},
-    **_daytona_options.BOX_OPTIONS,
+    **_registry.PROVIDER_BOX_OPTIONS,
     **PROVIDER_ARGUMENT_SPEC,
 }
 

@@ -709,6 +709,11 @@ class DockerProvider(Provider):
         with self._calling("", "image lookup") as engine:
             return engine.inspect_image(image) is not None
 
+    def bring_image(self, image: str) -> dict[str, Any]:
+        from . import _image_transfer  # only remote engines need it: local creates do not import it
+
+        return _image_transfer.ensure_image(self, image).to_dict()
+
     def image_labels(self, image: str) -> dict[str, str]:
         with self._calling("", "image lookup") as engine:
             attrs = engine.inspect_image(image) or {}

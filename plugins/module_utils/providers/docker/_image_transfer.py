@@ -142,10 +142,10 @@ def _image_id(provider: Provider, image: str) -> str | None:
         return None
 
 
-def _local_provider() -> Provider:
-    from ._docker import DockerProvider
-
-    return DockerProvider(engine="local")
+def _local_provider(provider: Provider) -> Provider:
+    """The local engine, through the destination's own provider class (a DockerProvider): no import of
+    _docker here, which calls this module for its remote engines."""
+    return type(provider)(engine="local")  # type: ignore[call-arg]
 
 
 @contextlib.contextmanager
@@ -176,7 +176,7 @@ def ensure_image(
     source: the engine to stream from (default the local engine, DOCKER_HOST honoured).
     """
     started = time.monotonic()
-    source = source or _local_provider()
+    source = source or _local_provider(provider)
     source_id = _image_id(source, image) if source.engine != provider.engine else None
     with _engine_lock(provider.engine, image):
         present_id = _image_id(provider, image)
