@@ -58,7 +58,7 @@ init_plugin_loader([sys.path[0]])
 RELAY_PASS = PREAMBLE + """
 import json, logging
 logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", stream=sys.stderr)
-from ansible_collections.agentbox.box.plugins.module_utils import _relay_idle
+from ansible_collections.agentbox.box.plugins.module_utils.relay import _relay_idle
 registrations = json.loads(sys.argv[1])
 settings = {"max_running": 0, "idle_minutes": 0, "stop_after_hours": 12, "include_agentless": False}
 [result] = _relay_idle.one_pass(registrations, settings)

@@ -46,7 +46,7 @@ def test_the_journal_lock_stops_a_second_holder_and_dies_with_its_holder(
     first.write(box="b1", box_id="1234", stage="reserved")
     # Another process (the lock is per open file, so a second process is the honest test).
     probe = (
-        "import sys; from ansible_collections.agentbox.box.plugins.module_utils import _journal\n"
+        "import sys; from ansible_collections.agentbox.box.plugins.module_utils.core import _journal\n"
         "try:\n    _journal.Journal('docker', 'local', 'b1').claim()\nexcept _journal.CreateInProgress as e:\n"
         "    print(e); sys.exit(3)\n"
     )
