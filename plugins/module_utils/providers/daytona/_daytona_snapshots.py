@@ -91,7 +91,8 @@ class DaytonaSnapshots(DaytonaExec):
                     raise
                 pause = ACTIVATION_BACKOFF[min(attempt, len(ACTIVATION_BACKOFF) - 1)]
                 if time.monotonic() + pause > deadline:
-                    raise ProviderError(
+                    # pylint cannot follow `...core._provider` from here to the exception class of `exc`.
+                    raise ProviderError(  # pylint: disable=bad-exception-cause
                         f"snapshot {image!r} is still being deactivated by Daytona after {SNAPSHOT_TIMEOUT:.0f} s "
                         f"of asking ({exc}); try again in a few minutes",
                         box=box,
