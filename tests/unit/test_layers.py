@@ -50,6 +50,7 @@ RANKS: dict[str, int] = {
     "_preflight": HOST,
     "_relay_state": HOST,
     "_relay_policy": HOST,
+    "_agent_record": HOST,
     "_relay_channel": HOST,
     "_filetar": HOST,
     "_bytecode": HOST,
