@@ -326,8 +326,9 @@ class Connection(ConnectionBase):
         display.vvv(f"EXEC {argv!r} as {user}", host=self._box)
         env = self.get_option("extra_env") or None
         workdir = self.get_option("working_dir") or None
+        # The task's own command, whose output the user asked for: read whole, as any connection does.
         result = self._call(
-            lambda: self._provider.exec(self._box, argv, user=user, workdir=workdir, env=env, stdin=stdin)
+            lambda: self._provider.exec(self._box, argv, user=user, workdir=workdir, env=env, stdin=stdin, limit=None)
         )
         return result.rc, result.stdout, result.stderr
 

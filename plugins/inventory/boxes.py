@@ -178,7 +178,7 @@ try:
     # isort: split
 
     from ansible_collections.agentbox.box.plugins.module_utils import _agent_record
-    from ansible_collections.agentbox.box.plugins.module_utils._agent import agents_of, judged
+    from ansible_collections.agentbox.box.plugins.module_utils._agent import agents_of, checked, judged
     from ansible_collections.agentbox.box.plugins.module_utils._naming import project_id, sanitize_group
     from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
     from ansible_collections.agentbox.box.plugins.module_utils._registry import (
@@ -272,11 +272,15 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
 
     @staticmethod
     def _recorded_agent(box: dict[str, Any], record: dict[str, Any], stalled: float, now: float) -> dict[str, Any] | None:
-        """The relay's read of this box (same id and name), judged for stalls as of now; unknown when there is none."""
+        """The relay's read of this box (same id and name), its values checked again and judged for stalls as of
+        now; unknown when there is none (or it is not of the expected shape)."""
         seen = record.get(str(box.get("id")))
         if seen is None or seen["name"] != box.get("name"):
             return dict(UNKNOWN_AGENT)
-        return judged(seen["agent"], stalled, now, elapsed=now - seen["read"])
+        if seen["agent"] is None:
+            return None  # read: no agent in it
+        agent = checked(seen["agent"])
+        return judged(agent, stalled, now, elapsed=now - seen["read"]) if agent else dict(UNKNOWN_AGENT)
 
     # -- parse -----------------------------------------------------------------------------------
     def parse(self, inventory: Any, loader: Any, path: str, cache: bool = True) -> None:

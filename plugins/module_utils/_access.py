@@ -31,6 +31,9 @@ import os
 import re
 import shlex
 import shutil
+import socket
+import subprocess
+import tempfile
 from typing import Any
 
 from . import _host_files
@@ -43,8 +46,7 @@ WAKE_MODULE = "ansible_collections.agentbox.box.plugins.module_utils._wake"
 KEY_NAMES = ("id_ed25519", "id_ecdsa", "id_rsa")
 KEY_ENV = "AGENTBOX_SSH_KEY"  # a private key file to use instead of ~/.ssh/id_*
 NO_KEY_HELP = (
-    "no SSH key for `ssh agentbox-{box}`: none of ~/.ssh/id_ed25519, id_ecdsa, id_rsa has a .pub next to it. "
-    "Make one with `ssh-keygen -t ed25519` (or point AGENTBOX_SSH_KEY at a private key), then run "
+    "no SSH key for `ssh agentbox-{box}`: {why}. Then run "
     "ansible-playbook playbooks/attach.yml -e box={box} -e ide=ssh to authorise it in the box"
 )
 BEGIN = "# >>> agentbox box "
@@ -58,6 +60,7 @@ _PUBLIC_KEY = re.compile(
 
 # Starts the line folded_setup prints for box_ready, in the output of an exec that did other work too.
 FOLDED_MARK = "agentbox-ssh-access: "
+SETUP_OUTPUT_LIMIT = 64 * 1024  # what of the set-up's output the host reads: its host key, sshd's complaints
 # Run as root in the box; the user's public keys arrive on stdin. Prints the box's ed25519 host key.
 BOX_SETUP = r"""
 set -eu
@@ -110,6 +113,8 @@ class Access:
     keys: list[str] = dataclasses.field(default_factory=list)  # the host key files authorised
     warnings: list[str] = dataclasses.field(default_factory=list)
     expires_at: str | None = None  # when the alias's Daytona SSH access token runs out (Daytona boxes)
+    included: bool = False  # whether ~/.ssh/config includes the aliases (plain `ssh agentbox-<box>`)
+    key_made: str | None = None  # the boxes' own key, when this call made it (the user had none)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -127,22 +132,98 @@ def known_hosts_path() -> str:
 # The host user's keys
 
 
+def box_key_path() -> str:
+    """The key made for the boxes when the user has none of their own (never one in ~/.ssh)."""
+    return os.path.join(_host_files.agentbox_dir(), "ssh", "id_ed25519")
+
+
+def _usable_key(path: str) -> tuple[str, str] | None:
+    """(path, public key line) when `path` is a private key file with a public key next to it."""
+    try:
+        line = (_host_files.read_text(path + ".pub") or "").strip()
+    except (OSError, ValueError):  # unreadable, or not text: no key to authorise (never a failed create)
+        return None
+    return (path, line) if os.path.exists(path) and _PUBLIC_KEY.match(line) else None
+
+
 def identity_files() -> list[tuple[str, str]]:
-    """(private key path, public key line) of the keys to authorise, AGENTBOX_SSH_KEY first."""
+    """(private key path, public key line) of the keys to authorise as they are now: the one
+    AGENTBOX_SSH_KEY names, else the user's ~/.ssh/id_* with a .pub, else the boxes' own key when
+    it was made (box_identities makes it)."""
     override = os.environ.get(KEY_ENV)
     if override:
-        paths = [os.path.expanduser(override)]
-    else:
-        paths = [os.path.join(_host_files.home(), ".ssh", name) for name in KEY_NAMES]
-    found = []
-    for path in paths:
-        try:
-            line = (_host_files.read_text(path + ".pub") or "").strip()
-        except (OSError, ValueError):  # unreadable, or not text: no key to authorise (never a failed create)
-            continue
-        if os.path.exists(path) and _PUBLIC_KEY.match(line):
-            found.append((path, line))
-    return found
+        found = _usable_key(os.path.expanduser(override))
+        return [found] if found else []
+    found = [key for key in (_usable_key(os.path.join(_host_files.home(), ".ssh", name)) for name in KEY_NAMES) if key]
+    own = None if found else _usable_key(box_key_path())
+    return [own] if own else found
+
+
+@dataclasses.dataclass
+class Identities:
+    """The host keys a box authorises, and why there are none when there are none."""
+
+    keys: list[tuple[str, str]]  # (private key path, public key line)
+    problem: str = ""
+    made: str | None = None  # the boxes' own key, when this call made it
+
+    def public_lines(self) -> list[str]:
+        return [line for _path, line in self.keys]
+
+
+def box_identities() -> Identities:
+    """identity_files(); when the user has no key and names none, the boxes' own key, made now (once)."""
+    keys = identity_files()
+    if keys:
+        return Identities(keys)
+    override = os.environ.get(KEY_ENV)
+    if override:
+        return Identities([], problem=(
+            f"{KEY_ENV}={override} is not a private key with its public key ({override}.pub) next to it: "
+            f"fix that (`ssh-keygen -y -f {override} > {override}.pub`), or unset it and the boxes get a key of their own"
+        ))  # fmt: skip
+    try:
+        key, made = make_box_key()
+    except (OSError, subprocess.SubprocessError) as exc:
+        return Identities([], problem=(
+            f"none of ~/.ssh/id_ed25519, id_ecdsa, id_rsa has a .pub next to it, and the boxes' own key "
+            f"{box_key_path()} could not be made ({exc}). Make one with `ssh-keygen -t ed25519`, or point {KEY_ENV} "
+            "at a private key"
+        ))  # fmt: skip
+    return Identities([key], made=key[0] if made else None)
+
+
+def make_box_key() -> tuple[tuple[str, str], bool]:
+    """Make ~/.agentbox/ssh/id_ed25519 (0600, no passphrase: it opens only the boxes) unless it is there:
+    (path, public key line), and whether this call made it.
+
+    Under a lock (parallel creates make one key), written in a private temporary directory and
+    renamed into place, the public half first: a reader never sees a private key without its .pub."""
+    path = box_key_path()
+    directory = _host_files.ensure_private_dir(os.path.dirname(path))
+    with _host_files.locked(path):
+        found = _usable_key(path)
+        if found:
+            return found, False
+        keygen = shutil.which("ssh-keygen")
+        if keygen is None:
+            raise OSError("ssh-keygen, of the OpenSSH client, is not installed")
+        with tempfile.TemporaryDirectory(prefix=".new-", dir=directory) as temp:
+            new = os.path.join(temp, "id_ed25519")
+            comment = f"agentbox.box: ssh into boxes only ({socket.gethostname()})"
+            made = subprocess.run(
+                [keygen, "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", new],
+                stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False, timeout=60,
+            )  # fmt: skip
+            if made.returncode != 0:
+                raise OSError(f"ssh-keygen exited {made.returncode}: {made.stderr.strip()[:500]}")
+            os.chmod(new, 0o600)
+            os.replace(new + ".pub", path + ".pub")
+            os.replace(new, path)
+        found = _usable_key(path)
+        if found is None:
+            raise OSError(f"ssh-keygen wrote no usable public key at {path}.pub")
+        return found, True
 
 
 # --------------------------------------------------------------------------------------------
@@ -158,7 +239,8 @@ def _setup_script() -> str:
 def prepare_box(provider: Provider, name: str, public_keys: list[str]) -> str:
     """Authorise public_keys in the box and make its sshd usable; its host key as `type base64`."""
     run = provider.exec(
-        name, ["sh", "-c", _setup_script()], user="root", stdin=("".join(key + "\n" for key in public_keys)).encode()
+        name, ["sh", "-c", _setup_script()], user="root", stdin=("".join(key + "\n" for key in public_keys)).encode(),
+        limit=SETUP_OUTPUT_LIMIT, what="answer to the SSH access set-up",
     )
     run.check("preparing SSH access in the box", name)
     return _host_key_in(run.stdout.decode("utf-8", "replace"), name)
@@ -271,6 +353,8 @@ def entry_text(facts: BoxFacts, proxy_command: str, keys: list[str]) -> str:
         "  GSSAPIAuthentication no",
         "  PreferredAuthentications publickey",
         *(f"  IdentityFile {path}" for path in keys),
+        # Only those keys: an agent holding many others would spend the server's MaxAuthTries on them.
+        *(["  IdentitiesOnly yes"] if keys else []),
         "  ForwardAgent no",
         "  ForwardX11 no",
         "  PermitLocalCommand no",
@@ -351,26 +435,32 @@ def box_ready(
     provider: Provider,
     facts: BoxFacts,
     folded_output: str = "",
-    keys: list[tuple[str, str]] | None = None,
+    keys: Identities | None = None,
 ) -> Access:
-    """Make `ssh agentbox-<box>` work for a running box: keys in, host key and entry written.
-    `folded_output`: the stdout of an exec that ran folded_setup with `keys` (identity_files()),
-    "" when none did."""
+    """Make `ssh agentbox-<box>` work for a running box: keys in, host key and entry written, and the
+    Include line the user agreed to kept. `folded_output`: the stdout of an exec that ran folded_setup
+    with `keys` (box_identities()), "" when none did."""
     access = Access(alias=alias(facts.name), ssh_config=ssh_config_path())
-    keys = identity_files() if keys is None else keys
-    if not keys:
-        access.warnings.append(NO_KEY_HELP.format(box=facts.name))
+    keys = box_identities() if keys is None else keys
+    if not keys.keys:
+        access.warnings.append(NO_KEY_HELP.format(box=facts.name, why=keys.problem))
+    access.key_made = keys.made
     host_key = _folded_host_key(folded_output, facts.name) if folded_output else None
     if host_key is None:
-        host_key = prepare_box(provider, facts.name, [line for _path, line in keys])
+        host_key = prepare_box(provider, facts.name, keys.public_lines())
     route = provider.ssh_proxy(facts.name)  # the provider's way to the box's sshd (a Daytona token is fresh)
     access.warnings += route.warnings
     access.expires_at = route.expires_at
     write_wake_launcher()
     proxy = waking_proxy_command(route.argv, facts, provider.reopen_options(), provider.reopen_environment())
     write_known_host(facts.name, host_key)
-    write_entry(facts.name, entry_text(facts, proxy, [path for path, _line in keys]))
-    access.keys = [path for path, _line in keys]
+    paths = [path for path, _line in keys.keys]
+    write_entry(facts.name, entry_text(facts, proxy, paths))
+    access.keys = paths
+    try:
+        access.included = keep_include()
+    except OSError as exc:  # the alias works with -F: a warning, not a failed access
+        access.warnings.append(f"the Include line you agreed to could not be kept in {user_ssh_config()}: {exc}")
     return access
 
 
@@ -437,10 +527,103 @@ def ensure_include() -> bool:
             return None
         return f"{wanted}\n{text}" if text else f"{wanted}\n"
 
-    mode = 0o600
-    if os.path.exists(path):
-        mode = os.stat(path).st_mode & 0o777
-    return _host_files.update(path, change, mode)
+    return _host_files.update(path, change, _mode_of(path))
+
+
+def remove_include() -> bool:
+    """Take our Include line (any spelling of it) out of ~/.ssh/config; every other byte stays."""
+    path = user_ssh_config()
+    if not os.path.exists(path):
+        return False
+
+    def change(old: str | None) -> str | None:
+        lines = (old or "").splitlines(keepends=True)
+        kept = [line for line in lines if not _is_our_include(line)]
+        return "".join(kept) if len(kept) != len(lines) else None
+
+    return _host_files.update(path, change, _mode_of(path))
+
+
+def _mode_of(path: str) -> int:
+    return os.stat(path).st_mode & 0o777 if os.path.exists(path) else 0o600
+
+
+# The user's answer about the Include line, asked once and kept: {"ssh_include": true|false,
+# "include_hint_shown": true}.
+def settings_path() -> str:
+    return os.path.join(_host_files.agentbox_dir(), "access.json")
+
+
+def _settings() -> dict[str, Any]:
+    try:
+        settings = json.loads(_host_files.read_text(settings_path()) or "{}")
+    except (OSError, ValueError):  # unreadable or hand-broken: as if nothing was said
+        return {}
+    return settings if isinstance(settings, dict) else {}
+
+
+def _remember(**values: Any) -> None:
+    _host_files.ensure_private_dir(_host_files.agentbox_dir())
+
+    def change(old: str | None) -> str:
+        try:
+            settings = json.loads(old or "{}")
+        except ValueError:
+            settings = {}
+        settings = settings if isinstance(settings, dict) else {}
+        return json.dumps({**settings, **values}, indent=2, sort_keys=True) + "\n"
+
+    _host_files.update(settings_path(), change)
+
+
+def include_answer() -> bool | None:
+    """What the user said about the Include line (ssh_include), None when they never said."""
+    answer = _settings().get("ssh_include")
+    return answer if isinstance(answer, bool) else None
+
+
+def answer_include(agree: bool) -> bool:
+    """Record the user's answer and act on it: yes puts the Include line in (and every later alias write
+    keeps it there, keep_include), no takes ours out. True when ~/.ssh/config changed."""
+    _remember(ssh_include=agree)
+    return ensure_include() if agree else remove_include()
+
+
+def keep_include() -> bool:
+    """The Include line the user agreed to is in ~/.ssh/config (put back if it went); without their yes
+    the file is not touched. Whether plain `ssh` finds the aliases now."""
+    if include_answer():
+        ensure_include()
+        return True
+    return include_present()
+
+
+def ssh_program() -> str:
+    """`ssh` when ~/.ssh/config includes the aliases, else `ssh -F ~/.agentbox/ssh_config`: the one form
+    every line the collection prints uses."""
+    if include_present():
+        return "ssh"
+    config, home = ssh_config_path(), _host_files.home().rstrip("/")
+    shown = "~/" + shlex.quote(config[len(home) + 1 :]) if config.startswith(home + "/") else shlex.quote(config)
+    return f"ssh -F {shown}"
+
+
+def ssh_command(box: str) -> str:
+    return f"{ssh_program()} {alias(box)}"
+
+
+def include_hint(box: str, record: bool = True) -> str:
+    """How to turn the short form on: said once per user (`record`: remember it was said), and never once
+    the user answered or the Include line is there; "" otherwise."""
+    if include_answer() is not None or include_present() or _settings().get("include_hint_shown"):
+        return ""
+    if record:
+        _remember(include_hint_shown=True)
+    return (
+        f"for plain `ssh {alias(box)}` add -e ssh_include=true once: it puts `{include_line()}` at the top of "
+        "~/.ssh/config and every later create keeps it (-e ssh_include=false takes it out). "
+        "Said once; docs/access.md"
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -476,3 +659,66 @@ def editor_command(ide: str) -> str | None:
     """The editor's CLI when it is installed here (`code`, `cursor`), else None."""
     program = EDITORS.get(ide, "code" if ide == "ssh" else "")
     return shutil.which(program) if program else None
+
+
+# --------------------------------------------------------------------------------------------
+# Is anything behind a port's URL? (forward.yml)
+
+# Run in the box with python3: exit 3 when no socket listens on the port (IPv4 or IPv6, any address);
+# for the web port, whose listener is the supervisor's forwarder, exit 4 with its reason when it answers
+# for no service (502/503, a body starting 'agentbox: '). Anything else, or no answer in 10 s: exit 0.
+PORT_PROBE = r"""
+import socket, sys
+port, web = int(sys.argv[1]), sys.argv[2] == "web"
+wanted = ":%04X" % port
+def listens():
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as handle:
+                if any(f[1].endswith(wanted) and f[3] == "0A" for f in (l.split() for l in list(handle)[1:])):
+                    return True
+        except OSError:
+            pass
+    return False
+if not listens():
+    sys.exit(3)
+if not web:
+    sys.exit(0)
+answer = b""
+try:
+    conn = socket.create_connection(("127.0.0.1", port), timeout=10)
+except OSError:
+    sys.exit(0)
+with conn:
+    try:
+        conn.sendall(b"GET / HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        while len(answer) < 4096:
+            chunk = conn.recv(4096)
+            if not chunk:
+                break
+            answer += chunk
+    except OSError:
+        pass  # a reset once it answered (the forwarder does not read the request): what came is the answer
+head, _sep, body = answer.partition(b"\r\n\r\n")
+if head.split(b" ")[1:2] in ([b"502"], [b"503"]) and body.startswith(b"agentbox: "):
+    sys.stdout.write(body[len(b"agentbox: "):].decode("utf-8", "replace").strip()[:300])
+    sys.exit(4)
+"""
+
+
+def nothing_listens(provider: Provider, box: str, port: int, web: bool) -> str:
+    """Why the URL of the box's `port` would answer nothing useful ("nothing listens on port N in the box",
+    with the web forwarder's reason for the web port), or "" when something listens there or the box
+    cannot tell (no python3: a custom image). What the box prints is bounded, and only ever shown."""
+    try:
+        run = provider.exec_bounded(box, ["python3", "-c", PORT_PROBE, str(port), "web" if web else "port"],
+                                    BOX_TEXT_LIMIT)  # fmt: skip
+    except ProviderError:
+        return ""
+    said = f"nothing listens on port {port} in the box"
+    if run.rc == 3:
+        return said
+    if run.rc == 4:
+        reason = "".join(ch for ch in run.stdout.decode("utf-8", "replace") if ch.isprintable())[:300]
+        return f"{said}: {reason}" if reason else said
+    return ""

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from . import _git
 from ._box_tmpfs import TMPFS_DIR_FUNCTION
-from ._provider import BoxFacts, Provider, ProviderError
+from ._provider import BOX_TEXT_LIMIT, BoxFacts, OutputTooLarge, Provider, ProviderError, too_large
 
 AGENTS = ("claude", "codex", "opencode")
 AGENT_PROGRAM = "agentbox-agent"
@@ -49,6 +49,11 @@ SIGN_IN_FILES = {
 IMAGE_ENTRY = {"claude": "claude", "codex": "codex", "opencode": "opencode"}
 SESSION_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}")
 STATE_FILES = "/run/agentbox/agents"
+# What of the state files the host reads: a state is one line of about 150 bytes.
+STATE_FILE_LIMIT = 4096
+MAX_SESSIONS = 64
+# A state file's line, a progress line (under 100 bytes) per session, the activity line and the exec's stderr.
+STATES_OUTPUT_LIMIT = MAX_SESSIONS * (STATE_FILE_LIMIT + 2 + 100) + 4096
 SINCE_RE = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
 # `working` with no progress for this long is shown as `stalled` (an agent looping on a connection error
 # never leaves `working`); the idle policy, the inventory and the modules take their own value.
@@ -70,7 +75,8 @@ CONVERSATION_PY = (
     "        print(calendar.timegm(time.strptime(e[\"timestamp\"][:19],\"%Y-%m-%dT%H:%M:%S\"))); break\n"
 )
 PROGRESS_SCRIPT = (
-    r"""n=$(date +%s); c='@PY@'; for f in @DIR@/*.state.json; do [ -f "$f" ] || continue; s=${f##*/}; """
+    r"""n=$(date +%s); k=0; c='@PY@'; for f in @DIR@/*.state.json; do [ -f "$f" ] || continue; k=$((k + 1)); """
+    r"""[ "$k" -gt @MAX@ ] && break; s=${f##*/}; """
     r"""s=${s%.state.json}; t=$(stat -c %Y "$f" 2>/dev/null) || continue; """
     r"""case $(sed -n 's/.*"name": *"\([A-Za-z0-9_.-]*\)".*/\1/p' "$f") in """
     r"""claude) d=@HOME@/.claude/projects;; codex) d=@HOME@/.codex/sessions;; """
@@ -79,8 +85,11 @@ PROGRESS_SCRIPT = (
     r"""if [ -n "$u" ]; then w=${u%%.*}; if [ "$d" = @HOME@/.claude/projects ]; then """
     r"""v=$(python3 -c "$c" "${u#* }" 2>/dev/null) && [ -n "$v" ] && w=$v; fi; """
     r"""[ "$w" -gt "$t" ] 2>/dev/null && t=$w; fi; fi; echo "agentbox-progress $s $((n - t))"; done;"""
-).replace("@DIR@", STATE_FILES).replace("@HOME@", BOX_HOME).replace("@PY@", CONVERSATION_PY)
+).replace("@DIR@", STATE_FILES).replace("@HOME@", BOX_HOME).replace("@PY@", CONVERSATION_PY).replace(
+    "@MAX@", str(MAX_SESSIONS)
+)
 PROGRESS_LINE = re.compile(r"agentbox-progress ([A-Za-z0-9_][A-Za-z0-9_.-]{0,62}) (\d{1,10})")
+ANSWER_LIMIT = 1 << 20  # agentbox-agent's JSON answer (and its stderr): a few hundred bytes
 T = TypeVar("T")
 # A prompt for a running session: on stdin (never an argv), pasted as one block (bracketed paste when the CLI
 # asked for it, so a multi-line prompt is not sent line by line), then Enter on its own, as a person would.
@@ -89,9 +98,16 @@ _SEND_SCRIPT = (
     'tmux has-session -t "=$1" 2>/dev/null || exit 3; tmux load-buffer -b agentbox-prompt - && '
     'tmux paste-buffer -p -d -b agentbox-prompt -t "=$1:" && sleep 0.3 && tmux send-keys -t "=$1:" Enter'
 )
-# The session's screen and its scroll-back, lines joined where tmux wrapped them. Exit 3: no such session.
-_CAPTURE_SCRIPT = 'tmux has-session -t "=$1" 2>/dev/null || exit 3; tmux capture-pane -p -J -S "-$2" -t "=$1:"'
+# The session's screen and its scroll-back, lines joined where tmux wrapped them, each cut to $3 bytes; the last
+# $2 lines before the empty rest of the screen. Exit 3: no such session.
+_CAPTURE_SCRIPT = (
+    'tmux has-session -t "=$1" 2>/dev/null || exit 3; tmux capture-pane -p -J -S "-$2" -t "=$1:" | cut -b "1-$3" | '
+    """awk -v n="$2" '/[^[:space:]]/ { while (p > 0) { r[c++ % n] = ""; p-- } r[c++ % n] = $0; next } { p++ } """
+    """END { for (i = (c > n ? c - n : 0); i < c; i++) print r[i % n] }'"""
+)
 MAX_TRANSCRIPT_LINES = 2000
+TRANSCRIPT_LINE_BYTES = 4000  # in the box; a character is up to 4 bytes
+TRANSCRIPT_LINE_CHARS = 1000  # on the host
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 # As root, before the in-box half writes credentials and prompts to STATE_FILES: that directory on a
 # tmpfs, which no checkpoint or snapshot keeps (_box_tmpfs, shared with _carry_env). What the disk held
@@ -211,7 +227,8 @@ def _run_dir_on_tmpfs(provider: Provider, box: str, what: str) -> None:
 def _call(provider: Provider, box: str, argv: list[str], request: dict[str, Any] | None, what: str) -> dict[str, Any]:
     script = f'command -v {AGENT_PROGRAM} >/dev/null 2>&1 || exit 3; exec {AGENT_PROGRAM} "$@"'
     stdin = json.dumps(request).encode("utf-8") if request is not None else None
-    run = provider.exec(box, ["sh", "-c", script, AGENT_PROGRAM, *argv], stdin=stdin)
+    run = provider.exec(box, ["sh", "-c", script, AGENT_PROGRAM, *argv], stdin=stdin, limit=ANSWER_LIMIT,
+                        what=f"answer of {AGENT_PROGRAM} {argv[0]}")
     if run.rc == 3:
         raise AgentError(
             f"the box's image has no {AGENT_PROGRAM}: rebuild the image (ansible-playbook playbooks/build_image.yml) "
@@ -289,32 +306,27 @@ def resume(provider: Provider, facts: BoxFacts) -> dict[str, Any] | None:
 
 def send_prompt(provider: Provider, facts: BoxFacts, session: str, prompt: str) -> None:
     """Type `prompt` into the running session as the user would, and submit it (the CLI's own input box)."""
-    run = provider.exec(facts.name, ["sh", "-c", _SEND_SCRIPT, "send", session], stdin=prompt.encode("utf-8"))
+    argv = ["sh", "-c", _SEND_SCRIPT, "send", session]
+    run = provider.exec(facts.name, argv, stdin=prompt.encode("utf-8"), limit=BOX_TEXT_LIMIT, what="answer of tmux")
     if run.rc == 3:
         raise AgentError(f"no tmux session {session!r} runs in the box: start the agent first", box=facts.name,
                          operation="sending the prompt")  # fmt: skip
-    if run.rc != 0:
-        detail = (run.stderr or run.stdout).decode("utf-8", "replace").strip()[-2000:]
-        raise AgentError(f"tmux could not take the prompt (exit {run.rc}): {detail}", box=facts.name,
-                         operation="sending the prompt")  # fmt: skip
+    run.check("tmux (taking the prompt)", facts.name)
 
 
 def transcript(provider: Provider, facts: BoxFacts, session: str, lines: int) -> list[str] | None:
     """The last `lines` lines of the session's screen and scroll-back, as attaching would show them; None
-    when no such session runs. The box prints this: bounded, control characters dropped."""
+    when no such session runs. The box prints this: cut in the box (TRANSCRIPT_LINE_BYTES a line) and
+    read to a cap on the host (a box that replaced tmux or cut gets OutputTooLarge), control characters
+    dropped, lines cut to TRANSCRIPT_LINE_CHARS."""
     lines = max(1, min(int(lines), MAX_TRANSCRIPT_LINES))
-    try:
-        run = provider.exec_bounded(facts.name, ["sh", "-c", _CAPTURE_SCRIPT, "capture", session, str(lines)],
-                                    lines * 1024 + 65536)  # fmt: skip
-    except ProviderError as exc:
-        raise AgentError(f"cannot read the agent's screen: {exc}", box=facts.name, operation="reading the transcript") from exc
+    argv = ["sh", "-c", _CAPTURE_SCRIPT, "capture", session, str(lines), str(TRANSCRIPT_LINE_BYTES)]
+    run = provider.exec(facts.name, argv, limit=lines * (TRANSCRIPT_LINE_BYTES + 1) + BOX_TEXT_LIMIT,
+                        what=f"screen of tmux session {session}")  # fmt: skip
     if run.rc == 3:
         return None
-    if run.rc != 0:
-        detail = (run.stderr or run.stdout).decode("utf-8", "replace").strip()[-2000:]
-        raise AgentError(f"tmux could not show the session (exit {run.rc}): {detail}", box=facts.name,
-                         operation="reading the transcript")  # fmt: skip
-    shown = [_CONTROL.sub("", line)[:1000] for line in run.stdout.decode("utf-8", "replace").splitlines()]
+    run.check("tmux (showing the session)", facts.name)
+    shown = [_CONTROL.sub("", line)[:TRANSCRIPT_LINE_CHARS] for line in run.text.splitlines()]
     while shown and not shown[-1].strip():
         shown.pop()  # the empty rest of the screen
     return shown[-lines:]
@@ -323,23 +335,37 @@ def transcript(provider: Provider, facts: BoxFacts, session: str, lines: int) ->
 def read_states(provider: Provider, box: str, extra_script: str = "") -> list[dict[str, Any]]:
     """The box's agent sessions as their hooks last reported them; [] when none (or unreadable).
 
-    The files are written in the box, so they are treated as untrusted: only known keys and values
-    of the expected shape come out. Each session also gets `quiet_seconds`, how long ago the box last
-    saw it make progress (PROGRESS_SCRIPT; None when unreadable). `extra_script` runs in the same exec
-    after them (the idle policy's activity probe); its output lines come back in the list as
-    {"line": text} entries, for the caller to validate.
+    The files are written in the box, so they are treated as untrusted: at most MAX_SESSIONS of them
+    are read, each to one byte past STATE_FILE_LIMIT (in the exec itself, and the host reads no more
+    than that), and only known keys and values of the expected shape come out. A file over its cap is
+    refused (OutputTooLarge, logged on the host). Each session also gets `quiet_seconds`, how long ago
+    the box last saw it make progress (PROGRESS_SCRIPT; None when it printed no such line).
+    `extra_script` runs in the same exec after them (the idle policy's activity probe); its output
+    lines come back in the list as {"line": text} entries, for the caller to validate.
     """
-    script = f"cat {STATE_FILES}/*.state.json 2>/dev/null; echo; {PROGRESS_SCRIPT} {extra_script} true"
+    script = (f'n=0; for f in {STATE_FILES}/*.state.json; do [ -e "$f" ] || continue; n=$((n + 1)); '
+              f'[ "$n" -gt {MAX_SESSIONS} ] && break; head -c {STATE_FILE_LIMIT + 1} -- "$f" | tr "\\n" " "; echo; '
+              f"done 2>/dev/null; echo; {PROGRESS_SCRIPT} {extra_script} true")
     try:
-        run = provider.exec(box, ["sh", "-c", script], timeout=10)
+        run = provider.exec(box, ["sh", "-c", script], timeout=10, limit=STATES_OUTPUT_LIMIT,
+                            what="agent states (/run/agentbox/agents)")
+    except OutputTooLarge:
+        raise
     except ProviderError:
         return []
     states: list[dict[str, Any]] = []
     quiet: dict[str, int] = {}
-    for line in run.text.splitlines()[:256]:  # bounded: the box writes this
+    # One line per file (its line breaks made spaces in the box): a line past the cap is a file past it.
+    # Then one progress line per session, then the extra script's lines.
+    for data in run.stdout.split(b"\n")[: 2 * MAX_SESSIONS + 8]:
+        if len(data) > STATE_FILE_LIMIT:
+            raise too_large(box, "agent state file (/run/agentbox/agents/*.state.json)", STATE_FILE_LIMIT)
+        line = data.decode("utf-8", "replace")
         progress = PROGRESS_LINE.fullmatch(line)
         if progress:
             quiet[progress.group(1)] = int(progress.group(2))
+            continue
+        if not line:
             continue
         try:
             raw = json.loads(line)
@@ -369,6 +395,16 @@ def sanitize_state(raw: dict[str, Any]) -> dict[str, Any] | None:
     return {"name": name, "session": session, "state": state, "since": since}
 
 
+def checked(raw: Any) -> dict[str, Any] | None:
+    """An agent entry as read_states gives it (a state and its `quiet_seconds`), checked again where it was
+    kept on the host (the relay's record): None when it is not of that shape."""
+    clean = sanitize_state(raw) if isinstance(raw, dict) else None
+    if clean is not None:
+        quiet = raw.get("quiet_seconds")
+        clean["quiet_seconds"] = quiet if type(quiet) is int and 0 <= quiet < 10**10 else None
+    return clean
+
+
 def judged(agent: dict[str, Any] | None, stalled_minutes: float, now: float, elapsed: float = 0.0) -> dict[str, Any] | None:
     """The agent as shown: `working` with no progress for `stalled_minutes` is `stalled`, since its last progress.
 
@@ -394,12 +430,22 @@ def current(states: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def attach_command(provider: Provider, facts: BoxFacts, session: str) -> str:
     """The line a user types on this machine to watch the agent's tmux session."""
-    return provider.terminal_command(facts, f"tmux attach -t {shlex.quote(session)}")
+    from . import _access
+
+    return provider.terminal_command(facts, f"tmux attach -t {shlex.quote(session)}", _access.ssh_program())
 
 
 def agents_of(provider: Provider, names: list[str]) -> dict[str, dict[str, Any] | None]:
-    """{box: its current agent or None} for running boxes (one exec each, see each_box)."""
-    return each_box(provider, names, lambda box: current(read_states(provider, box)))
+    """{box: its current agent or None} for running boxes (one exec each, see each_box). A box whose
+    states are refused (over their cap, logged on the host) is listed without an agent."""
+
+    def probe(box: str) -> dict[str, Any] | None:
+        try:
+            return current(read_states(provider, box))
+        except OutputTooLarge:
+            return None
+
+    return each_box(provider, names, probe)
 
 
 def each_box(provider: Provider, names: list[str], probe: Callable[[str], T]) -> dict[str, T]:

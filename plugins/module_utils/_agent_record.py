@@ -10,7 +10,8 @@
 The relay's pass reads every running box it serves (one exec each, the pass's own); the inventory then
 needs no exec per box. An entry older than `max_age(interval)` is not returned: its state is unknown.
 The box wrote what the relay read; the relay kept only checked values (_agent.sanitize_state), and the
-reader checks the shape again (a hand-edited or truncated file gives fewer entries, never an error).
+readers check them again: here the file's size and shape (a hand-edited, truncated or oversized file gives
+fewer entries, never an error), in the inventory each agent's values (_agent.checked).
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ import os
 import time
 from typing import Any
 
-from ._host_files import ensure_private_dir, read_text, write_atomic
+from ._host_files import ensure_private_dir, write_atomic
 
 VERSION = 1
 MAX_BOXES = 4096  # bounded: one relay serves one user's boxes
+MAX_BYTES = MAX_BOXES * 1024  # an entry is about 300 bytes; a file past this is not read
 FILE_NAME = "agents.json"
 AGENT_KEYS = ("name", "session", "state", "since", "quiet_seconds")
 
@@ -49,7 +51,9 @@ def write(entries: dict[str, dict[str, Any]], interval: float, now: float | None
 def load(path: str | None = None) -> dict[str, Any]:
     """The whole record as written ({} when missing or unreadable): the relay merges its next pass into it."""
     try:
-        data = json.loads(read_text(path or record_path()) or "{}")
+        with open(path or record_path(), "rb") as handle:
+            text = handle.read(MAX_BYTES + 1)
+        data = json.loads(text) if len(text) <= MAX_BYTES else None
     except (OSError, ValueError):
         return {}
     if not isinstance(data, dict) or data.get("version") != VERSION or not isinstance(data.get("boxes"), dict):

@@ -24,7 +24,7 @@ def boot_box_then(provider: Provider, name: str, after: str = "") -> tuple[dict[
     """boot_box, then `after` (root shell lines that never fail the boot and say how they went on stdout)
     in the same exec, one exec less: (the boot's summary, the exec's stdout)."""
     script = f"command -v {BOOT_COMMAND} >/dev/null 2>&1 || exit 3\n{BOOT_COMMAND}; rc=$?\n{after}\nexit $rc"
-    run = provider.exec(name, ["sh", "-c", script], user="root")
+    run = provider.exec(name, ["sh", "-c", script], user="root", what=f"output of {BOOT_COMMAND}")
     output = run.stdout.decode("utf-8", "replace")
     if run.rc == 3:
         return None, output

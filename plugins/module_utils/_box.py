@@ -13,11 +13,23 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import _agent, _git, _gitlayer, _journal, _naming, _preflight, _relay_state, _rollback, _seed
+from . import _agent, _carry_env, _git, _gitlayer, _journal, _naming, _preflight, _relay_state, _rollback, _seed
 from ._boot import BOOT_COMMAND, boot_box, boot_box_then  # below the providers, which run it after a restart
-from ._provider import BoxFacts, BoxSpec, ExecTimedOut, Provider, ProviderError, exec_deadline, worktree_records
+from ._provider import (
+    BoxFacts,
+    BoxSpec,
+    ExecTimedOut,
+    OutputTooLarge,
+    Provider,
+    ProviderError,
+    exec_deadline,
+    worktree_records,
+)
+
+if TYPE_CHECKING:
+    from ._access import Identities
 
 DEFAULT_IMAGE = "agentbox/box:latest"
 WEB_PORT = 80
@@ -26,6 +38,7 @@ WEB_PORT = 80
 FETCH_TIMEOUT = 120.0
 # Seconds the in-box shutdown of a stop may take; after it the engine's stop ends the box anyway.
 SHUTDOWN_TIMEOUT = 60.0
+SHUTDOWN_OUTPUT_LIMIT = 64 * 1024  # what of agentbox-ctl shutdown's output the host reads (it uses none)
 
 
 @dataclasses.dataclass
@@ -42,6 +55,8 @@ class CreateRequest:
     boot: bool = True
     ship_depth: int | None = None  # history shipped to remote boxes (None: adaptive default, 0: all)
     journal: _journal.Journal | None = None  # the caller's claimed journal (else create claims one)
+    with_env: bool = False  # the ignored .env* files too, onto the box's tmpfs (_carry_env)
+    carry_ignored: list[str] = dataclasses.field(default_factory=list)  # more ignored files, by glob
 
 
 @dataclasses.dataclass
@@ -51,6 +66,7 @@ class Created:
     boot: dict[str, Any] | None
     image_transfer: dict[str, Any] | None = None
     access: dict[str, Any] | None = None
+    carried: dict[str, Any] | None = None  # what went onto the box's tmpfs (_carry_env.carry's answer)
 
 
 class BoxError(ProviderError):
@@ -239,18 +255,26 @@ def _create_claimed(
         # worktree seed's (refresh_access reads how it went, and makes its own exec when neither ran it).
         from . import _access
 
-        keys = _access.identity_files()
-        access_lines = _access.folded_setup([line for _path, line in keys])
-        seed_result, folded_output = None, ""
+        keys = _access.box_identities()  # the boxes' own key is made here when the user has none
+        access_lines = _access.folded_setup(keys.public_lines())
+        seed_result, folded_output, carried = None, "", None
+        # Files named like secrets are never seeded into a layer: they go to the box's tmpfs below.
+        secret = _carry_env.secret_paths(carry) if repos else []
+        if not repos and request.seed and restore is None:  # a plain copy: no .gitignore, same rule
+            secret = _seed.secret_files_in_tree(workspace)
         if restore is None and request.seed:
             seed_result, folded_output = _seed_workspace(
                 provider, name, workspace, repos, plans, branch, carry, request.ship_depth, box_id,
-                before="\n".join(before), report="" if request.boot else access_lines,
+                before="\n".join(before), report="" if request.boot else access_lines, secret=secret,
             )  # fmt: skip
         else:
             _seed.run_before(provider, name, "\n".join(before))
             if restore is not None:
                 seed_result = restore.restore_workspace(provider, name, repos, plans, carry)
+        if seed_result is not None and (secret or request.with_env or request.carry_ignored):
+            # Before the boot: the project's services may read them as they start.
+            carried = _carry_env.carry(provider, name, workspace, request.with_env, request.carry_ignored,
+                                       _seed.WORKSPACE, secret)  # fmt: skip
         journal.write(stage="booting")
         _journal.pause_point("seeded")
         boot = None
@@ -268,19 +292,20 @@ def _create_claimed(
         raise
     journal.forget()
     access = refresh_access(provider, facts, folded_output, keys)
-    return Created(facts=facts, seed=seed_result, boot=boot, image_transfer=image_transfer, access=access)
+    return Created(facts=facts, seed=seed_result, boot=boot, image_transfer=image_transfer, access=access,
+                   carried=carried)
 
 
 def refresh_access(
     provider: Provider,
     facts: BoxFacts,
     folded_output: str = "",
-    keys: list[tuple[str, str]] | None = None,
+    keys: Identities | None = None,
 ) -> dict[str, Any]:
     """`ssh agentbox-<box>` for a running box (see _access). A failure here is a warning: the box
     itself is fine, and attach.yml writes the entry again. `folded_output`: the stdout of an exec with
     the access's box side folded in (the boot's or the seed's), "" when none ran it; `keys`: the
-    identity_files() it was given (so the host's key files are read once)."""
+    box_identities() it was given (so the host's key files are read once)."""
     from . import _access
 
     try:
@@ -301,11 +326,13 @@ def _seed_workspace(
     box_id: str = "",
     before: str = "",
     report: str = "",
+    secret: list[str] | None = None,
 ) -> tuple[_seed.SeedResult, str]:
     """The one dispatch between the three ways of seeding /workspace; the result, and the stdout of
     the exec that ran `report` ("" when none did). `before`: root shell commands run first: in the
     worktree seed's own exec, else in one of their own. `report`: see _seed.seed_worktrees (only
-    that seed carries it)."""
+    that seed carries it). `secret`: a plain copy's files named like secrets, left out of it (a repository's
+    are in its carry-over's `secret`, never in `untracked`)."""
     if plans:
         return _seed.seed_worktrees(provider, name, plans, carry, box_id, before, report)
     _seed.run_before(provider, name, before)
@@ -313,7 +340,7 @@ def _seed_workspace(
         from . import _ship
 
         return _ship.seed_shipped(provider, name, repos, branch, carry, depth=ship_depth), ""
-    return _seed.seed_copy(provider, name, workspace), ""
+    return _seed.seed_copy(provider, name, workspace, secret), ""
 
 
 def seed_existing(provider: Provider, facts: BoxFacts) -> tuple[bool, dict[str, Any]]:
@@ -346,8 +373,12 @@ def seed_existing(provider: Provider, facts: BoxFacts) -> tuple[bool, dict[str, 
             stash = carry[plan.sub].stash
             if stash:
                 _gitlayer.send_objects(provider, facts.name, plan.host_root, plan.common_dir, [stash], plan.base)
+    secret = _carry_env.secret_paths(carry) if repos else _seed.secret_files_in_tree(facts.workspace)
     try:
-        result, _output = _seed_workspace(provider, facts.name, facts.workspace, repos, plans, facts.branch, carry)
+        result, _output = _seed_workspace(provider, facts.name, facts.workspace, repos, plans, facts.branch, carry,
+                                          secret=secret)  # fmt: skip
+        if secret:
+            _carry_env.carry(provider, facts.name, facts.workspace, False, [], _seed.WORKSPACE, secret)
     except BaseException:
         for plan in plans:
             _git.remove_worktree_registration(plan.common_dir, plan.path)
@@ -401,8 +432,10 @@ def destroy_box(
                             f"it committed since its branch was last fetched went with the box; the host's "
                             f"{facts.branch} stays as it was ({kept})")
     provider.destroy(facts.name)
-    if facts.id:
-        _relay_state.forget_box(facts.id)
+    # The relay's files of the box go whatever the box put in them; what cannot go is reported.
+    problem = _relay_state.forget_box(facts.id) if facts.id else None
+    if problem:
+        warnings.append(problem)
     from . import _access
 
     _access.box_removed(facts.name, facts.engine)
@@ -438,6 +471,13 @@ def destroy_box(
                     )
             if delete_branch and facts.branch and _rollback.remove_branch(repo_root, facts.branch):
                 deleted_branches.append(f"{repo_root}:{facts.branch}")
+    if provider.shares_host_filesystem and facts.branch:
+        # The labels go with the container: where its branch stays is kept for a later delete_branch.
+        if delete_branch:
+            _rollback.forget_kept_branch(provider.name, provider.engine, facts.name)
+        else:
+            _rollback.remember_kept_branch(provider.name, provider.engine, facts.name, moved_to or facts.workspace,
+                                           facts.branch)  # fmt: skip
     report.update(worktrees_removed=removed_worktrees, branches_deleted=deleted_branches)
     if not_found:
         report["worktrees_not_found"] = not_found
@@ -492,8 +532,10 @@ def set_state(provider: Provider, facts: BoxFacts, state: str, boot: bool = True
                 with contextlib.suppress(ProviderError, _git.GitError), exec_deadline(FETCH_TIMEOUT):
                     _gitlayer.import_work(provider, facts)
             # Let the supervisor stop services cleanly: `docker stop` alone SIGKILLs them (and does, past the bound).
-            with contextlib.suppress(ExecTimedOut), exec_deadline(SHUTDOWN_TIMEOUT):
-                provider.exec(facts.name, ["sh", "-c", "command -v agentbox-ctl >/dev/null && agentbox-ctl shutdown || true"])
+            # Its output is not used: a box that prints more than the host reads is stopped all the same.
+            with contextlib.suppress(ExecTimedOut, OutputTooLarge), exec_deadline(SHUTDOWN_TIMEOUT):
+                provider.exec(facts.name, ["sh", "-c", "command -v agentbox-ctl >/dev/null && agentbox-ctl shutdown || true"],
+                              limit=SHUTDOWN_OUTPUT_LIMIT, what="output of agentbox-ctl shutdown")
         return provider.stop(facts.name)
     if state == "paused":
         if facts.state == "stopped":

@@ -8,9 +8,11 @@ task's time on the local engine); the module runs it wherever Ansible sends it.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from . import _box, _carry_env, _daytona_options, _git, _gitlayer, _journal, _naming, _registry, _rollback, _seed
+from . import _box, _daytona_options, _git, _gitlayer, _journal, _naming, _registry, _rollback, _seed
+from ._access import answer_include, include_hint, include_present, ssh_command
 from ._module import PROVIDER_ARGUMENT_SPEC, provider_from_params
 
 BOX_ARGUMENT_SPEC: dict[str, Any] = {
@@ -39,6 +41,7 @@ BOX_ARGUMENT_SPEC: dict[str, Any] = {
     "keep_checkpoints": {"type": "bool", "default": False},
     "with_env": {"type": "bool", "default": False},
     "carry_ignored": {"type": "list", "elements": "str", "default": []},
+    "ssh_include": {"type": "bool"},
     **_daytona_options.BOX_OPTIONS,
     **PROVIDER_ARGUMENT_SPEC,
 }
@@ -61,6 +64,21 @@ def _planned(name: str, workspace: str, image: str, provider: str, engine: str) 
 
 def run_box_task(params: dict[str, Any], check_mode: bool) -> tuple[dict[str, Any], list[str]]:
     """The whole agentbox_box task: (result, warnings). Raises ProviderError or ValueError."""
+    result, warnings = _box_task(params, check_mode)
+    # After the task went through: a failed one leaves ~/.ssh/config as it was.
+    if params["ssh_include"] is not None and not check_mode and answer_include(params["ssh_include"]):
+        result["changed"] = True
+    box = result.get("box") or {}
+    if box.get("state") == "running":
+        # The one way in every output prints (the _access module's ssh_program), and once, how to shorten it.
+        result["ssh_command"] = ssh_command(box["name"])
+        if "access" in result:
+            result["access"]["included"] = include_present()
+            result["include_hint"] = include_hint(box["name"], record=not check_mode)
+    return result, warnings
+
+
+def _box_task(params: dict[str, Any], check_mode: bool) -> tuple[dict[str, Any], list[str]]:
     warnings: list[str] = []
     state = params["state"]
     name = params["name"]
@@ -144,9 +162,15 @@ def _run(
             # The container went (docker rm -f) but its volume, registrations and branch may not have.
             leftovers = None if check_mode else _rollback.destroy_leftovers(provider, name, params["delete_branch"])
             if leftovers is None and params["delete_branch"] and provider.shares_host_filesystem:
-                # Destroyed earlier without delete_branch: the branch is still deleted when asked now,
-                # in the workspace's repositories (default the current directory).
-                leftovers = _forget_missing_box(name, _naming.workspace_path(params["workspace"]), check_mode)
+                # Destroyed earlier without delete_branch: the branch is still deleted when asked now, in
+                # the workspace given, else the one its destroy recorded, else the current directory.
+                kept = _rollback.kept_branch(provider.name, provider.engine, name)
+                if params["workspace"] or not (kept and os.path.isdir(kept["workspace"])):
+                    kept = None
+                workspace = kept["workspace"] if kept else _naming.workspace_path(params["workspace"])
+                leftovers = _forget_missing_box(name, workspace, check_mode, kept["branch"] if kept else None)
+                if leftovers["branches_deleted"] and not check_mode:
+                    _rollback.forget_kept_branch(provider.name, provider.engine, name)
                 if not (leftovers["branches_deleted"] or leftovers["worktrees_removed"]):
                     result["destroyed"] = leftovers
                     leftovers = None
@@ -179,17 +203,14 @@ def _run(
                     ship_depth=params["ship_depth"],
                     boot=params["boot"],
                     journal=journal,
+                    with_env=params["with_env"],
+                    carry_ignored=list(params["carry_ignored"]),
                 ),
             )
+            carried = created.carried or {"files": [], "bytes": 0, "secret": []}
             if params["with_env"] or params["carry_ignored"]:
-                try:
-                    result["carried_ignored"] = _carry_env.carry(
-                        provider, created.facts.name, workspace, params["with_env"], params["carry_ignored"], "/workspace"
-                    )
-                except BaseException:
-                    # Nothing half-made: the box (and the branch reserved for it) goes again.
-                    _box.destroy_box(provider, created.facts, delete_branch=True)
-                    raise
+                result["carried_ignored"] = {"files": carried["files"], "bytes": carried["bytes"]}
+            result["carried_secret"] = carried["secret"]
             if created.image_transfer:
                 result["image_transfer"] = created.image_transfer
             result["box"] = created.facts.to_dict()
@@ -216,10 +237,11 @@ def _run(
     return result, warnings
 
 
-def _forget_missing_box(name: str, workspace: str, check_mode: bool) -> dict[str, Any]:
-    """Delete branch agentbox/<name> (and the box's worktree registrations) in the workspace's
-    repositories for a box that no longer exists; what was (or, in check mode, would be) removed."""
-    branch = _naming.box_branch(name)
+def _forget_missing_box(name: str, workspace: str, check_mode: bool, branch: str | None = None) -> dict[str, Any]:
+    """Delete the branch (default agentbox/<name>) and the box's worktree registrations in the workspace's
+    repositories for a box that no longer exists; what was (or, in check mode, would be) removed, and
+    where it looked (`searched`)."""
+    branch = branch or _naming.box_branch(name)
     removed_worktrees: list[str] = []
     deleted_branches: list[str] = []
     for repo in _git.find_repos(workspace):
@@ -231,4 +253,5 @@ def _forget_missing_box(name: str, workspace: str, check_mode: bool) -> dict[str
         if repo.head_branch != branch and _git.branch_exists(repo.root, branch):
             if check_mode or _rollback.remove_branch(repo.root, branch):
                 deleted_branches.append(f"{repo.root}:{branch}")
-    return {"worktrees_removed": removed_worktrees, "branches_deleted": deleted_branches, "box_removed": False}
+    return {"worktrees_removed": removed_worktrees, "branches_deleted": deleted_branches, "box_removed": False,
+            "searched": workspace, "branch": branch}

@@ -58,9 +58,11 @@ from ._boxd_state import (
 )
 from ._naming import label, strip_labels
 from ._provider import (
+    BOX_TEXT_LIMIT,
     BoxFacts,
     BoxNotFound,
     BoxSpec,
+    CappedOutput,
     Command,
     EngineUnreachable,
     ExecResult,
@@ -505,12 +507,15 @@ class BoxdProvider(Provider):
         if timeout:
             # TERM first so `timeout` itself reports 124, KILL after a grace for a command that ignores it.
             line = f"timeout -k {KILL_GRACE_SECONDS} {max(1, math.ceil(timeout))} {line}"
-        out, err = bytearray(), bytearray()
-        code = self._stream(name, line, stdin, lambda data, is_err: (err if is_err else out).extend(data))
-        return ExecResult(code, bytes(out), bytes(err))
+        output = CappedOutput(command.limit)
+        code = self._stream(name, line, stdin, output.add)
+        if output.over:
+            raise output.refused(command.argv, name)
+        return output.result(code)
 
     def _stream(self, name: str, line: str, stdin: bytes | IO[bytes] | Iterable[bytes] | None, sink: Any) -> int:
-        """Run one command line, passing output to sink(data, is_stderr); its exit code."""
+        """Run one command line, passing output to sink(data, is_stderr); its exit code. A sink that
+        answers False wants no more: the call is cancelled (the server ends the command) and -1 returned."""
         machine = self._require(name, "exec")
         retried = False
         while True:
@@ -521,7 +526,9 @@ class BoxdProvider(Provider):
                     threading.Thread(target=_feed, args=(stream, stdin), daemon=True).start()
                 for chunk in stream.iter_chunks():
                     received += len(chunk.data)
-                    sink(chunk.data, chunk.is_stderr)
+                    if sink(chunk.data, chunk.is_stderr) is False:
+                        stream.close()
+                        return -1
                 code = stream.exit_code
             except Exception as exc:
                 if not is_sdk_error(exc):
@@ -554,7 +561,7 @@ class BoxdProvider(Provider):
         err = bytearray()
         try:
             code = self._stream(name, command_line(["sh", "-c", ATOMIC_UNTAR, "put", path, temporary], user="root"),
-                                tar_stream, lambda data, is_err: err.extend(data) if is_err else None)
+                                tar_stream, lambda data, is_err: _keep_tail(err, data) if is_err else None)
         except ProviderError:
             self._abandon_upload(name, path, temporary)
             raise
@@ -584,7 +591,7 @@ class BoxdProvider(Provider):
         def run() -> None:
             try:
                 result["code"] = self._stream(name, line, None,
-                                              lambda data, is_err: err.extend(data) if is_err else pipe.put(data))
+                                              lambda data, is_err: _keep_tail(err, data) if is_err else pipe.put(data))
             except BaseException as exc:  # noqa: BLE001 - handed to the reading side
                 result["error"] = exc
             finally:
@@ -633,8 +640,12 @@ class BoxdProvider(Provider):
             snapshot = store.snapshot(image)
             status = (getattr(snapshot, "status", "") or "").lower()
             if status == "failed":
-                raise ProviderError(f"snapshot {image} failed on boxd: remove the checkpoint and take it again",
-                                    box=name, operation="checkpoint")
+                try:
+                    store.delete_snapshot(image)  # nothing refers to it: no manifest was written
+                except ProviderError:
+                    pass  # prune_checkpoints.yml removes it later; the failure is what to report
+                raise ProviderError(f"snapshot {image} failed on boxd, and nothing was recorded: take the "
+                                    "checkpoint again", box=name, operation="checkpoint")
             if snapshot is not None and status != "pending" and (snapshot.version or 0) >= wanted:
                 break
             if time.monotonic() > deadline:
@@ -653,6 +664,12 @@ class BoxdProvider(Provider):
 
     def close(self) -> None:
         forget_client(self.settings)
+
+
+def _keep_tail(kept: bytearray, data: bytes) -> None:
+    """A streamed command's stderr as a message quotes it: its last BOX_TEXT_LIMIT bytes, no more kept."""
+    kept.extend(data[-BOX_TEXT_LIMIT:])
+    del kept[:-BOX_TEXT_LIMIT]
 
 
 def _forward_url(forward: Any) -> str:

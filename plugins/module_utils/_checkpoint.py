@@ -49,7 +49,7 @@ __all__ = [
     "COLLECTION_VERSION", "DEFAULT_MAX_LAYERS", "EXCLUDED_FROM_FLATTEN", "LABEL_KEYS", "RESTORE_SCRIPT",
     "SCHEMA_VERSION", "CapturePlan", "Checkpoint", "CheckpointError", "RestorePlan", "RestoreResult",
     "box_checkpoints", "capture", "config_changes", "current_fingerprint", "filter_tar", "find_checkpoint",
-    "is_stale", "keep", "kept_checkpoints", "list_checkpoints", "parse_reference", "plan_capture", "plan_restore",
+    "is_kept", "is_stale", "keep", "kept_checkpoints", "list_checkpoints", "parse_reference", "plan_capture", "plan_restore",
     "project_config_path", "project_default", "prune", "read_manifest", "remove", "remove_box_checkpoints",
     "restore_workspace", "run_cleanup", "set_project_default",
 ]
@@ -134,13 +134,19 @@ def remove(provider: Provider, checkpoint: Checkpoint) -> dict[str, Any]:
     return removed
 
 
+def is_kept(checkpoint: Checkpoint, kept: set[str]) -> bool:
+    """Whether `checkpoint` is the user's to keep: one the user took always, one a box took itself (through the
+    relay, `made_by` box) once the user kept it (`kept`: kept_checkpoints). One that is not goes when its box is
+    destroyed, unless it is the project's default or another box runs on it (remove_box_checkpoints)."""
+    return checkpoint.record.get("made_by") != "box" or checkpoint.name in kept
+
+
 def box_checkpoints(provider: Provider, facts: BoxFacts) -> list[Checkpoint]:
-    """The checkpoints box `facts` took itself (through the relay, `made_by` box) that the user has not kept:
-    what its quota counts, and what goes with it."""
+    """The checkpoints box `facts` took itself that the user has not kept: what its quota counts, and what
+    goes with it."""
     kept = kept_checkpoints(provider, facts.project)
     return [found for found in list_checkpoints(provider, facts.project)
-            if found.record.get("made_by") == "box" and found.record.get("source_box_id") == facts.id
-            and found.name not in kept]  # fmt: skip
+            if found.record.get("source_box_id") == facts.id and not is_kept(found, kept)]
 
 
 def keep(provider: Provider, project: str, name: str) -> Checkpoint:

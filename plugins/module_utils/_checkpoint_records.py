@@ -22,12 +22,14 @@ from typing import Any
 
 from . import _naming
 from ._box_data import WORKSPACE, head_line
-from ._provider import BoxFacts, Provider, ProviderError
+from ._provider import BoxFacts, Provider, ProviderError, too_large
 
 SCHEMA_VERSION = 1
 # Kept in step with galaxy.yml by hand: modules run from a zip, where galaxy.yml is not readable.
 COLLECTION_VERSION = "0.1.0"
 SECRETS_DIR = "/run/agentbox/secrets"
+ANSWER_LIMIT = 64 * 1024  # a line or two of git's answer, and its stderr
+SECRET_LIMIT = 1 << 20  # what of one secret file the host reads back (the host wrote it: a key, a token)
 DEFAULT_MAX_LAYERS = 3
 CLEANUP_COMMAND = "/usr/local/bin/agentbox-checkpoint-cleanup"
 
@@ -326,9 +328,12 @@ class CapturePlan:
 
 def guard_secrets(provider: Provider, facts: BoxFacts, container_env: list[str]) -> None:
     """Refuse to capture a box whose environment holds the value of one of its own secrets."""
-    script = f'for f in {SECRETS_DIR}/*; do [ -f "$f" ] && {{ printf "%s\\0" "$(cat "$f")"; }}; done; exit 0'
-    run = provider.exec(facts.name, ["sh", "-c", script], user="root")
+    script = (f'for f in {SECRETS_DIR}/*; do [ -f "$f" ] && {{ printf "%s\\0" "$(head -c {SECRET_LIMIT + 1} "$f")"; }}; '
+              "done; exit 0")
+    run = provider.exec(facts.name, ["sh", "-c", script], user="root", what=f"secret files ({SECRETS_DIR})")
     values = [v for v in run.stdout.split(b"\0") if len(v) >= 4]
+    if any(len(value) > SECRET_LIMIT for value in values):
+        raise too_large(facts.name, f"secret file in {SECRETS_DIR}", SECRET_LIMIT)
     for entry in container_env:
         key, _sep, value = entry.partition("=")
         raw = value.encode("utf-8", "replace")
@@ -367,7 +372,8 @@ def captured(
 def in_box_head(provider: Provider, facts: BoxFacts) -> list[dict[str, str]]:
     """A box with its own clone (remote engines): its branch and commit, read in the box."""
     run = provider.exec(
-        facts.name, ["sh", "-c", "cd /workspace && git rev-parse HEAD && git symbolic-ref -q --short HEAD"]
+        facts.name, ["sh", "-c", "cd /workspace && git rev-parse HEAD && git symbolic-ref -q --short HEAD"],
+        limit=ANSWER_LIMIT, what="branch and commit of /workspace",
     )
     lines = run.text.split()
     if run.rc not in (0, 1) or not lines:

@@ -38,7 +38,7 @@ from ._daytona_api import (
     status_of,
 )
 from ._daytona_state import box_state, state_name
-from ._provider import BoxNotFound, Command, EngineUnreachable, ExecResult, ProviderError
+from ._provider import BoxNotFound, CappedOutput, Command, EngineUnreachable, ExecResult, ProviderError
 from ._shell_line import command_line
 
 BOX_USER = "vscode"
@@ -99,9 +99,11 @@ done
 exit 0
 """
 
-# sh -c WAIT agentbox-wait DIR SLICE: read-only until the result is printed, so it may be re-sent.
+# sh -c WAIT agentbox-wait DIR SLICE LIMIT: read-only until the result is printed, so it may be re-sent.
+# LIMIT (none: empty) caps what it prints of each stream at one byte past the host's cap, and the control
+# files it prints are read with a cap too: all of them are in the box, the box's to make any size.
 WAIT_SCRIPT = r"""
-d=$1 slice=$2
+d=$1 slice=$2 limit=$3
 [ -d "$d" ] || { [ -d "$d.done" ] && d=$d.done; }
 end=$(( $(date +%s) + slice ))
 i=0
@@ -121,11 +123,11 @@ while [ ! -e "$d/rc" ]; do
   fi
   sleep 0.05
 done
-printf 'AGENTBOX-EXEC DONE %s\n' "$(cat "$d/rc")"
-o=$(cat "$d/outdir" 2>/dev/null); [ -n "$o" ] || o=$d
-base64 < "$o/out"
+printf 'AGENTBOX-EXEC DONE %s\n' "$(head -c 16 "$d/rc")"
+o=$(head -c 4096 "$d/outdir" 2>/dev/null); [ -n "$o" ] || o=$d
+if [ -n "$limit" ]; then head -c "$((limit + 1))" "$o/out" | base64; else base64 < "$o/out"; fi
 echo --
-base64 < "$o/err"
+if [ -n "$limit" ]; then head -c "$((limit + 1))" "$o/err" | base64; else base64 < "$o/err"; fi
 case $d in *.done) ;; *) mv "$d" "$d.done" 2>/dev/null ;; esac
 """
 
@@ -184,7 +186,7 @@ class DaytonaExec(DaytonaAPI):
             command.argv, user=command.user, workdir=command.workdir, env=command.env, timeout=command.timeout
         )
         try:
-            return self._exec(name, sandbox, line, command.stdin, command.timeout)
+            return self._exec(name, sandbox, line, command)
         except ProviderError as exc:
             raise self._why_not_running(name, exc) from exc
 
@@ -208,9 +210,8 @@ class DaytonaExec(DaytonaAPI):
             )
         return failure
 
-    def _exec(
-        self, name: str, sandbox: Any, line: str, stdin: bytes | IO[bytes] | None, timeout: float | None
-    ) -> ExecResult:
+    def _exec(self, name: str, sandbox: Any, line: str, command: Command) -> ExecResult:
+        stdin = command.stdin
         nonce = secrets.token_hex(8)
         directory = f"{EXEC_DIR}/{nonce}"
         in_path = ""
@@ -224,7 +225,7 @@ class DaytonaExec(DaytonaAPI):
         launch += f" {shlex.quote(in_path)}" if in_path else " ''"
         launch += f" {shlex.quote(EXEC_OUTPUT_DIR)}"
         self._launch(name, sandbox, launch)
-        return self._wait(name, sandbox, directory, started, timeout)
+        return self._wait(name, sandbox, directory, started, command)
 
     def _launch(self, name: str, sandbox: Any, launch: str) -> None:
         request = SessionExecuteRequest(command=launch, run_async=True)
@@ -291,11 +292,13 @@ class DaytonaExec(DaytonaAPI):
             )
         return exc
 
-    def _wait(self, name: str, sandbox: Any, directory: str, started: float, timeout: float | None) -> ExecResult:
+    def _wait(self, name: str, sandbox: Any, directory: str, started: float, command: Command) -> ExecResult:
+        timeout, limit = command.timeout, "" if command.limit is None else str(command.limit)
         cut_in_a_row = 0
         empty_in_a_row = 0
         while True:
-            waiter = f"sh -c {shlex.quote(WAIT_SCRIPT)} agentbox-wait {shlex.quote(directory)} {self._exec_slice}"
+            waiter = (f"sh -c {shlex.quote(WAIT_SCRIPT)} agentbox-wait {shlex.quote(directory)} {self._exec_slice} "
+                      f"{shlex.quote(limit)}")
             asked = time.monotonic()
             try:
                 answer = self.api_call(
@@ -341,7 +344,10 @@ class DaytonaExec(DaytonaAPI):
                     raise ProviderError(
                         f"the command did not finish within {timeout:g} s and was killed", box=name, operation="exec"
                     )
-                return ExecResult(rc=rc if rc is not None else -1, stdout=out, stderr=err)
+                output = CappedOutput(command.limit)
+                if not (output.add(out) and output.add(err, stderr=True)):
+                    raise output.refused(command.argv, name)
+                return output.result(rc if rc is not None else -1)
             if status == "LOST":
                 raise ProviderError(
                     "the command was killed before it finished (the box was stopped, or its session deleted)",

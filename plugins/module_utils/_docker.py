@@ -41,7 +41,6 @@ from ._provider import (
     Provider,
     ProviderError,
     SshProxy,
-    exec_time_left,
 )
 
 
@@ -265,7 +264,7 @@ class DockerProvider(Provider):
         name = "AGENTBOX_ENGINE" if self.isolation == "userns" else "DOCKER_HOST"
         return {name: os.environ[name]} if os.environ.get(name) else {}
 
-    def terminal_command(self, facts: BoxFacts, command: str) -> str:
+    def terminal_command(self, facts: BoxFacts, command: str, ssh: str = "ssh") -> str:
         return f"docker {self._host_option()}exec -it -u vscode {facts.container} {command}"
 
     def _host_option(self) -> str:
@@ -680,21 +679,12 @@ class DockerProvider(Provider):
     def run_command(self, name: str, command: Command) -> ExecResult:
         cname = container_name(name)
         argv, user, workdir, env, stdin = command.argv, command.user, command.workdir, command.env, command.stdin
-        with self._engine_call(name, "exec") as engine:
-            # The time bound on the local engine's own client; the SDK's (remote engines) has none.
-            bound = {"timeout": command.timeout} if isinstance(engine, EngineAPI) and command.timeout is not None else {}
-            rc, stdout, stderr = engine.exec(cname, argv, user=user, workdir=workdir, env=env, stdin=stdin, **bound)
-        return ExecResult(rc=rc, stdout=stdout, stderr=stderr)
-
-    def exec_bounded(self, name: str, argv: list[str], limit: int, *, user: str = BOX_USER) -> ExecResult:
-        """exec reading at most `limit` bytes of output on the direct client (the local engine)."""
-        direct = self._direct
-        if direct is None:
-            return super().exec_bounded(name, argv, limit, user=user)
+        # The time bound on the local engine's own client; the SDK's (remote engines) has none.
         try:
-            with self._engine_call(name, "exec"):  # its error mapping; the read itself stops at `limit`
-                rc, stdout, stderr = direct.exec(container_name(name), argv, user=user, max_output=limit,
-                                                 timeout=exec_time_left())
+            with self._engine_call(name, "exec") as engine:  # the read itself stops at command.limit
+                bound = {"timeout": command.timeout} if isinstance(engine, EngineAPI) and command.timeout is not None else {}
+                rc, stdout, stderr = engine.exec(cname, argv, user=user, workdir=workdir, env=env, stdin=stdin,
+                                                 max_output=command.limit, **bound)
         except OutputTooLarge as exc:
             raise OutputTooLarge(str(exc), box=name) from exc
         return ExecResult(rc=rc, stdout=stdout, stderr=stderr)

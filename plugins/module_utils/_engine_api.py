@@ -32,7 +32,8 @@ import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import IO, Any
 
-from ._errors import ExecTimedOut, OutputTooLarge
+from ._errors import ExecTimedOut
+from ._provider import CappedOutput
 
 CHUNK = 1 << 16
 DEFAULT_SOCKET = "/var/run/docker.sock"
@@ -285,16 +286,14 @@ class EngineAPI:
         if stdin is not None:
             feeder = threading.Thread(target=feed_stdin, args=(sock, stdin), daemon=True)
             feeder.start()
-        streams: dict[int, list[bytes]] = {1: [], 2: []}
-        total = 0
+        output = CappedOutput(max_output)
         watchdog = _Watchdog(sock, timeout)
         try:
             while len(header := watchdog.read(reader, 8)) == 8:
                 size = int.from_bytes(header[4:8], "big")
-                total += size
-                if max_output is not None and total > max_output:  # the frame is not read
-                    raise OutputTooLarge(f"{argv[0]} printed more than the {max_output} bytes the host reads: refused")
-                streams.setdefault(header[0], []).append(watchdog.read(reader, size))
+                if not output.room(size):  # the frame is not read; closing the stream ends the command's writes
+                    raise output.refused(argv)
+                output.add(watchdog.read(reader, size), stderr=header[0] != 1)  # 2: stderr, 3: the engine's own error
         finally:
             watchdog.cancel()
             if feeder is not None:
@@ -304,7 +303,8 @@ class EngineAPI:
         if watchdog.fired:
             raise ExecTimedOut(f"{argv[0]} did not finish within {timeout:g} s: the host stopped waiting for it")
         code = exec_exit_code(lambda: self._checked("GET", f"/exec/{exec_id}/json"))
-        return code, b"".join(streams[1]), b"".join(streams[2])
+        done = output.result(code)
+        return code, done.stdout, done.stderr
 
     def _hijack(self, path: str, body: dict[str, Any]) -> tuple[socket.socket, IO[bytes]]:
         """POST that upgrades the connection to the raw multiplexed stream (docker exec's attach)."""

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any
 
 from ._engine_api import EngineAPIError, EngineUnanswered, exec_exit_code, feed_stdin
+from ._provider import CappedOutput
 
 
 @contextlib.contextmanager
@@ -159,36 +160,42 @@ class SDKEngine:
         workdir: str | None = None,
         env: dict[str, str] | None = None,
         stdin: bytes | IO[bytes] | None = None,
+        max_output: int | None = None,
     ) -> tuple[int, bytes, bytes]:
-        """Run argv in the container; (exit code, stdout, stderr), stdin fed while the output is read."""
+        """Run argv in the container; (exit code, stdout, stderr), stdin fed while the output is read.
+        `max_output` as in EngineAPI.exec: the frames are read up to it, then the stream is closed."""
         with _errors():
             exec_id = self._api.exec_create(
                 container, argv, stdout=True, stderr=True, stdin=stdin is not None, user=user, workdir=workdir,
                 environment=env,
             )["Id"]  # fmt: skip
-            if stdin is None:
-                out, err = self._api.exec_start(exec_id, demux=True)
-                stdout, stderr = out or b"", err or b""
-            else:
-                stdout, stderr = self._exec_with_stdin(exec_id, stdin)
-            return exec_exit_code(lambda: self._api.exec_inspect(exec_id)), stdout, stderr
+            output = self._exec_output(exec_id, stdin, CappedOutput(max_output), argv)
+            code = exec_exit_code(lambda: self._api.exec_inspect(exec_id))
+            done = output.result(code)
+            return code, done.stdout, done.stderr
 
-    def _exec_with_stdin(self, exec_id: str, stdin: bytes | IO[bytes]) -> tuple[bytes, bytes]:
-        """Feed stdin from a thread while reading the multiplexed output (no deadlock on big I/O)."""
+    def _exec_output(
+        self, exec_id: str, stdin: bytes | IO[bytes] | None, output: CappedOutput, argv: list[str]
+    ) -> CappedOutput:
+        """Read the multiplexed output frame by frame into `output` (stdin fed from a thread, so neither
+        side stalls the other); past its cap the stream is closed and the command refused."""
         from docker.utils.socket import frames_iter  # the client exists, so the SDK is already loaded
 
         sock = self._api.exec_start(exec_id, socket=True)
-        feeder = threading.Thread(target=feed_stdin, args=(getattr(sock, "_sock", sock), stdin), daemon=True)
-        feeder.start()
-        chunks: dict[int, list[bytes]] = {1: [], 2: []}
+        feeder = None
+        if stdin is not None:
+            feeder = threading.Thread(target=feed_stdin, args=(getattr(sock, "_sock", sock), stdin), daemon=True)
+            feeder.start()
         try:
             for stream, data in frames_iter(sock, tty=False):
-                chunks.setdefault(stream, []).append(data)
+                if not output.add(data, stderr=stream != 1):
+                    raise output.refused(argv)
         finally:
-            feeder.join(timeout=5)
+            if feeder is not None:
+                feeder.join(timeout=5)
             with contextlib.suppress(OSError):
                 sock.close()
-        return b"".join(chunks[1]), b"".join(chunks[2])
+        return output
 
     def put_archive(self, container: str, path: str, tar_stream: Iterable[bytes] | IO[bytes]) -> None:
         with _errors():

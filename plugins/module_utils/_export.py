@@ -79,7 +79,8 @@ def download(provider: Provider, facts: BoxFacts, dest: str | None, check_mode: 
     archive = f"/tmp/agentbox-export-{secrets.token_hex(8)}.tar"
     try:
         argv = ["sh", "-c", _SCRIPT, "export", archive, str(STATUS_LIMIT)]
-        run = provider.exec_bounded(facts.name, argv, 2 * STATUS_LIMIT)  # stderr's room too
+        run = provider.exec(facts.name, argv, user="vscode", limit=2 * STATUS_LIMIT,  # stderr's room too
+                            what="git status of its working tree")
         run.check("reading the box's working tree", facts.name)
         uncommitted = [line.rstrip() for line in run.text.splitlines() if line.strip()]
         os.makedirs(os.path.dirname(target), exist_ok=True)

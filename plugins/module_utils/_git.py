@@ -12,6 +12,7 @@ import dataclasses
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from typing import IO
 
 from ._journal import pause_point
 from ._naming import box_branch
+from ._secret_files import HEAD_BYTES, named_like_secret
 
 INDEX_COPY_PREFIX = "agentbox-index-"
 
@@ -387,6 +389,9 @@ class CarryOver:
     modified: int = 0
     deleted: int = 0
     renamed: int = 0
+    # Untracked, not ignored regular files named like secrets (_secret_files), left out of `untracked`:
+    # they go to the box's tmpfs only (_carry_env), never a layer or a checkpoint.
+    secret: list[str] = dataclasses.field(default_factory=list)
 
 
 def capture_carry_over(repo: Repo, skip_dirs: list[str] | None = None) -> CarryOver:
@@ -430,8 +435,31 @@ def capture_carry_over(repo: Repo, skip_dirs: list[str] | None = None) -> CarryO
         path = os.fsdecode(raw)
         if path.endswith("/") or path.startswith(skipped):
             continue  # nested repositories are seeded on their own
-        carry.untracked.append(path)
+        (carry.secret if secret_file(repo.root, path) else carry.untracked).append(path)
     return carry
+
+
+def secret_file(root: str, path: str) -> bool:
+    """Whether root/path is a regular file named like a secret (_secret_files): a link carries no content,
+    it travels as it is."""
+    full = os.path.join(root, path)
+
+    def regular() -> bool:
+        try:
+            return stat.S_ISREG(os.lstat(full).st_mode)
+        except OSError:
+            return False
+
+    def head() -> bytes:
+        if not regular():  # never open a fifo or follow a link for its content
+            return b""
+        try:
+            with open(full, "rb") as handle:
+                return handle.read(HEAD_BYTES)
+        except OSError:
+            return b""
+
+    return named_like_secret(path, head) and regular()
 
 
 def reserve_branch(repos: list[Repo], box: str, limit: int = 100, reason: str = "") -> str:

@@ -121,7 +121,7 @@ def resolve(git_dir: str, ref: str) -> str:
     if re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", loose):
         return loose
     for line in _read(os.path.join(git_dir, "packed-refs")).splitlines():
-        oid, _, name = line.partition(" ")
+        oid, _space, name = line.partition(" ")
         if name == ref and re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", oid):
             return oid
     return ""

@@ -106,7 +106,8 @@ def box_heads(provider: Provider, facts: BoxFacts, records: list[dict[str, str]]
     import_work(provider, facts)
     script = 'for p in "$@"; do git -C "$p" rev-parse --verify -q "HEAD^{commit}" || echo -; ' \
         'git -C "$p" symbolic-ref -q --short HEAD || echo -; done'
-    run = provider.exec(facts.name, ["sh", "-c", script, "heads", *[record["path"] for record in records]])
+    run = provider.exec(facts.name, ["sh", "-c", script, "heads", *[record["path"] for record in records]],
+                        limit=(len(records) + 1) * 64 * 1024, what="heads of its worktrees")
     lines = run.text.split("\n")
     for position, record in enumerate(records):
         commit, branch = ([*lines[2 * position:2 * position + 2], "-", "-"])[:2]

@@ -19,7 +19,6 @@ early). The box cannot write this file.
 
 from __future__ import annotations
 
-import calendar
 import contextlib
 import json
 import os
@@ -27,9 +26,9 @@ import re
 import time
 from typing import Any
 
-from . import _agent, _box
+from . import _agent, _box, _naming
 from ._access import BOX_USER
-from ._provider import BoxFacts, Provider, ProviderError
+from ._provider import BoxFacts, OutputTooLarge, Provider, ProviderError
 
 DEFAULTS: dict[str, Any] = {"max_running": 5, "idle_minutes": 5.0, "stop_after_hours": 12.0, "include_agentless": False,
                             "scope": "project", "stalled_minutes": _agent.STALLED_MINUTES}
@@ -61,16 +60,6 @@ def state_file_default() -> str:
     return os.path.join(os.path.expanduser("~"), ".agentbox", "idle", "paused.json")
 
 
-def parse_since(since: str | None) -> float | None:
-    """Epoch seconds of an agent state's `since` (UTC, 2026-11-30T19:00:00Z), None when absent."""
-    if not since:
-        return None
-    try:
-        return float(calendar.timegm(time.strptime(since, "%Y-%m-%dT%H:%M:%SZ")))
-    except ValueError:
-        return None
-
-
 def parse_activity(lines: list[str], now: float) -> dict[str, Any] | None:
     """The box's activity line, checked (the box writes it): the input time no later than `now`, counts
     bounded; None when the line is missing or malformed (then only the agent state counts)."""
@@ -85,7 +74,10 @@ def observe(provider: Provider, names: list[str], now: float) -> dict[str, tuple
     """{box: (its current agent or None, its activity or None)}: one exec per running box."""
 
     def probe(box: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-        found = _agent.read_states(provider, box, extra_script=ACTIVITY_SCRIPT)
+        try:
+            found = _agent.read_states(provider, box, extra_script=ACTIVITY_SCRIPT)
+        except OutputTooLarge as exc:  # the box's own error (plan: action "error"); the others go on
+            return None, {"refused": str(exc)}
         return _agent.current(found), parse_activity([e["line"] for e in found if "line" in e], now)
 
     return _agent.each_box(provider, names, probe)
@@ -121,7 +113,7 @@ def plan(
     settings: dict[str, Any],
     activity: dict[str, dict[str, Any] | None] | None = None,
 ) -> list[dict[str, Any]]:
-    """One decision per box: {name, state, action: pause|stop|keep, reason, agent_state, idle_seconds,
+    """One decision per box: {name, state, action: pause|stop|keep|error, reason, agent_state, idle_seconds,
     paused_seconds}. Pure: the same inputs always give the same plan.
 
     Running boxes: while more than max_running run, pause the one idle longest (idle at least
@@ -131,7 +123,8 @@ def plan(
     only with include_agentless, after every idle one. With scope `project` (the default) the cap counts each
     project's running boxes apart (facts `project`); with `all`, every box of the pass. Paused boxes: stop those paused longer than
     stop_after_hours (by `paused_since`, keyed by record_key). Ephemeral boxes (facts `ephemeral`) are kept
-    and not counted: the engine deletes them when they stop, its own auto-stop ends them.
+    and not counted: the engine deletes them when they stop, its own auto-stop ends them. A running box
+    whose agent states were refused (activity `refused`: over their cap) is left alone as an error.
     """
     activity = activity or {}
     settings = validate(settings)
@@ -168,11 +161,15 @@ def plan(
         key = str(facts.get("project") or "") if settings["scope"] == "project" else ""
         running[key] = running.get(key, 0) + 1
         group[facts["name"]] = key
+        seen = activity.get(facts["name"]) or {}
+        if seen.get("refused"):
+            # What the box wrote about its agent was refused: nothing is known of it, so nothing is done to it.
+            entry.update(action="error", reason=seen["refused"])
+            continue
         state = agent["state"] if agent else None
         if state in ACTIVE:
             entry["reason"] = f"its agent is {state}"
             continue
-        seen = activity.get(facts["name"]) or {}
         if seen.get("requests"):
             entry["reason"] = "a request to the relay is in flight"
             continue
@@ -185,7 +182,7 @@ def plan(
         typed = seen.get("input")
         if state in ("idle", "stalled"):
             # A stalled agent (working, no progress for stalled_minutes) is idle since its last progress.
-            started = parse_since(agent.get("since"))
+            started = _naming.parse_iso(agent.get("since"))
             if started is None:
                 entry["reason"] = f"its agent is {state}, since an unknown time"
                 continue
@@ -327,7 +324,8 @@ def run_pass(
 
     for entry in decisions:
         entry["done"] = False
-    todo = [] if check_mode else [e for e in decisions if e["action"] != "keep"]
+    errors += [f"{entry['name']}: {entry['reason']}" for entry in decisions if entry["action"] == "error"]
+    todo = [] if check_mode else [e for e in decisions if e["action"] in ("pause", "stop")]
     # Pauses go side by side where the engine allows it (as the reads do); stops, which fetch the box's
     # commits into the host repository, one at a time.
     outcome = _agent.each_box(provider, [e["name"] for e in todo if e["action"] == "pause"], pause)

@@ -7,6 +7,7 @@ Pure functions, no I/O beyond os.path: safe to import from modules, plugins and 
 
 from __future__ import annotations
 
+import calendar
 import hashlib
 import os
 import re
@@ -158,6 +159,16 @@ def strip_labels(labels: dict[str, str] | None) -> dict[str, str]:
 
 def now_iso() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def parse_iso(moment: str | None) -> float | None:
+    """Epoch seconds of a now_iso() time (UTC, 2026-11-30T19:00:00Z), None when absent or malformed."""
+    if not moment:
+        return None
+    try:
+        return float(calendar.timegm(time.strptime(moment, "%Y-%m-%dT%H:%M:%SZ")))
+    except ValueError:
+        return None
 
 
 def sanitize_group(value: str) -> str:

@@ -15,6 +15,7 @@ import contextlib
 import contextvars
 import dataclasses
 import json
+import logging
 import time
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
@@ -31,6 +32,13 @@ from ._errors import (  # noqa: F401  # pylint: disable=unused-import
 BOX_STATES = ("running", "paused", "stopped", "missing")
 # How much of a text the box wrote (an exec's output, a failure line) a message on the host carries.
 BOX_TEXT_LIMIT = 2000
+# How much of a command's output (stdout and stderr together) the host reads from a box unless the caller
+# says otherwise: what a box prints is the box's to choose, and the host's memory is not (docs/architecture.md,
+# "Reads of what a box wrote"). Reads of named box data pass their own, smaller caps.
+EXEC_OUTPUT_LIMIT = 16 << 20
+# Refusals go to the host's log (the relay's relay.log) as one line each; a task's own error says it too.
+LOG = logging.getLogger("agentbox")
+LOG.addHandler(logging.NullHandler())  # no stray lines on a task's stderr where nothing set up logging
 
 
 @dataclasses.dataclass
@@ -50,6 +58,47 @@ class ExecResult:
         return self
 
 
+class CappedOutput:
+    """A command's stdout and stderr as the host collects them, at most `limit` bytes of the two
+    together (None: no cap). Every provider's exec reads through one: once the output passes the cap
+    nothing more is kept, the provider stops reading (closing its stream) and raises refused()."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self.size = 0
+        self.over = False
+        self._parts: dict[bool, list[bytes]] = {False: [], True: []}
+
+    def room(self, size: int) -> bool:
+        """Whether `size` more bytes stay within the cap: a transport that announces a frame's size
+        asks before reading the frame."""
+        return self.limit is None or self.size + size <= self.limit
+
+    def add(self, data: bytes, stderr: bool = False) -> bool:
+        """Keep `data`; False, keeping nothing, once the output is past the cap (stop reading then)."""
+        if self.over or not self.room(len(data)):
+            self.over = True
+            return False
+        self.size += len(data)
+        self._parts[stderr].append(data)
+        return True
+
+    def refused(self, argv: list[str], box: str | None = None) -> OutputTooLarge:
+        return OutputTooLarge(f"{argv[0] if argv else 'the command'} printed more than the {self.limit} bytes the "
+                              "host reads: refused", box=box)
+
+    def result(self, rc: int) -> ExecResult:
+        return ExecResult(rc=rc, stdout=b"".join(self._parts[False]), stderr=b"".join(self._parts[True]))
+
+
+def too_large(box: str, what: str, limit: int) -> OutputTooLarge:
+    """The refusal of box data over its cap: the box's own error, and one line in the host's log."""
+    message = (f"the box's {what} is over {limit} bytes: refused, the host reads no more of it (the box may have "
+               "been tampered with: see what in it writes that, or destroy it)")
+    LOG.warning("box %s: %s", box, message)
+    return OutputTooLarge(message, box=box)
+
+
 @dataclasses.dataclass(frozen=True)
 class Command:
     """One command to run in a box, as Provider.exec was given it: what each provider's run_command takes."""
@@ -60,6 +109,8 @@ class Command:
     env: dict[str, str] | None = None
     stdin: bytes | IO[bytes] | None = None
     timeout: float | None = None
+    # At most this many bytes of output read (CappedOutput), None: all of it.
+    limit: int | None = None
 
 
 @dataclasses.dataclass
@@ -253,25 +304,23 @@ class Provider(abc.ABC):
         env: dict[str, str] | None = None,
         stdin: bytes | IO[bytes] | None = None,
         timeout: float | None = None,
+        limit: int | None = EXEC_OUTPUT_LIMIT,
+        what: str | None = None,
     ) -> ExecResult:
         """Run argv in the box and wait; stdout and stderr kept apart, exit code exact. `timeout` (and any
         exec_deadline around the call, whichever ends first): ExecTimedOut past it, where the provider bounds
-        an exec's time (the local engine, Daytona, boxd)."""
-        return self.run_command(name, Command(argv, user, workdir, env, stdin, exec_time_left(timeout)))
+        an exec's time (the local engine, Daytona, boxd). The host reads at most `limit` bytes of output
+        (None: all, for the user's own commands only): past it the provider stops reading and the box gets
+        OutputTooLarge, "the box's <what> is over <limit> bytes", logged as one line on the host (too_large)."""
+        try:
+            return self.run_command(name, Command(argv, user, workdir, env, stdin, exec_time_left(timeout), limit))
+        except OutputTooLarge as exc:
+            raise too_large(name, what or f"output of {argv[0] if argv else 'a command'}", limit or 0) from exc
 
     def run_command(self, name: str, command: Command) -> ExecResult:
-        """exec's work, the one method a provider writes for it (a provider may override exec itself instead)."""
+        """exec's work, the one method a provider writes for it: it reads the output through
+        CappedOutput(command.limit) and raises its refused() past the cap."""
         raise NotImplementedError(f"the {self.name!r} provider runs no commands")
-
-    def exec_bounded(self, name: str, argv: list[str], limit: int, *, user: str = "vscode") -> ExecResult:
-        """exec, refusing (OutputTooLarge) a command whose stdout and stderr together pass `limit`
-        bytes: what a box prints is the box's to forge. This default checks after the provider has
-        read it all; a provider that can stop reading at the limit overrides it (the local engine)."""
-        result = self.exec(name, argv, user=user)
-        size = len(result.stdout) + len(result.stderr)
-        if size > limit:
-            raise OutputTooLarge(f"{argv[0]} printed {size} bytes, over the {limit} the host reads: refused", box=name)
-        return result
 
     @abc.abstractmethod
     def put_archive(self, name: str, path: str, tar_stream: Iterable[bytes] | IO[bytes]) -> None:
@@ -308,9 +357,10 @@ class Provider(abc.ABC):
         """How `ssh agentbox-<name>` reaches the box's sshd (the box runs and has its host key)."""
         raise ProviderError(f"`ssh agentbox-<box>` does not reach {self.name} boxes", box=name, operation="SSH access")
 
-    def terminal_command(self, facts: BoxFacts, command: str) -> str:
-        """The shell line that runs `command` (shell text) as the box user on this machine's terminal."""
-        return f"ssh -t agentbox-{facts.name} {command}"  # the alias access.yml writes (_ssh_proxy.alias)
+    def terminal_command(self, facts: BoxFacts, command: str, ssh: str = "ssh") -> str:
+        """The shell line that runs `command` (shell text) as the box user on this machine's terminal. `ssh`:
+        how to call ssh so it finds the alias (_access.ssh_program), for a provider that goes through it."""
+        return f"{ssh} -t agentbox-{facts.name} {command}"  # the alias _access writes (_ssh_proxy.alias)
 
     def forward_port(self, name: str, published: int, local_port: int | None) -> tuple[int, int]:
         """For port_urls 'forwarded': start a forward of the engine's port `published` to this machine's
@@ -376,3 +426,21 @@ def exec_time_left(timeout: float | None = None) -> float | None:
         return timeout
     left = max(0.0, ends - time.monotonic())
     return left if timeout is None else min(timeout, left)
+
+
+def read_box_file(provider: Provider, box: str, path: str, what: str, limit: int, *, user: str = "root") -> bytes | None:
+    """The file at `path` in the box, `what` in messages, refused (too_large) past `limit` bytes. The
+    cap is in the exec itself, `head -c` reading one byte past it, and on the host, which reads no
+    more than that even from a box that replaced head. None when the box has no such file (or head
+    cannot read it)."""
+    argv = ["head", "-c", str(limit + 1), "--", path]
+    try:
+        # Beyond the cap, room for head's own error line.
+        run = provider.run_command(box, Command(argv, user, timeout=exec_time_left(), limit=limit + 1 + BOX_TEXT_LIMIT))
+    except OutputTooLarge as exc:
+        raise too_large(box, what, limit) from exc
+    if run.rc != 0:
+        return None
+    if len(run.stdout) > limit:
+        raise too_large(box, what, limit)
+    return run.stdout

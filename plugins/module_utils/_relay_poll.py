@@ -32,6 +32,8 @@ POLL_INTERVAL = 2.0
 REQUEST_ID = re.compile(r"[0-9a-f]{1,64}")
 IDLE_INTERVAL = 15.0
 MAX_PER_POLL = 16
+# One listing: MAX_PER_POLL lines of an id, a tab and a request in base64, and room for the exec's stderr.
+COLLECT_LIMIT = MAX_PER_POLL * (64 + 4 * (MAX_REQUEST_BYTES + 3) // 3 + 8) + 4096
 
 # Made 0700 for the box user; each queued request printed as "<id>\t<base64>" and set aside.
 COLLECT = r"""
@@ -77,7 +79,8 @@ class Poller(BoxChannel):
     def _collect(self, provider: Any) -> None:
         with self.exec_lock:
             run = provider.exec(self.registration["name"],
-                                ["sh", "-c", COLLECT, "sh", QUEUE_DIR, str(MAX_PER_POLL), str(MAX_REQUEST_BYTES + 1)])
+                                ["sh", "-c", COLLECT, "sh", QUEUE_DIR, str(MAX_PER_POLL), str(MAX_REQUEST_BYTES + 1)],
+                                limit=COLLECT_LIMIT, what=f"relay queue ({QUEUE_DIR})")
         run.check("collecting the relay queue", self.registration["name"])
         # The listing comes from the box: what the box-side script promised is checked again here.
         for row in run.stdout.decode("ascii", "replace").splitlines()[:MAX_PER_POLL]:

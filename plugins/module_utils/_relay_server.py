@@ -288,17 +288,24 @@ class Relay:
             await self._listen(box_id)
 
     async def _listen(self, box_id: str) -> None:
+        """Serve the box's socket. What stands at its name (a previous relay's socket, or whatever the box
+        put there) is replaced without following it (_relay_state.bind_box_socket); a box whose socket
+        cannot be made is logged and tried again at the next rescan, and no other box waits for it."""
         path = _relay_state.box_socket(box_id)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)  # a previous relay's socket: nothing listens on it any more
         try:
-            server = await asyncio.start_unix_server(
-                lambda reader, writer: self.serve_box(box_id, reader, writer), path=path, limit=MAX_REQUEST_BYTES + 1
-            )
-        except OSError as exc:
+            listener = await asyncio.to_thread(_relay_state.bind_box_socket, box_id)
+        except (OSError, _relay_state.RelayError) as exc:
             LOG.error("cannot listen on %s: %s", path, exc)
             return
-        os.chmod(path, 0o666)  # the box's user connects through the bind mount; the host side is 0700 above
+        try:
+            server = await asyncio.start_unix_server(
+                lambda reader, writer: self.serve_box(box_id, reader, writer), sock=listener,
+                limit=MAX_REQUEST_BYTES + 1,
+            )
+        except OSError as exc:
+            listener.close()
+            LOG.error("cannot listen on %s: %s", path, exc)
+            return
         self.servers[box_id] = server
         LOG.info("serving box %s (%s) on %s", self.registrations[box_id]["name"], box_id, path)
 
@@ -665,7 +672,9 @@ def prune_registrations(registrations: dict[str, dict[str, Any]]) -> list[str]:
     gone = sorted(old - alive)
     for box_id in gone:
         LOG.info("box %s (%s) no longer exists: forgetting it", local[box_id]["name"], box_id)
-        _relay_state.forget_box(box_id)
+        problem = _relay_state.forget_box(box_id)
+        if problem:
+            LOG.warning("%s", problem)
     return gone
 
 

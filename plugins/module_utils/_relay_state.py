@@ -12,6 +12,13 @@
 
 A box's directory, not its socket file, is bind-mounted: a relay that restarts makes a new socket
 in the same directory and the box sees it, where a bind of the old socket file would go stale.
+
+What is in sock/<id>/ is the box's to replace (root in a box on the user's engine, isolation none, is
+the host's root and can remount its bind writable; on the box engine it is nobody on the host): the
+host opens that directory with O_NOFOLLOW and works under its descriptor only, removes whatever
+stands at the socket's name (a file, a symlink, a directory tree) without following anything, and
+binds each socket in sock/ (the host user's only) with its mode set there, then renames it in. No
+path operation ever follows a name the box made.
 """
 
 from __future__ import annotations
@@ -21,10 +28,13 @@ import fcntl
 import json
 import os
 import shlex
+import shutil
 import socket
+import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from ._host_files import ensure_private_dir, read_text, write_atomic
@@ -86,8 +96,8 @@ def register_box(name: str, box_id: str, provider: str, engine: str, options: di
     check_socket_path(box_socket(box_id))
     directory = box_socket_dir(box_id)
     # 0755: the box user must reach the socket through the bind mount; the parent stays 0700.
-    os.makedirs(directory, mode=0o755, exist_ok=True)
-    os.chmod(directory, 0o755)
+    with box_dir(box_id) as made:
+        os.fchmod(made, 0o755)
     record = {"name": name, "id": box_id, "provider": provider, "engine": engine, "registered": now_iso(),
               "registered_at": time.time(), "options": options or {}}
     if channel:
@@ -96,13 +106,100 @@ def register_box(name: str, box_id: str, provider: str, engine: str, options: di
     return directory
 
 
-def forget_box(box_id: str) -> None:
+def forget_box(box_id: str) -> str | None:
+    """Drop the box's registration and its socket directory, whatever the box put in it; None, or
+    why something could not be removed (a caller reports it: forgetting a box never fails)."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path("boxes", f"{box_id}.json"))
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(box_socket(box_id))
-    with contextlib.suppress(OSError):
-        os.rmdir(box_socket_dir(box_id))
+    try:
+        with _sock_dir() as parent:
+            remove_entry(parent, _component(box_id))
+    except FileNotFoundError:
+        return None
+    except (OSError, RelayError) as exc:
+        return f"the relay's directory of box id {box_id} ({box_socket_dir(box_id)}) could not be removed: {exc}"
+    return None
+
+
+# -- what a box can replace: its socket directory ---------------------------------------------------
+OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+REMOVE_TRIES = 3  # a box that keeps re-making its entry while the host removes it
+
+
+def _component(name: str) -> str:
+    """A box id as one name inside sock/ (never a path)."""
+    if not name or "/" in name or name in (".", "..") or "\0" in name:
+        raise RelayError(f"{name!r} is not a box id")
+    return name
+
+
+@contextlib.contextmanager
+def _sock_dir() -> Iterator[int]:
+    """sock/ (the host user's only), opened without following a link."""
+    descriptor = os.open(path("sock"), OPEN_DIR)
+    try:
+        yield descriptor
+    finally:
+        os.close(descriptor)
+
+
+@contextlib.contextmanager
+def box_dir(box_id: str) -> Iterator[int]:
+    """sock/<id>/ opened with O_NOFOLLOW (made when missing): a link in its place is refused, never followed."""
+    with _sock_dir() as parent:
+        name = _component(box_id)
+        try:
+            descriptor = os.open(name, OPEN_DIR, dir_fd=parent)
+        except FileNotFoundError:
+            os.mkdir(name, 0o755, dir_fd=parent)
+            descriptor = os.open(name, OPEN_DIR, dir_fd=parent)
+        try:
+            yield descriptor
+        finally:
+            os.close(descriptor)
+
+
+def remove_entry(directory: int, name: str) -> None:
+    """Remove whatever is at `name` under the open `directory`: a file, a socket, a symlink (itself,
+    never what it points to) or a directory tree (shutil.rmtree under the descriptor, which follows
+    no link). FileNotFoundError when nothing is there."""
+    for attempt in range(REMOVE_TRIES):
+        found = os.stat(name, dir_fd=directory, follow_symlinks=False)
+        try:
+            if stat.S_ISDIR(found.st_mode):
+                shutil.rmtree(name, dir_fd=directory)
+            else:
+                os.unlink(name, dir_fd=directory)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if attempt == REMOVE_TRIES - 1:
+                raise  # replaced again in between, every time: the caller says so
+
+
+def bind_box_socket(box_id: str) -> socket.socket:
+    """A unix socket bound at sock/<id>/relay.sock with mode 0666 (the box user connects through the
+    bind mount), whatever the box left at that name. Bound and given its mode in sock/, which no box
+    sees, then renamed into the box's directory under its descriptor."""
+    check_socket_path(box_socket(box_id))
+    staging = f".{_component(box_id)}.new"  # shorter than <id>/relay.sock: fits where that does
+    with box_dir(box_id) as directory, _sock_dir() as parent:
+        with contextlib.suppress(FileNotFoundError):
+            remove_entry(directory, SOCKET_NAME)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(staging, dir_fd=parent)  # a relay that died between bind and rename
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(path("sock", staging))
+            os.chmod(staging, 0o666, dir_fd=parent)  # in sock/: nothing there is the box's to swap
+            os.rename(staging, SOCKET_NAME, src_dir_fd=parent, dst_dir_fd=directory)
+        except BaseException:
+            listener.close()
+            with contextlib.suppress(OSError):
+                os.unlink(staging, dir_fd=parent)
+            raise
+    return listener
 
 
 # Registrations written before the channel was recorded in them.

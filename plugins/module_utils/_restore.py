@@ -27,7 +27,7 @@ import tempfile
 from typing import Any
 
 from . import _git, _naming, _restore_program, _seed
-from ._box_data import restore_answer
+from ._box_data import MAX_JSON_BYTES, restore_answer
 from ._checkpoint_records import CheckpointError
 from ._provider import Provider
 from ._tarstream import tar_of_paths, tar_of_tree
@@ -237,6 +237,8 @@ def _run_restore(restore: _Restore, jobs: list[dict[str, Any]], host_roots: dict
         user=user,
         env=_identity(repos[0]),
         stdin=json.dumps(request).encode(),
+        limit=MAX_JSON_BYTES + (1 << 20),  # the answer, and the restore's messages
+        what="answer of the in-box restore",
     )
     if run.rc != 0:
         detail = (run.stderr or run.stdout).decode("utf-8", "replace").strip()[-2000:]
@@ -289,6 +291,39 @@ def _run_restore(restore: _Restore, jobs: list[dict[str, Any]], host_roots: dict
         result.renamed += state.renamed
         result.untracked += len(missing) + identical
     for conflict in result.conflicts:
-        result.warnings.append(
-            f"restore conflict in {conflict['repo']}/{conflict['path']} ({conflict['kind']}): the box's version was kept"
-        )
+        if conflict["kind"] != "host-untracked":
+            result.warnings.append(
+                f"restore conflict in {conflict['repo']}/{conflict['path']} ({conflict['kind']}): the box's version was kept"
+            )
+    skipped = [(host_roots.get(_sub_of(c["repo"]), ""), c) for c in result.conflicts if c["kind"] == "host-untracked"]
+    if skipped:
+        result.warnings.append(_untracked_not_copied(skipped, plan, box))
+
+
+def _sub_of(repo_label: str) -> str:
+    return "" if repo_label == "." else repo_label
+
+
+def _untracked_not_copied(skipped: list[tuple[str, dict[str, str]]], plan: RestorePlan, box: str) -> str:
+    """One warning for every host untracked file the restore left out (the box has its own there): which,
+    and which the host changed after the checkpoint was taken (an edit of the user's the box does not have)."""
+    created = _naming.parse_iso(plan.record.get("created", ""))
+    listed = []
+    for host_root, conflict in skipped:
+        path = conflict["path"] if conflict["repo"] == "." else f"{conflict['repo']}/{conflict['path']}"
+        if conflict["detail"].startswith("a parent"):
+            path += " (a parent of it is a file in the box)"
+        else:
+            try:
+                # Past the checkpoint's second (its time has no fraction): edited after it, surely.
+                if created and os.lstat(os.path.join(host_root, conflict["path"])).st_mtime >= created + 1:
+                    path += " (changed on the host after the checkpoint)"
+            except OSError:
+                pass
+        listed.append(path)
+    shown = ", ".join(listed[:10]) + (f" and {len(listed) - 10} more" if len(listed) > 10 else "")
+    return (
+        f"the host's version of {len(listed)} untracked file(s) was NOT copied into the box, which kept its own from "
+        f"checkpoint {plan.name!r}: {shown}. Copy a file in if the host's is the one you want "
+        f"(scp FILE agentbox-{box}:/workspace/FILE); seed.conflicts lists them"
+    )

@@ -13,7 +13,7 @@ import json
 import os
 from typing import Any
 
-from . import _git, _relay_state
+from . import _git, _host_files, _relay_state
 from ._naming import box_branch, label
 from ._provider import Provider, ProviderError
 
@@ -152,7 +152,62 @@ def destroy_leftovers(provider: Provider, name: str, delete_branch: bool) -> dic
                 report["branches_deleted"].append(f"{repo_root}:{branch}")
             elif _git.branch_exists(repo_root, branch):
                 report["branches_kept"].append(f"{repo_root}:{branch}")
+                if record.get("sub") == "":
+                    remember_kept_branch(provider.name, provider.engine, name, workspace, branch)
     return report
+
+
+# Where a destroyed box's branch was kept: the box's labels (workspace, branch) outlive its container
+# here, so a later `destroy_box.yml -e delete_branch=true`, run from anywhere, finds that branch.
+KEPT_BRANCHES = "kept_branches.json"
+
+
+def _kept_path() -> str:
+    return os.path.join(_host_files.agentbox_dir(), KEPT_BRANCHES)
+
+
+def _kept_key(provider_name: str, engine: str, box: str) -> str:
+    return f"{provider_name} {engine} {box}"
+
+
+def remember_kept_branch(provider_name: str, engine: str, box: str, workspace: str, branch: str) -> None:
+    """Record where the branch of a box destroyed without delete_branch stays (see KEPT_BRANCHES)."""
+    if not (workspace and branch):
+        return
+
+    def change(text: str | None) -> str:
+        kept = _kept_records(text)
+        kept[_kept_key(provider_name, engine, box)] = {"workspace": workspace, "branch": branch}
+        return json.dumps(kept, indent=1, sort_keys=True) + "\n"
+
+    _host_files.ensure_private_dir(_host_files.agentbox_dir())
+    _host_files.update(_kept_path(), change)
+
+
+def kept_branch(provider_name: str, engine: str, box: str) -> dict[str, str] | None:
+    """{workspace, branch} of a box destroyed earlier with its branch kept, or None."""
+    found = _kept_records(_host_files.read_text(_kept_path())).get(_kept_key(provider_name, engine, box))
+    return found if isinstance(found, dict) and isinstance(found.get("workspace"), str) else None
+
+
+def forget_kept_branch(provider_name: str, engine: str, box: str) -> None:
+    if not os.path.exists(_kept_path()):
+        return
+
+    def change(text: str | None) -> str:
+        kept = _kept_records(text)
+        kept.pop(_kept_key(provider_name, engine, box), None)
+        return json.dumps(kept, indent=1, sort_keys=True) + "\n"
+
+    _host_files.update(_kept_path(), change)
+
+
+def _kept_records(text: str | None) -> dict[str, Any]:
+    try:
+        kept = json.loads(text or "{}")
+    except ValueError:
+        return {}  # a damaged file: it only ever helps find a branch
+    return kept if isinstance(kept, dict) else {}
 
 
 def half_made_error(name: str) -> ProviderError:

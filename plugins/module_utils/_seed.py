@@ -23,10 +23,10 @@ import os
 import shlex
 from typing import Any
 
-from ._box_data import WORKSPACE, seed_record
-from ._git import CarryOver, Repo, capture_carry_over
+from ._box_data import MAX_JSON_BYTES, WORKSPACE, seed_record
+from ._git import CarryOver, Repo, capture_carry_over, secret_file
 from ._journal import pause_point, pausing_stream
-from ._provider import Provider
+from ._provider import Provider, read_box_file
 from ._tarstream import Final, tar_ending_with, tar_of_tree
 
 WORKTREES_HOME = "/home/vscode/.agentbox-worktrees"
@@ -185,14 +185,25 @@ def run_before(provider: Provider, box: str, before: str) -> None:
         provider.exec(box, ["sh", "-c", before], user="root").check("preparing the box", box)
 
 
-def seed_copy(provider: Provider, box: str, workspace: str) -> SeedResult:
-    """A workspace that is not a git repository: copy it as it is."""
+def seed_copy(provider: Provider, box: str, workspace: str, secret: list[str] | None = None) -> SeedResult:
+    """A workspace that is not a git repository: copy it as it is, but for `secret` (secret_files_in_tree:
+    they go to the box's tmpfs only, see _carry_env)."""
     result = SeedResult(mode="copy", branch=None, base_commit=None)
-    provider.put_archive(box, WORKSPACE, tar_of_tree(workspace))
-    # Not a git workspace: every file is untracked, and every one was copied.
-    result.untracked = sum(len(files) for _root, _dirs, files in os.walk(workspace))
+    provider.put_archive(box, WORKSPACE, tar_of_tree(workspace, exclude=secret or ()))
+    # Not a git workspace: every file is untracked, and every one but the secret-named was copied.
+    result.untracked = sum(len(files) for _root, _dirs, files in os.walk(workspace)) - len(secret or [])
     finish(provider, box, None, result)
     return result
+
+
+def secret_files_in_tree(workspace: str) -> list[str]:
+    """The regular files named like secrets (_secret_files) anywhere under a plain workspace, relative to it."""
+    return sorted(
+        path
+        for root, _dirs, files in os.walk(workspace)
+        for path in (os.path.relpath(os.path.join(root, name), workspace) for name in files)
+        if secret_file(workspace, path)
+    )
 
 
 def finish(provider: Provider, box: str, target: str | None, result: SeedResult) -> None:
@@ -207,10 +218,8 @@ def finish(provider: Provider, box: str, target: str | None, result: SeedResult)
 
 def read_seed_record(provider: Provider, box: str) -> dict[str, Any] | None:
     """The box's seed record, checked on the host (the box can rewrite it); None when it has none."""
-    run = provider.exec(box, ["cat", SEED_RECORD], user="root")
-    if run.rc != 0:
-        return None
-    return seed_record(run.stdout, box)
+    data = read_box_file(provider, box, SEED_RECORD, f"seed record ({SEED_RECORD})", MAX_JSON_BYTES)
+    return None if data is None else seed_record(data, box)
 
 
 def capture_all(repos: list[Repo]) -> dict[str, CarryOver]:

@@ -32,7 +32,8 @@ from typing import Any
 
 from . import _git, _seed
 from ._box_data import object_id, own_branch
-from ._provider import BoxFacts, OutputTooLarge, Provider, ProviderError
+from ._provider import BoxFacts, OutputTooLarge, Provider, ProviderError, too_large
+from ._relay_protocol import MAX_BUNDLE_BYTES
 from ._tarstream import tar_of_paths, tar_of_tree
 
 WORKSPACE = _seed.WORKSPACE
@@ -42,6 +43,8 @@ ADAPTIVE_DEPTH = 100
 ADAPTIVE_LIMIT_BYTES = 20 * 1024 * 1024
 DEPTH_ENV = "AGENTBOX_SHIP_DEPTH"
 BUNDLE_PATH = "/tmp/agentbox-fetch.bundle"
+# Tar headers read before a copied-out file's own bytes (a pax header, a long name: a few blocks).
+TAR_HEADER_LIMIT = 64 * 1024
 # What a box that sends its own bundle is asked: (path, ref, base, have, destination) -> (the tip it
 # names, whether it wrote a bundle to destination), or raises. The relay's socket channel is one.
 BundleSource = Callable[[str, str, str, str, str], tuple[str, bool]]
@@ -252,11 +255,16 @@ def upload(provider: Provider, box: str, target: str, stream: Iterable[bytes], w
 
 
 class _IterReader:
-    """A read()-able file over an iterator of chunks (for tarfile's stream mode)."""
+    """A read()-able file over an iterator of chunks (for tarfile's stream mode). `budget`: how many
+    bytes it hands out at most; past it, over() is raised (the chunks are the box's to make any size)."""
 
-    def __init__(self, chunks: Iterable[bytes]):
+    def __init__(self, chunks: Iterable[bytes], budget: int | None = None,
+                 over: Callable[[], Exception] | None = None) -> None:
         self._chunks = iter(chunks)
         self._buffer = b""
+        self.budget = budget
+        self.consumed = 0
+        self._over = over
 
     def read(self, size: int = -1) -> bytes:
         while size < 0 or len(self._buffer) < size:
@@ -268,6 +276,9 @@ class _IterReader:
             data, self._buffer = self._buffer, b""
         else:
             data, self._buffer = self._buffer[:size], self._buffer[size:]
+        self.consumed += len(data)
+        if self.budget is not None and self.consumed > self.budget:
+            raise self._over() if self._over else ProviderError(f"more than {self.budget} bytes came: refused")
         return data
 
 
@@ -279,17 +290,25 @@ def _host_has_commit(root: str, commit: str) -> bool:
     return _git.git(root, "cat-file", "-e", f"{commit}^{{commit}}", check=False).returncode == 0
 
 
-def _copy_out(provider: Provider, box: str, path: str, destination: str) -> None:
-    with tarfile.open(fileobj=_IterReader(provider.get_archive(box, path)), mode="r|") as tar:
-        for member in tar:
-            if member.isfile():
-                source = tar.extractfile(member)
-                if source is None:
-                    continue
-                with open(destination, "wb") as handle:
-                    shutil.copyfileobj(source, handle, 1 << 20)
-                return
-    raise ProviderError(f"{path} came out of the box empty", box=box)
+def _copy_out(provider: Provider, box: str, path: str, destination: str, limit: int = MAX_BUNDLE_BYTES) -> None:
+    """The file at `path` in the box streamed into `destination`, at most `limit` bytes of it: a bundle
+    the box made, never held in memory. Only the archive's first member is read; before its bytes, at
+    most TAR_HEADER_LIMIT of headers (a box that makes its own tar can claim a header of any size)."""
+    what = f"bundle {path}"
+    reader = _IterReader(provider.get_archive(box, path), TAR_HEADER_LIMIT, lambda: too_large(box, what, limit))
+    with tarfile.open(fileobj=reader, mode="r|") as tar:
+        member = tar.next()
+        if member is None or not member.isfile():
+            raise ProviderError(f"{path} in the box is not a file (a box replaced it?): nothing fetched", box=box,
+                                operation="fetch")
+        if member.size > limit:
+            raise too_large(box, what, limit)
+        reader.budget = reader.consumed + member.size + TAR_HEADER_LIMIT
+        source = tar.extractfile(member)
+        if source is None:
+            raise ProviderError(f"{path} came out of the box empty", box=box)
+        with open(destination, "wb") as handle:
+            shutil.copyfileobj(source, handle, 1 << 20)
 
 
 def fetch_box_branch(
@@ -405,11 +424,12 @@ def _bring_tip(provider: Provider, box: str, repo_root: str, path: str, ref: str
     # The script keeps to the limit, but the box can replace what it runs (root is one sudo away):
     # the host reads no more than the limit itself.
     try:
-        run = provider.exec_bounded(
+        run = provider.exec(
             box,
             ["sh", "-c", _TIP_AND_BUNDLE, "tip", path, ref, base, have, BUNDLE_PATH, str(limit)],
-            limit + INLINE_OVERHEAD,
             user="vscode",
+            limit=limit + INLINE_OVERHEAD,
+            what=f"answer to the fetch of {ref.removeprefix('refs/heads/')}",
         )
     except OutputTooLarge as exc:
         raise ProviderError(

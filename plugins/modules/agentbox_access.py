@@ -14,8 +14,12 @@ description:
   - A Daytona box is reached through Daytona's SSH gateway with a new SSH access token (see RV(expires_at)).
   - A paused box is resumed and a stopped one started first (O(wake=true)), as opening an editor needs it running.
   - For a box that does not exist, a stale C(agentbox-<name>) entry is removed and the task fails saying so.
-  - With O(ssh_include=true), adds C(Include ~/.agentbox/ssh_config) at the top of C(~/.ssh/config) once; no other
-    line of that file is ever changed.
+  - When the user has no SSH key (none of C(~/.ssh/id_ed25519), C(id_ecdsa), C(id_rsa) with its C(.pub), and no
+    C(AGENTBOX_SSH_KEY)), a key for the boxes is made once, C(~/.agentbox/ssh/id_ed25519); C(~/.ssh) is never touched.
+  - O(ssh_include) is the user's answer, remembered in C(~/.agentbox/access.json) - V(true) adds
+    C(Include ~/.agentbox/ssh_config) at the top of C(~/.ssh/config) once, and every later create, start and attach
+    keeps it; V(false) takes that line out. No other line of that file is ever changed, and without a V(true) the
+    file is not touched.
   - Runs on the controller; C($HOME) is honoured.
 author:
   - agentbox.box developers (@agentbox)
@@ -44,9 +48,10 @@ options:
     type: bool
     default: true
   ssh_include:
-    description: Add C(Include ~/.agentbox/ssh_config) to the top of C(~/.ssh/config) when it is not there.
+    description:
+      - The user's answer about C(Include ~/.agentbox/ssh_config) at the top of C(~/.ssh/config), remembered for every
+        later task. V(true) adds it (once) and keeps it, V(false) takes it out; unset, the remembered answer holds.
     type: bool
-    default: false
 """
 
 EXAMPLES = r"""
@@ -60,6 +65,10 @@ EXAMPLES = r"""
     name: fix-login
     ide: ssh
     ssh_include: true
+
+- name: Print the way in
+  ansible.builtin.debug:
+    msg: "{{ way_in.ssh_command }}"
 """
 
 RETURN = r"""
@@ -87,6 +96,22 @@ editor:
   returned: always
   type: str
   sample: /usr/bin/code
+ssh_command:
+  description:
+    - "The line that opens a shell in the box: C(ssh agentbox-<name>) when C(~/.ssh/config) includes the aliases,
+      else C(ssh -F ~/.agentbox/ssh_config agentbox-<name>). Always starts with C(ssh )."
+  returned: always
+  type: str
+  sample: ssh -F ~/.agentbox/ssh_config agentbox-fix-login
+include_hint:
+  description: "How to turn the short form on, said once per user while it is off and unanswered; else empty."
+  returned: always
+  type: str
+key_made:
+  description: "The key made for the boxes by this task (the user had none), else null."
+  returned: always
+  type: str
+  sample: /home/me/.agentbox/ssh/id_ed25519
 include_line:
   description: "The line that makes plain C(ssh) read the aliases."
   returned: always
@@ -97,7 +122,7 @@ included:
   returned: always
   type: bool
 warnings_access:
-  description: "What keeps C(ssh agentbox-<name>) from working (no SSH key on the host, no docker CLI)."
+  description: "What keeps C(ssh agentbox-<name>) from working (no usable SSH key, no docker CLI)."
   returned: always
   type: list
   elements: str
@@ -137,17 +162,17 @@ def _task(module: AnsibleModule) -> dict:
         if not module.check_mode:
             # set_state writes the alias after a start; a resumed box kept its keys.
             facts = _box.set_state(provider, facts, "started")
+    answer = params["ssh_include"]
+    if answer is not None and answer != _access.include_present():
+        changed = True
+    if answer is not None and not module.check_mode:
+        _access.answer_include(answer)  # before the access, which keeps the line the user agreed to
     access: dict = {"alias": _access.alias(name), "ssh_config": _access.ssh_config_path(), "warnings": []}
     if not module.check_mode:
         before = _access.entry_engine(name)
         access = _box.refresh_access(provider, facts)
         changed = changed or before != facts.engine
-    included = _access.include_present()
-    if params["ssh_include"] and not included:
-        changed = True
-        if not module.check_mode:
-            _access.ensure_include()
-            included = True
+    included = answer if answer is not None and module.check_mode else _access.include_present()
     for warning in access.get("warnings", []):
         module.warn(warning)
     return {
@@ -157,6 +182,9 @@ def _task(module: AnsibleModule) -> dict:
         "ssh_config": _access.ssh_config_path(),
         "uri": _access.attach_uri(provider, facts, params["ide"]),
         "editor": None if params["ide"] == "print" else _access.editor_command(params["ide"]),
+        "ssh_command": _access.ssh_command(name),
+        "include_hint": "" if included else _access.include_hint(name, record=not module.check_mode),
+        "key_made": access.get("key_made"),
         "include_line": _access.include_line(),
         "included": included,
         "warnings_access": access.get("warnings", []),
@@ -169,7 +197,7 @@ def main() -> None:
         "name": {"type": "str", "required": True},
         "ide": {"type": "str", "default": "vscode", "choices": ["vscode", "cursor", "ssh", "print"]},
         "wake": {"type": "bool", "default": True},
-        "ssh_include": {"type": "bool", "default": False},
+        "ssh_include": {"type": "bool"},
     }
     run_provider_module(options, _task)
 

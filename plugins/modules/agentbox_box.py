@@ -37,7 +37,7 @@ options:
     description:
       - The box name, C([a-z0-9][a-z0-9_.-]{0,62}). The container is C(agentbox-<name>).
       - On a Docker engine the container's hostname is C(agentbox-<name>) too, and Linux takes at most 64
-        characters there: a name of 56 to 63 characters is refused before anything is made.
+        characters there, so a name of 56 to 63 characters is refused before anything is made.
       - Required unless O(state=present) or O(state=started), where it defaults to
         C(<workspace basename>-<short id>) (a new box each run). An empty string is an error, not a request
         for that default.
@@ -56,7 +56,8 @@ options:
       - The host directory the box works on. Default the current directory.
       - Used when creating, and to check that an existing box of that name belongs to this workspace.
       - With O(state=absent) and O(delete_branch=true) for a box that no longer exists, the repository whose
-        C(agentbox/<name>) branch is deleted.
+        C(agentbox/<name>) branch is deleted. Default the workspace that box's destroy recorded when it kept the
+        branch (C(~/.agentbox/kept_branches.json)), else the current directory.
       - With O(state=absent), the workspace's new path when it moved after the box was made; the box's worktree
         registration is found there by the box's id.
     type: path
@@ -123,6 +124,10 @@ options:
         into the new box, which seeding never does.
       - They are written to a tmpfs in the box (C(/run/agentbox/carried)) and linked from C(/workspace), so no
         checkpoint ever captures them; a box restored from a checkpoint gets them only when carried again.
+      - Untracked files named like secrets (C(.env*), C(*.pem), C(*.key), C(id_*) private keys, C(.npmrc) with a
+        token, C(.netrc)...) go the same way whatever C(.gitignore) says, with or without this option, never in a
+        layer of the box or a checkpoint (see RV(carried_secret)). In the box's own repository they are excluded
+        (C(info/exclude)), so C(git add -A) there does not commit the link.
     type: bool
     default: false
   carry_ignored:
@@ -132,6 +137,13 @@ options:
     type: list
     elements: str
     default: []
+  ssh_include:
+    description:
+      - The user's answer about C(Include ~/.agentbox/ssh_config) at the top of C(~/.ssh/config) (plain
+        C(ssh agentbox-<name>)), remembered in C(~/.agentbox/access.json) for every later task. V(true) adds the line
+        once and every later create, start and attach keeps it; V(false) takes it out. Unset, the remembered answer
+        holds; with none, C(~/.ssh/config) is never touched. Applied once the task succeeded.
+    type: bool
   disk:
     description:
       - Disk of a new Daytona box in GiB (Daytona's default is 3; Docker in the box wants more), only for a box
@@ -306,16 +318,41 @@ seed:
 access:
   description:
     - "How to get into the box: its SSH alias (C(ssh agentbox-<name>)), the file holding the alias
-      (C(~/.agentbox/ssh_config)), the host key files authorised in the box, and what is missing."
+      (C(~/.agentbox/ssh_config)), the host key files authorised in the box, whether C(~/.ssh/config) includes the
+      aliases (C(included)), and what is missing."
+    - "C(key_made): the key made for the boxes by this create, C(~/.agentbox/ssh/id_ed25519), when the user had none
+      (none of C(~/.ssh/id_ed25519), C(id_ecdsa), C(id_rsa) with its C(.pub), and no C(AGENTBOX_SSH_KEY)); else null."
     - "For a Daytona box also C(expires_at): when the SSH access token behind the alias runs out."
   returned: when created
   type: dict
   sample: {"alias": "agentbox-fix-login", "ssh_config": "/home/me/.agentbox/ssh_config",
-           "keys": ["/home/me/.ssh/id_ed25519"], "warnings": []}
+           "keys": ["/home/me/.ssh/id_ed25519"], "warnings": [], "included": false, "key_made": null}
+ssh_command:
+  description:
+    - "The line that opens a shell in the box, the one form every playbook prints: C(ssh agentbox-<name>) when
+      C(~/.ssh/config) includes the aliases, else C(ssh -F ~/.agentbox/ssh_config agentbox-<name>)."
+  returned: when the box is running after the task
+  type: str
+  sample: ssh -F ~/.agentbox/ssh_config agentbox-fix-login
+include_hint:
+  description: "How to turn the short form on; said once per user (on a create) while it is off and unanswered, else
+    empty."
+  returned: when created
+  type: str
 carried_ignored:
-  description: "Ignored files carried by O(with_env) and O(carry_ignored): C(files) (paths) and C(bytes)."
+  description: >-
+    Ignored files carried by O(with_env) and O(carry_ignored): C(files) (paths) and C(bytes) (all that went onto the
+    box's tmpfs, with RV(carried_secret)).
   returned: when O(with_env) or O(carry_ignored) was given and the box was created
   type: dict
+carried_secret:
+  description: >-
+    The workspace's untracked, not ignored files named like secrets, carried onto the box's tmpfs only (never a layer
+    or a checkpoint) and left out of the seed's untracked files; paths from the workspace.
+  returned: when the box was created
+  type: list
+  elements: str
+  sample: [".env", "certs/dev.pem"]
 boot:
   description: "What the in-box start sequence reported (dockerd storage driver, supervisor), when it ran."
   returned: when the box was created or started

@@ -72,6 +72,13 @@ checkpoints:
     stale: {description: The base image was rebuilt since the chain started., type: bool}
     manifest: {description: Whether a manifest exists on this host., type: bool}
     default: {description: Whether it is the project's default., type: bool}
+    made_by: {description: V(box) when the box took it itself (C(agentbox-ctl checkpoint)); absent when you did., type: str}
+    kept:
+      description:
+        - Whether it is yours to keep - always for a checkpoint you took, for one a box took itself once kept
+          (M(agentbox.box.agentbox_checkpoint) with O(agentbox.box.agentbox_checkpoint#module:keep=true)). One that
+          is not goes when the box that took it is destroyed, unless it is the project's default.
+      type: bool
     parents: {description: 'Parent checkpoints (nearest first).', type: list, elements: str}
     source_box: {description: The box it was taken of., type: str}
     branch: {description: That box's branch., type: str}
@@ -100,6 +107,7 @@ def _run(module: AnsibleModule) -> dict:
     else:
         project = _naming.project_id(_naming.workspace_path(params["workspace"]))
     default = _checkpoint.project_default(provider, project)
+    kept = _checkpoint.kept_checkpoints(provider, project)
     listed = []
     for checkpoint in _checkpoint.list_checkpoints(provider, project):
         if params["name"] and checkpoint.name != _checkpoint.parse_reference(params["name"], project):
@@ -107,6 +115,7 @@ def _run(module: AnsibleModule) -> dict:
         entry = checkpoint.to_dict()
         entry["stale"] = checkpoint.image_exists and _checkpoint.is_stale(provider, checkpoint.record)
         entry["default"] = checkpoint.name == default
+        entry["kept"] = _checkpoint.is_kept(checkpoint, kept)
         listed.append(entry)
     return {
         "changed": False,

@@ -71,6 +71,14 @@ local_port:
   description: "The port on this machine's 127.0.0.1."
   returned: for local and remote engines
   type: int
+nothing_listens:
+  description: >-
+    Why the URL answers nothing useful yet, asked in the box before the URL is made: C(nothing listens on port N in
+    the box) (for the web port 80, with the reason its forwarder gives, such as no service in C(agentbox.yaml) setting
+    C(expose)); empty when something listens there, or when the box cannot tell (an image without C(python3)).
+  returned: always
+  type: str
+  sample: nothing listens on port 8000 in the box
 expires_in:
   description: "Seconds the Daytona URL stays valid."
   returned: for Daytona
@@ -83,7 +91,7 @@ box:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.agentbox.box.plugins.module_utils import _naming
+from ansible_collections.agentbox.box.plugins.module_utils import _access, _box, _naming
 from ansible_collections.agentbox.box.plugins.module_utils._module import provider_from_params, run_provider_module
 
 MAX_TTL = 24 * 3600
@@ -106,6 +114,8 @@ def _task(module: AnsibleModule) -> dict:
     if facts.state != "running":
         raise ValueError(f"box {name!r} is {facts.state}: start it (playbooks/box_state.yml -e state=started)")
     result: dict = {"changed": False, "box": facts.to_dict()}
+    # Asked in the box first: a URL to a port where nothing listens answers 503 (or nothing at all).
+    result["nothing_listens"] = _access.nothing_listens(provider, name, port, web=port == _box.WEB_PORT)
     if provider.port_urls == "signed":
         result["expires_in"] = params["ttl"]
         result["url"] = None if module.check_mode else provider.preview_url(name, port, expires_in=params["ttl"])

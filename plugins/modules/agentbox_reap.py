@@ -137,7 +137,8 @@ def _timeout_for(facts: BoxFacts, params: dict) -> float | None:
 def probe(provider: Provider, box: str, timeout_minutes: float) -> dict[str, str]:
     """The box's idle signal as key=value pairs (now, heartbeat, tmux, recent)."""
     window = str(max(1, int(timeout_minutes * 60)))
-    run = provider.exec(box, ["sh", "-c", IDLE_PROBE_SCRIPT, "agentbox-idle", window])
+    run = provider.exec(box, ["sh", "-c", IDLE_PROBE_SCRIPT, "agentbox-idle", window], limit=64 * 1024,
+                        what="answer to the idle probe")
     run.check("the idle probe", box)
     values: dict[str, str] = {}
     for line in run.text.splitlines():

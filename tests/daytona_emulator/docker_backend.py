@@ -60,7 +60,9 @@ EXEC_MARKER = "DAYTONA_EMULATOR_EXEC_ID"
 SESSION_MARKER = "DAYTONA_EMULATOR_SESSION_ID"
 
 _BOX_CAPS: dict[str, Any] = {
-    "cap_add": ["SYS_ADMIN", "NET_ADMIN"],
+    # SYS_PTRACE: the emulator finds an exec's processes by their environment, which a user-namespaced
+    # engine (the box engine) keeps from root in the container without it.
+    "cap_add": ["SYS_ADMIN", "NET_ADMIN", "SYS_PTRACE"],
     "security_opt": ["seccomp=unconfined", "apparmor=unconfined"],
 }
 

@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -199,6 +199,7 @@ def test_attach_uri_resume_and_include(home: Path, repo_factory, boxes: list[str
     ).stdout.split()
     assert inspected == [f"/agentbox-{name}", "running"]
 
+    assert summary_line(done.stdout, "ssh") == f"ssh agentbox-{name}"  # the Include line is there now
     text = user_config.read_text()
     include = f"Include {home}/.agentbox/ssh_config\n"
     assert text == include + original
@@ -274,19 +275,125 @@ def test_attach_missing_box_removes_stale_alias(home: Path, repo_factory, boxes:
     assert volume_names(f"io.agentbox.box={name}") == []
 
 
-def test_no_ssh_key_says_how_to_make_one(home: Path, repo_factory, boxes: list[str]) -> None:
+def test_an_unusable_named_key_is_said_and_no_key_is_made(
+    home: Path, repo_factory, boxes: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     for key in (home / ".ssh").iterdir():
         key.unlink()
     # A key whose .pub is not text counts as none (it used to fail the task after the box was made).
     keygen(home / ".ssh" / "id_ecdsa")
     (home / ".ssh" / "id_ecdsa.pub").write_bytes(b"\xff\xfe not a public key\n")
+    monkeypatch.setenv("AGENTBOX_SSH_KEY", str(home / ".ssh" / "id_ecdsa"))
     repo = repo_factory("ws")
     name = f"nokey-{secrets.token_hex(3)}"
     created = create(repo, name, boxes)
-    assert any("ssh-keygen -t ed25519" in warning for warning in created["access"]["warnings"])
+    # The key the user named is not replaced by one of the collection's: the warning says what to fix.
+    assert any("AGENTBOX_SSH_KEY=" in warning and "id_ecdsa.pub" in warning for warning in created["access"]["warnings"])
+    assert created["access"]["key_made"] is None and not (home / ".agentbox" / "ssh").exists()
     # The box itself is fine, and the alias exists; no key can log in yet.
     assert created["box"]["state"] == "running"
     assert f"Host agentbox-{name}" in (home / ".agentbox" / "ssh_config").read_text()
+
+
+@pytest.fixture
+def bare_home(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A temporary HOME with no ~/.ssh at all: a user who never made an SSH key."""
+    path = Path(tempfile.mkdtemp(prefix="abn-", dir="/tmp"))
+    monkeypatch.setenv("HOME", str(path))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    monkeypatch.delenv("AGENTBOX_SSH_KEY", raising=False)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def as_its_owner(home: Path, argv: list[str]) -> subprocess.CompletedProcess:
+    """Run argv as a user whose passwd home is `home`: OpenSSH reads ~/.ssh/config from the passwd entry, not
+    from $HOME, so the command runs in a mount namespace of its own where /etc/passwd says so (the host's
+    passwd stays as it is)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: a mount namespace with another /etc/passwd for OpenSSH's home")
+    passwd = home.parent / f"{home.name}.passwd"
+    lines = Path("/etc/passwd").read_text().splitlines()
+    uid = str(os.getuid())
+    passwd.write_text("".join(
+        ":".join([*fields[:5], str(home), *fields[6:]]) + "\n" if fields[2] == uid else line + "\n"
+        for line, fields in ((line, line.split(":")) for line in lines)
+    ))  # fmt: skip
+    try:
+        return subprocess.run(
+            ["unshare", "--mount", "--", "sh", "-c", 'mount --bind "$0" /etc/passwd && exec "$@"', str(passwd), *argv],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+    finally:
+        passwd.unlink()
+
+
+def summary_line(out: str, label: str) -> str:
+    """A line of create_box.yml's or attach.yml's summary (the YAML callback quotes and folds long ones)."""
+    flat = " ".join(out.split())
+    match = re.search(rf"- '?{label}: +(.*?)'?(?= - |$)", flat)
+    assert match, out
+    return match.group(1)
+
+
+def test_first_create_without_a_key_makes_one_and_ssh_has_one_form(
+    bare_home: Path, repo_factory, boxes: list[str]
+) -> None:
+    """A user with no ~/.ssh: the first create makes a key for the boxes and the printed line, with -F, logs in
+    with the real OpenSSH client; after one yes (-e ssh_include=true) every create prints the short form, keeps
+    the one Include line, and plain `ssh agentbox-<box>` logs in. Before: a warning to run ssh-keygen, no login,
+    and the -F form printed by every create whatever the Include line."""
+    home = bare_home
+    repo = repo_factory("ws")
+    tag = secrets.token_hex(3)
+    first, second, third = f"kf-{tag}", f"ks-{tag}", f"kt-{tag}"
+
+    boxes.append(first)
+    made = playbook("playbooks/create_box.yml", "-e", f"workspace={repo}", "-e", f"box={first}")
+    assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-2000:]
+    key = home / ".agentbox" / "ssh" / "id_ed25519"
+    assert summary_line(made.stdout, "ssh") == f"ssh -F ~/.agentbox/ssh_config agentbox-{first}", made.stdout
+    assert summary_line(made.stdout, "key").startswith(f"made {key} for ssh into boxes"), made.stdout
+    assert "-e ssh_include=true once" in summary_line(made.stdout, "tip"), made.stdout
+    assert "no SSH key" not in made.stdout + made.stderr, made.stderr
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600 and "agentbox.box" in key.with_suffix(".pub").read_text()
+    entry = (home / ".agentbox" / "ssh_config").read_text()
+    assert f"  IdentityFile {key}\n  IdentitiesOnly yes\n" in entry
+    assert not (home / ".ssh").exists()  # nothing made or changed there without the user's yes
+
+    # The printed line as the user types it (the shell expands ~ from $HOME), with the real OpenSSH client.
+    line = summary_line(made.stdout, "ssh")
+    login = subprocess.run(["sh", "-c", line.replace("ssh ", "ssh -o BatchMode=yes ", 1) + " 'id -un; pwd'"],
+                           capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert login.returncode == 0 and login.stdout.split() == ["vscode", "/workspace"], login.stderr
+
+    # attach.yml prints the same form, and the tip is not said again (nor the key: it was made already).
+    attached = playbook("playbooks/attach.yml", "-e", f"box={first}", "-e", "ide=print")
+    assert attached.returncode == 0, attached.stdout + attached.stderr
+    assert summary_line(attached.stdout, "ssh") == f"ssh -F ~/.agentbox/ssh_config agentbox-{first}"
+    assert "tip:" not in attached.stdout and "key:" not in attached.stdout, attached.stdout
+    # switch_box.yml too (it printed the bare alias whatever ~/.ssh/config held).
+    switched = playbook("playbooks/switch_box.yml", "-e", f"box={first}")
+    assert switched.returncode == 0, switched.stdout + switched.stderr
+    assert summary_line(switched.stdout, "ssh") == f"ssh -F ~/.agentbox/ssh_config agentbox-{first}", switched.stdout
+
+    # One yes: this create and every later one print the short form, and ~/.ssh/config has one Include line.
+    for name, answer in ((second, ("-e", "ssh_include=true")), (third, ())):
+        boxes.append(name)
+        made = playbook("playbooks/create_box.yml", "-e", f"workspace={repo}", "-e", f"box={name}", *answer)
+        assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-2000:]
+        assert summary_line(made.stdout, "ssh") == f"ssh agentbox-{name}", made.stdout
+        assert "tip:" not in made.stdout and "key:" not in made.stdout, made.stdout
+        assert (home / ".ssh" / "config").read_text() == f"Include {home}/.agentbox/ssh_config\n"
+    assert json.loads((home / ".agentbox" / "access.json").read_text())["ssh_include"] is True
+    assert stat.S_IMODE((home / ".ssh").stat().st_mode) == 0o700
+    assert summary_line(playbook("playbooks/attach.yml", "-e", f"box={first}", "-e", "ide=print").stdout, "ssh") \
+        == f"ssh agentbox-{first}"
+
+    # Plain ssh, as the user whose home this is: ~/.ssh/config includes the aliases, the key is the boxes' own.
+    for name in (first, third):
+        plain = as_its_owner(home, ["ssh", "-o", "BatchMode=yes", f"agentbox-{name}", "git rev-parse --abbrev-ref HEAD"])
+        assert plain.returncode == 0 and plain.stdout.strip() == f"agentbox/{name}", plain.stderr
 
 
 @pytest.fixture
@@ -501,6 +608,41 @@ def test_forward_local_and_web_url_after_start(home: Path, repo_factory, boxes: 
     assert started.returncode == 0, started.stdout + started.stderr
     now = run_module("agentbox_forward", {"name": name})["url"]
     assert f"web: {now}" in started.stdout
+
+
+def test_forward_says_when_nothing_listens_in_the_box(home: Path, repo_factory, boxes: list[str]) -> None:
+    """forward.yml asks the box before it prints a URL: the web port's forwarder with no service behind it
+    (it would answer 503), a published port with no server; once a server listens, no note and the URL works."""
+    repo = repo_factory("ws")
+    name = f"fwn-{secrets.token_hex(3)}"
+    boxes.append(name)
+    made = run_module("agentbox_box", {"name": name, "workspace": str(repo), "ports": [8123]})
+    assert not made["failed"], made.get("msg")
+
+    def forward(port: int) -> str:
+        done = playbook("playbooks/forward.yml", "-e", f"box={name}", "-e", f"port={port}")
+        assert done.returncode == 0, done.stdout + done.stderr
+        return " ".join(done.stdout.split())
+
+    web = forward(80)
+    assert "listens: nothing listens on port 80 in the box: No service in /workspace/agentbox.yaml sets expose" in web, web
+    assert "nothing listens on port 8123 in the box (the URL answers once something does)" in forward(8123)
+    token = secrets.token_hex(8)
+    subprocess.run(["docker", "exec", "-u", "vscode", f"agentbox-{name}", "sh", "-c",
+                    f"mkdir -p /tmp/www && echo {token} > /tmp/www/token && cd /tmp/www && "
+                    "(nohup python3 -m http.server 8123 >/dev/null 2>&1 &)"], check=True)  # fmt: skip
+    url = wait_until_served(lambda: forward(8123), "listens:")
+    assert wait_for_http(url + "token") == token
+
+
+def wait_until_served(forward: Callable[[], str], note: str) -> str:
+    """forward.yml again until the server that was just started listens (a state polled with a deadline)."""
+    deadline = time.monotonic() + 60
+    while True:
+        said = forward()
+        if note not in said:
+            return re.search(r"url: +(http://127\.0\.0\.1:\d+/)", said).group(1)
+        assert time.monotonic() < deadline, said
 
 
 def test_ssh_wake_of_a_stopped_box_says_its_new_web_url(home: Path, repo_factory, boxes: list[str]) -> None:

@@ -126,7 +126,9 @@ def test_claude_code_on_boxd_with_a_scripted_api_in_the_box(world: BoxdWorld, wo
     host_env = {"ANTHROPIC_BASE_URL": f"http://127.0.0.1:{port}", "ANTHROPIC_API_KEY": key}
 
     out = world.ok("agent.yml", {"box": box, "prompt": PROMPT}, env=host_env)
-    assert f"ssh -t agentbox-{box} tmux attach -t claude" in out, out[-2000:]
+    # The one ssh form every output prints: -F while ~/.ssh/config does not include the aliases.
+    flat = " ".join(out.split())  # the YAML callback folds long lines
+    assert f"ssh -F ~/.agentbox/ssh_config -t agentbox-{box} tmux attach -t claude" in flat, out[-2000:]
     assert key not in out
 
     # The file the stand-in's tool call wrote, and the states the CLI's real hooks reported.

@@ -196,8 +196,13 @@ def test_exec_files_lifecycle_and_destroy(world: World) -> None:
         result = provider.exec(name, ["sh", "-c", "echo out; echo err >&2; exit 7"])
         assert (result.rc, result.stdout, result.stderr) == (7, b"out\n", b"err\n")
         assert provider.exec(name, ["sleep", "30"], timeout=1).rc == 124
-        big = provider.exec(name, ["head", "-c", str(20 << 20), "/dev/zero"])
+        big = provider.exec(name, ["head", "-c", str(20 << 20), "/dev/zero"], limit=None)  # read whole, as asked
         assert big.rc == 0 and len(big.stdout) == 20 << 20
+        from ansible_collections.agentbox.box.plugins.module_utils._provider import OutputTooLarge
+
+        with pytest.raises(OutputTooLarge, match="the box's output of head is over 1048576 bytes"):
+            provider.exec(name, ["head", "-c", str(20 << 20), "/dev/zero"], limit=1 << 20)  # the stream is cut
+        assert provider.exec(name, ["echo", "after"]).stdout == b"after\n"
         assert provider.exec(name, ["wc", "-c"], stdin=b"x" * 3_000_000).stdout.strip() == b"3000000"
 
         data = os.urandom(10 << 20)

@@ -9,6 +9,8 @@ import dataclasses
 import secrets
 import shutil
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -94,6 +96,36 @@ def test_a_checkpoint_waits_for_its_version_and_never_saves_over_a_name(world: W
     finally:
         world.emu.control.configure(snapshot_seconds=0.3)
         store.delete_snapshot(image)
+
+
+def test_a_failed_capture_fails_the_checkpoint_and_leaves_no_snapshot(world: World, box: str) -> None:
+    import grpc
+
+    from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
+
+    provider = world.provider()
+    store = provider.checkpoint_store()
+    image = store.snapshot_name(PROJECT, "fail")
+    world.emu.control.configure(snapshot_seconds=60)
+
+    def fail_the_capture() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                world.emu.control.fail_snapshot(image, "no space left on the worker")
+                return
+            except grpc.RpcError:  # not made yet
+                time.sleep(0.05)
+
+    worker = threading.Thread(target=fail_the_capture)
+    worker.start()
+    try:
+        with pytest.raises(ProviderError, match="failed on boxd, and nothing was recorded"):
+            provider.commit(box, image, {})
+    finally:
+        worker.join(90)
+        world.emu.control.configure(snapshot_seconds=0.3)
+    assert store.snapshot(image) is None
 
 
 def test_an_archived_checkpoint_says_it_cannot_be_restored(world: World, box: str) -> None:

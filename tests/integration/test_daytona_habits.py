@@ -627,9 +627,14 @@ def test_output_larger_than_dev_shm(emu: Emu, box: str) -> None:
     shm_kib = int(provider.exec(box, ["sh", "-c", "df -kP /dev/shm | tail -n 1"]).text.split()[1])
     size = 70 * 1000 * 1000
     assert shm_kib * 1024 < size
-    run = provider.exec(box, ["sh", "-c", f"yes x | tr -d '\\n' | head -c {size}; echo fine >&2"])
+    run = provider.exec(box, ["sh", "-c", f"yes x | tr -d '\\n' | head -c {size}; echo fine >&2"], limit=None)
     assert (run.rc, len(run.stdout), run.stderr) == (0, size, b"fine\n")
     assert run.stdout.count(b"x") == size
+    # With a cap (the default for every read but the user's own commands), the waiter prints one byte past it.
+    from ansible_collections.agentbox.box.plugins.module_utils._provider import OutputTooLarge
+
+    with pytest.raises(OutputTooLarge, match=f"the box's output of sh is over {1 << 20} bytes"):
+        provider.exec(box, ["sh", "-c", f"yes x | head -c {size}"], limit=1 << 20)
 
 
 def test_a_moved_image_tag_is_built_anew(emu: Emu) -> None:

@@ -135,14 +135,18 @@ def test_missing_paused_and_stopped_boxes(provider, box_name):
 
 
 def test_unreachable_engine_says_what_to_do(monkeypatch, tmp_path):
-    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/nothing.sock")
-    with pytest.raises(EngineUnreachable, match=r"nothing\.sock does not answer.*ensure-docker\.sh"):
+    monkeypatch.setenv("AGENTBOX_ENGINE", f"unix://{tmp_path}/nothing.sock")
+    with pytest.raises(EngineUnreachable, match=r"box engine at \S*nothing\.sock does not answer") as caught:
         DockerProvider().list_boxes()
+    assert "scripts/ensure-box-engine.sh" in str(caught.value)
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-user-engine.sock")  # the user's engine: isolation none
+    with pytest.raises(EngineUnreachable, match=r"no-user-engine\.sock does not answer.*ensure-docker\.sh"):
+        DockerProvider(isolation="none").list_boxes()
     # A socket that accepts and hangs up at once: also unreachable, never a traceback.
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(str(tmp_path / "hangup.sock"))
     listener.listen(1)
-    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/hangup.sock")
+    monkeypatch.setenv("AGENTBOX_ENGINE", f"unix://{tmp_path}/hangup.sock")
 
     def hang_up() -> None:
         conn, _addr = listener.accept()
@@ -202,7 +206,7 @@ def test_tcp_engine_is_reached_directly_too(monkeypatch, box_name):
     payload = os.urandom(1 << 20)
     with engine_over_tcp() as port:
         monkeypatch.setenv("DOCKER_HOST", f"tcp://127.0.0.1:{port}")
-        provider = DockerProvider()
+        provider = DockerProvider(isolation="none")  # DOCKER_HOST names the user's own engine
         assert provider._direct is not None and provider._direct.where == f"tcp://127.0.0.1:{port}"
         assert [facts.name for facts in provider.list_boxes(project=PROJECT)] == [box_name]
         result = provider.exec(box_name, ["sh", "-c", "cat; exit 5"], stdin=payload)

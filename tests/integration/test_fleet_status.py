@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.fleet_page import chromium_binary
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -179,13 +181,6 @@ class RowParser(html.parser.HTMLParser):
             self.rows[self._box][self._field] += data.strip()
 
 
-def chromium_binary() -> str:
-    for candidate in ("chromium", "chromium-browser"):
-        if found := shutil.which(candidate):
-            return found
-    pytest.fail("no chromium on PATH: run scripts/ensure-browser.sh (scripts/test.sh runs it during set-up)")
-
-
 def chromium(*args: str) -> subprocess.CompletedProcess:
     profile = tempfile.mkdtemp(prefix="agentbox-chromium-")
     try:
@@ -251,7 +246,7 @@ def test_fleet_status_numbers_table_and_html(fleet, tmp_path):
         assert (row["insertions"], row["deletions"]) == (f"+{plus}", f"−{minus}")
         assert row["uncommitted"] == (uncommitted if uncommitted != "-" else "–")
     shot = tmp_path / "fleet.png"
-    taken = chromium(f"--screenshot={shot}", "--window-size=1280,520", "--hide-scrollbars", page.as_uri())
+    taken = chromium(f"--screenshot={shot}", "--window-size=1400,600", "--hide-scrollbars", page.as_uri())
     assert taken.returncode == 0 and shot.stat().st_size > 10_000, taken.stderr[-2000:]
     if SCREENSHOT_COPY:
         shutil.copyfile(shot, SCREENSHOT_COPY)

@@ -56,7 +56,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def boxes(host: Host, project: dict[str, Path]) -> Iterator[list[str]]:
     names: list[str] = []
-    for _ in range(2):
+    for _box in range(2):
         name = f"iso-{secrets.token_hex(3)}"
         made = host.module("agentbox_box", {"name": name, "workspace": str(project["workspace"]), "state": "started"})
         assert not made["failed"], made.get("msg")
@@ -99,7 +99,8 @@ try sysrq sh -c 'exec 3>>/tmp/fresh-proc/sysrq-trigger'
 mkdir -p /tmp/cg && mount -t cgroup -o memory cgroup /tmp/cg 2>/dev/null
 try release_agent sh -c 'exec 3>>/tmp/cg/release_agent'
 try host_disk sh -c "mknod /tmp/disk b @DEVICE@ && mount /tmp/disk /mnt"
-try module python3 -c 'import ctypes, os, sys; libc = ctypes.CDLL(None, use_errno=True); fd = os.open("/dev/null", os.O_RDONLY); sys.exit(0 if libc.syscall(313, fd, b"", 0) == 0 else 1)'
+try module python3 -c 'import ctypes, os, sys; libc = ctypes.CDLL(None, use_errno=True)
+fd = os.open("/dev/null", os.O_RDONLY); sys.exit(0 if libc.syscall(313, fd, b"", 0) == 0 else 1)'
 mount -o remount,rw /sys 2>/dev/null
 try sys_write sh -c 'v=$(cat /sys/kernel/mm/ksm/run); printf "%s\n" "$v" > /sys/kernel/mm/ksm/run'
 try host_pid sh -c "grep -q pytest /proc/@PID@/cmdline"

@@ -37,8 +37,8 @@ VENV_BIN = REPO / ".venv" / "bin"
 NOT_RUN: dict[str, str] = {
     r"^scripts/up\.sh": "sets the machine up (pip into .venv, apt, Docker, ~/.ansible): scripts/test.sh runs the same "
     "set-up scripts, and a test must not reinstall the venv other runs share",
-    r"^ssh agentbox-": "needs the user's consent line (Include ~/.agentbox/ssh_config in ~/.ssh/config), which this "
-    "check does not write; test_access.py logs in to real boxes through the same alias with ssh -F",
+    r"^ssh agentbox-": "plain ssh reads ~/.ssh/config from the passwd home, not this check's temp HOME; "
+    "test_access.py runs the printed -F line, and plain `ssh agentbox-<box>` as a user whose passwd home is a temp HOME",
     r"^scripts/test\.sh": "the whole suite, which runs this very test: it is the coordinator's command (.ci/run)",
     r"^export DAYTONA_API_KEY=\.\.\.": "a placeholder for the user's own Daytona key",
     r"^ansible -i fleet\.agentbox\.yml daytona ": "needs a Daytona account; test_daytona_provider.py runs the inventory "

@@ -49,25 +49,71 @@ def test_with_env_carries_ignored_env_files_onto_tmpfs_never_into_a_checkpoint(p
     assert in_box(box, "test ! -e /workspace/node_modules && echo absent").strip() == "absent"
     assert in_box(box, "git -C /workspace status --porcelain").strip() == ""  # ignored in the box too
     # A checkpoint of the box: the image holds no byte of the secret (only a dangling link).
-    checkpoint = f"env-{secrets.token_hex(2)}"
-    player.ok("checkpoint.yml", f"box={box}", f"checkpoint={checkpoint}")
-    engine = docker.from_env()
-    image = next(i for i in engine.images.list(filters={"label": "io.agentbox.kind=checkpoint"})
-                 if any(t.endswith(f":{checkpoint}") for t in i.tags))  # fmt: skip
-    probe = engine.containers.create(image.id, command=["true"], entrypoint=[], labels={"io.agentbox.test": "nc-env"})
+    _checkpoint, image, export = checkpoint_exported(player, box, tmp_path)
     try:
-        export = tmp_path / "image.tar"
-        with open(export, "wb") as handle:
-            for chunk in probe.export():
-                handle.write(chunk)
         with tarfile.open(export) as tar:
             links = {m.name: m.linkname for m in tar.getmembers() if m.name.endswith("/.env")}
         assert token.encode() not in export.read_bytes()
         assert any(target == "/run/agentbox/carried/.env" for target in links.values()), links
     finally:
+        remove_image(image)
+
+
+def checkpoint_exported(player: Player, box: str, tmp_path: Path) -> tuple[str, docker.models.images.Image, Path]:  # noqa: F811
+    """A checkpoint of the box (checkpoint.yml), its image, and the image's filesystem exported to a tar."""
+    checkpoint = f"ck-{secrets.token_hex(2)}"
+    player.ok("checkpoint.yml", f"box={box}", f"checkpoint={checkpoint}")
+    engine = docker.from_env()
+    image = next(i for i in engine.images.list(filters={"label": "io.agentbox.kind=checkpoint"})
+                 if any(t.endswith(f":{checkpoint}") for t in i.tags))  # fmt: skip
+    probe = engine.containers.create(image.id, command=["true"], entrypoint=[], labels={"io.agentbox.test": "nc-ck"})
+    try:
+        export = tmp_path / f"{checkpoint}.tar"
+        with open(export, "wb") as handle:
+            for chunk in probe.export():
+                handle.write(chunk)
+    finally:
         probe.remove(v=True, force=True)
-        for tag in image.tags:
-            engine.images.remove(tag, force=True)
+    return checkpoint, image, export
+
+
+def remove_image(image: docker.models.images.Image) -> None:
+    for tag in image.tags:
+        docker.from_env().images.remove(tag, force=True)
+
+
+def test_secret_named_files_go_to_the_tmpfs_whatever_gitignore_says(player: Player, tmp_path: Path) -> None:  # noqa: F811
+    """Issue 33, item 3: a .env (and a key, an .npmrc with a token) that .gitignore does not ignore is not
+    seeded as an untracked file: it reaches the box on its tmpfs only, the summary says so, git in the box
+    does not offer it for a commit, and no checkpoint holds a byte of it; a box restored from that
+    checkpoint gets it from the host again."""
+    token = secrets.token_hex(16)
+    repo = make_repo(tmp_path / "ws", {"README.md": "r\n", ".gitignore": "node_modules/\n"})
+    (repo / ".env").write_text(f"API_KEY={token}\n")
+    (repo / "certs").mkdir()
+    (repo / "certs/dev.pem").write_text(f"-----BEGIN PRIVATE KEY-----\n{token}\n-----END PRIVATE KEY-----\n")
+    (repo / ".npmrc").write_text(f"//registry.npmjs.org/:_authToken={token}\n")
+    (repo / "notes.md").write_text("plain untracked\n")
+    chown_tree(repo)
+    box = name("nc-sec")
+    out = flat(player.create(repo, box))
+    assert "carried: 0 modified, 0 deleted, 0 renamed, 1 untracked" in out, out
+    assert "ignored: none carried" in out, out
+    assert ("secrets: 3 untracked files named like secrets, on a tmpfs only (never in a layer or a checkpoint): "
+            ".env, .npmrc, certs/dev.pem") in out, out
+    assert in_box(box, "cat /workspace/.env").strip() == f"API_KEY={token}"
+    for path in (".env", ".npmrc", "certs/dev.pem"):
+        assert in_box(box, f"stat -f -c %T \"$(readlink -f /workspace/{path})\"").strip() == "tmpfs", path
+    assert in_box(box, "git -C /workspace status --porcelain -uall").split() == ["??", "notes.md"]
+    checkpoint, image, export = checkpoint_exported(player, box, tmp_path)
+    try:
+        assert token.encode() not in export.read_bytes()
+        restored = name("nc-srs")
+        out = flat(player.create(repo, restored, f"checkpoint={checkpoint}"))
+        assert "secrets: 3 untracked files named like secrets" in out, out
+        assert in_box(restored, "cat /workspace/.env").strip() == f"API_KEY={token}"
+    finally:
+        remove_image(image)
 
 
 def test_download_copies_the_box_tree_without_ignored_files_or_unsafe_entries(player: Player, tmp_path: Path) -> None:  # noqa: F811

@@ -4,13 +4,12 @@ Two real boxes of one workspace carry the same uncommitted host files; one commi
 collection is built and installed (ansible-galaxy) into a temp collections path and the playbook
 runs from another directory, both by FQCN and by path, with no ansible.cfg but the one
 scripts/ansible-user-config.sh writes into a temp HOME. Then the page is loaded in Chromium at
-1400 and 800 px with a measuring script added to a copy: one row per box with git's numbers,
-nothing wider than the window, branch names never broken inside a name.
+1400 and 800 px with a measuring script added to a copy (tests/integration/fleet_page.py): one row
+per box with git's numbers, nothing wider than the window, every branch name on one line.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -23,37 +22,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, chown_tree, git, make_repo, run_module
+from tests.integration.fleet_page import measure_page
 
 pytestmark = pytest.mark.integration
 
 VENV_BIN = REPO / ".venv" / "bin"
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars"]  # fmt: skip
-
-# Added to a copy of the page (the page itself has no script): measures the layout and reads the
-# rows back from the DOM, and leaves the answer as JSON in <body data-measure>.
-MEASURE = """<script>
-window.addEventListener('load', () => {
-  const root = document.documentElement;
-  const broken = [...document.querySelectorAll('[data-field=branch] .nw')]
-    .filter(part => part.getClientRects().length > 1).map(part => part.textContent);
-  const text = (row, field) => { const el = row.querySelector(`[data-field=${field}]`); return el ? el.textContent.trim() : null; };
-  const cls = (row, field) => { const el = row.querySelector(`[data-field=${field}]`); return el ? el.className : null; };
-  const rows = [...document.querySelectorAll('tr.box-row')].map(row => ({
-    box: row.dataset.box, state: row.dataset.state, branch: text(row, 'branch'), provider: text(row, 'provider'),
-    engine: text(row, 'engine'), web: text(row, 'web'), web_href: row.querySelector('[data-field=web]')?.href || null,
-    ahead: text(row, 'ahead'), behind: text(row, 'behind'), files: text(row, 'files'),
-    insertions: text(row, 'insertions'), deletions: text(row, 'deletions'), uncommitted: text(row, 'uncommitted'),
-    ahead_class: cls(row, 'ahead'), behind_class: cls(row, 'behind'), deletions_class: cls(row, 'deletions'),
-    right: Math.ceil(row.getBoundingClientRect().right)}));
-  const wide = [...document.querySelectorAll('body *')].filter(el => el.getBoundingClientRect().right > root.clientWidth + 0.5)
-    .map(el => el.tagName + '.' + el.className);
-  document.body.setAttribute('data-measure', JSON.stringify({
-    scrollWidth: root.scrollWidth, clientWidth: root.clientWidth, broken, rows, wide: wide.slice(0, 10),
-    generated: document.getElementById('generated')?.getAttribute('datetime'),
-    uncommittedTile: document.querySelector('[data-tile=uncommitted] b')?.textContent}));
-});
-</script>"""
 
 
 def env_without_config(home: Path, collections: Path) -> dict[str, str]:
@@ -68,27 +41,6 @@ def run(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Completed
     done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, f"{argv[:3]} exited {done.returncode}\n{done.stdout[-4000:]}\n{done.stderr[-3000:]}"
     return done
-
-
-def chromium_measure(page: Path, width: int) -> dict:
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if not chromium:
-        pytest.fail("no chromium on PATH: run scripts/ensure-browser.sh (scripts/test.sh runs it during set-up)")
-    probe = page.with_name(f"measured-{width}.html")
-    probe.write_text(page.read_text(encoding="utf-8").replace("</body>", MEASURE + "\n</body>"), encoding="utf-8")
-    profile = tempfile.mkdtemp(prefix="agentbox-chromium-")
-    try:
-        dom = subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size={width},900",
-                              "--dump-dom", probe.as_uri()],
-                             capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
-    finally:
-        shutil.rmtree(profile, ignore_errors=True)
-    assert dom.returncode == 0, dom.stderr[-2000:]
-    found = re.search(r'data-measure="([^"]*)"', dom.stdout)
-    assert found, dom.stdout[-2000:]
-    import html
-
-    return json.loads(html.unescape(found.group(1)))
 
 
 @pytest.fixture(scope="module")
@@ -177,10 +129,10 @@ def test_fleet_page_in_chromium_at_1400_and_800(fleet):
         behind_ahead = git(fleet["workspace"], "rev-list", "--left-right", "--count", f"main...agentbox/{name}").split()
         assert behind_ahead == ["0", ahead]
     for width in (1400, 800):
-        measured = chromium_measure(page, width)
+        measured = measure_page(page, width)
         assert measured["scrollWidth"] <= measured["clientWidth"], (width, measured["wide"])
         assert measured["wide"] == [], (width, measured["wide"])
-        assert measured["broken"] == [], (width, measured["broken"])  # no branch name broken inside a part
+        assert measured["broken"] == [], (width, measured["broken"])  # every branch name on one line
         rows = {row["box"]: row for row in measured["rows"]}
         assert sorted(rows) == [a, b]
         for name in (a, b):

@@ -11,6 +11,7 @@ import secrets
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -172,12 +173,71 @@ def test_delete_branch_of_a_box_already_destroyed(player: Player, tmp_path: Path
     assert git(repo, "status", "--porcelain") == ""  # the host's tree untouched
 
 
+def test_delete_branch_of_a_destroyed_box_from_outside_its_workspace(player: Player, tmp_path: Path) -> None:
+    """Issue 33, item 13: the box's labels went with it, but its destroy recorded where its branch stays, so
+    destroy_box.yml -e delete_branch=true run from another repository deletes it there, not in $PWD's."""
+    repo = make_repo(tmp_path / "ws")
+    chown_tree(repo)
+    box = name("nc-out")
+    player.create(repo, box)
+    assert f"destroyed {box}" in flat(player.ok("destroy_box.yml", f"box={box}"))
+    elsewhere = make_repo(tmp_path / "elsewhere")
+    out = flat(player.ok("destroy_box.yml", f"box={box}", "delete_branch=true", cwd=elsewhere))
+    assert f"no box called {box} (already gone); worktrees removed: 0; branches deleted: {repo}:agentbox/{box}" in out
+    assert git(repo, "branch", "--list", f"agentbox/{box}") == ""
+    # Nothing left: it says where it looked, and how to look elsewhere.
+    again = flat(player.ok("destroy_box.yml", f"box={box}", "delete_branch=true", cwd=elsewhere))
+    assert f"no branch agentbox/{box} to delete in {elsewhere} (-e workspace=PATH looks in another)" in again
+
+
+def test_a_create_from_the_project_default_checkpoint_says_so_and_warns_of_host_edits_left_out(
+    player: Player, tmp_path: Path
+) -> None:
+    """Issue 33, item 15: set_default=true changes every later create, so the summary says the checkpoint
+    came as the project default; and an untracked file the host edited after the checkpoint is not copied
+    over the box's own (the box wins), which one warning says, naming the file."""
+    repo = make_repo(tmp_path / "ws", {"README.md": "hello\n"})
+    (repo / "notes.txt").write_text("before the checkpoint\n")
+    chown_tree(repo)
+    source = name("nc-def")
+    player.create(repo, source)
+    checkpoint = f"dflt-{secrets.token_hex(2)}"
+    player.ok("checkpoint.yml", f"box={source}", f"checkpoint={checkpoint}", "set_default=true")
+    (repo / "notes.txt").write_text("edited on the host after the checkpoint\n")
+    os.utime(repo / "notes.txt", (time.time() + 5, time.time() + 5))  # past the checkpoint's second, whatever the clock
+    chown_tree(repo)
+    restored = name("nc-dfr")
+    done = player.run("create_box.yml", f"workspace={repo}", f"box={restored}")
+    player.made.append(restored)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    said = f"from: checkpoint {checkpoint} (project default; -e checkpoint=none for a fresh box)"
+    assert said in flat(done.stdout), done.stdout
+    warnings = [w for w in flat(done.stderr).split("[WARNING]: ") if "untracked" in w]
+    assert len(warnings) == 1, done.stderr
+    assert "the host's version of 1 untracked file(s) was NOT copied into the box" in warnings[0], warnings
+    assert "notes.txt (changed on the host after the checkpoint)" in warnings[0], warnings
+    explicit = name("nc-exp")
+    out = player.create(repo, explicit, f"checkpoint={checkpoint}")
+    assert line(out, "from") == f"checkpoint {checkpoint}"  # asked for by name: no note
+    engine = docker.from_env()
+    for image in engine.images.list(filters={"label": "io.agentbox.kind=checkpoint"}):
+        if any(tag.endswith(f":{checkpoint}") for tag in image.tags):
+            for tag in image.tags:
+                engine.images.remove(tag, force=True)
+
+
 def test_engine_down_names_the_socket(player: Player, tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "ws")
-    down = {"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"}
+    down = {"AGENTBOX_ENGINE": f"unix://{tmp_path}/no-engine.sock"}
     for playbook, extra in (("create_box.yml", (f"workspace={repo}", "box=nc-down")), ("list_boxes.yml", ())):
         done = player.run(playbook, *extra, env=down)
         assert done.returncode != 0
         said = flat(done.stdout)
-        assert f"the Docker engine at unix://{tmp_path}/no-engine.sock does not answer" in said, said[-2000:]
-        assert "point DOCKER_HOST at a running engine" in said
+        assert f"the box engine at unix://{tmp_path}/no-engine.sock does not answer" in said, said[-2000:]
+        assert "scripts/ensure-box-engine.sh" in said and "isolation=none" in said
+    # With isolation=none the user's own engine is used: its message names DOCKER_HOST.
+    done = player.run("create_box.yml", f"workspace={repo}", "box=nc-down", "isolation=none",
+                      env={"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"})
+    said = flat(done.stdout)
+    assert done.returncode != 0 and f"the Docker engine at unix://{tmp_path}/no-engine.sock does not answer" in said
+    assert "point DOCKER_HOST at a running engine" in said

@@ -42,6 +42,8 @@ MISSING = [
     ("box_state.yml", ["-e", "state=paused"], "use -e box=NAME -e state=started|paused|stopped"),
     ("checkpoint.yml", [], "pass the box to checkpoint: -e box=NAME"),
     ("checkpoint.yml", ["-e", "box="], "pass the box to checkpoint: -e box=NAME"),
+    ("checkpoints.yml", ["-e", "state=absent"], "to remove a checkpoint pass its name: -e checkpoint=NAME -e state=absent"),
+    ("checkpoints.yml", ["-e", "checkpoint=warm", "-e", "state=gone"], "to remove a checkpoint pass its name"),
     ("destroy_box.yml", [], "say which box: -e box=NAME"),
     ("destroy_box.yml", ["-e", "box="], "say which box: -e box=NAME"),
     ("switch_box.yml", [], "say which box to switch to: -e box=NAME"),

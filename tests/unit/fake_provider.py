@@ -33,6 +33,8 @@ from ansible_collections.agentbox.box.plugins.module_utils._naming import now_is
 from ansible_collections.agentbox.box.plugins.module_utils._provider import (
     BoxFacts,
     BoxSpec,
+    CappedOutput,
+    Command,
     ExecResult,
     Provider,
     ProviderError,
@@ -201,27 +203,23 @@ class FakeProvider(Provider):
         if box is not None:
             shutil.rmtree(box.directory)
 
-    def exec(
-        self,
-        name: str,
-        argv: list[str],
-        *,
-        user: str = "vscode",
-        workdir: str | None = None,
-        env: dict[str, str] | None = None,
-        stdin: bytes | IO[bytes] | None = None,
-        timeout: float | None = None,
-    ) -> ExecResult:
+    def run_command(self, name: str, command: Command) -> ExecResult:
         self._step("exec", name)
-        process = self._spawn(name, argv, user=user, workdir=workdir, env=env)
+        process = self._spawn(name, command.argv, user=command.user or "", workdir=command.workdir,
+                              env=command.env)
+        stdin = command.stdin
         data = stdin.read() if stdin is not None and not isinstance(stdin, bytes) else stdin
         try:
-            stdout, stderr = process.communicate(data or b"", timeout=timeout)
+            stdout, stderr = process.communicate(data or b"", timeout=command.timeout)
         except subprocess.TimeoutExpired:
             process.kill()
             stdout, stderr = process.communicate()
             return ExecResult(124, stdout, stderr)
-        return ExecResult(process.returncode, stdout, stderr)
+        # A stand-in reads it all, then holds it to the cap as a provider's stream does.
+        output = CappedOutput(command.limit)
+        if not (output.add(stdout) and output.add(stderr, stderr=True)):
+            raise output.refused(command.argv, name)
+        return output.result(process.returncode)
 
     def put_archive(self, name: str, path: str, tar_stream: Iterable[bytes] | IO[bytes]) -> None:
         self._step("put_archive", name)
@@ -248,7 +246,7 @@ class FakeProvider(Provider):
     def get_archive(self, name: str, path: str) -> Iterator[bytes]:
         self._step("get_archive", name)
         parent, base = os.path.split(path.rstrip("/")) if path != "/" else ("/", ".")
-        run = self.exec(name, ["tar", "-c", "-f", "-", "-C", parent or "/", base], user="root")
+        run = self.exec(name, ["tar", "-c", "-f", "-", "-C", parent or "/", base], user="root", limit=None)
         if run.rc != 0:
             raise ProviderError(f"{path}: {run.stderr.decode(errors='replace')}", box=name, operation="get_archive")
         return iter([run.stdout[i:i + (1 << 16)] for i in range(0, len(run.stdout), 1 << 16)])

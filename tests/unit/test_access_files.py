@@ -165,8 +165,116 @@ def test_public_keys_found_and_no_key(home: Path, monkeypatch: pytest.MonkeyPatc
     (ssh_dir / "id_ed25519.pub").write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIE me@host\n")
     (ssh_dir / "id_rsa.pub").write_text("ssh-rsa AAAAB3 orphan public key without its private key\n")
     assert _access.identity_files() == [(str(ssh_dir / "id_ed25519"), "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIE me@host")]
+    # The user's own key is used as it is: no key is made for the boxes.
+    assert _access.box_identities().keys == _access.identity_files() and _access.box_identities().made is None
+    assert not Path(_access.box_key_path()).exists()
     (ssh_dir / "id_ed25519.pub").write_text("not a key\n")
     assert _access.identity_files() == []
+
+
+def test_a_user_without_a_key_gets_one_made_for_the_boxes(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No ~/.ssh at all: box_identities makes ~/.agentbox/ssh/id_ed25519 (0600, no passphrase, a comment saying
+    what it is for), once; the entry names it alone (IdentitiesOnly); ~/.ssh is never made or touched."""
+    monkeypatch.delenv("AGENTBOX_SSH_KEY", raising=False)
+    first = _access.box_identities()
+    path = home / ".agentbox" / "ssh" / "id_ed25519"
+    assert first.made == str(path) and first.problem == "" and [p for p, _line in first.keys] == [str(path)]
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert first.public_lines() == [path.with_suffix(".pub").read_text().strip()]
+    assert first.public_lines()[0].startswith("ssh-ed25519 ") and "agentbox.box: ssh into boxes only" in first.keys[0][1]
+    # No passphrase: ssh-keygen reads the public half out of it with an empty one.
+    derived = subprocess.run(["ssh-keygen", "-y", "-P", "", "-f", str(path)], capture_output=True, text=True, check=True)
+    assert derived.stdout.split()[:2] == first.public_lines()[0].split()[:2]
+    assert not (home / ".ssh").exists()
+    # Made once: later calls find it (identity_files too), nothing is made again.
+    again = _access.box_identities()
+    assert again.keys == first.keys and again.made is None and _access.identity_files() == first.keys
+    entry = _access.entry_text(facts("b1"), _access.local_proxy_command("b1"), [str(path)])
+    assert f"  IdentityFile {path}\n  IdentitiesOnly yes\n" in entry
+    assert "IdentitiesOnly" not in _access.entry_text(facts("b1"), _access.local_proxy_command("b1"), [])
+    # A key the user makes later wins; the boxes' own one stays where it is.
+    (home / ".ssh").mkdir()
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(home / ".ssh" / "id_ed25519")], check=True)
+    assert [p for p, _line in _access.box_identities().keys] == [str(home / ".ssh" / "id_ed25519")]
+    assert path.exists()
+
+
+def test_a_named_key_that_is_not_usable_is_said_and_no_key_is_made(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENTBOX_SSH_KEY", str(home / "missing_key"))
+    found = _access.box_identities()
+    assert found.keys == [] and "AGENTBOX_SSH_KEY=" in found.problem and "missing_key.pub" in found.problem
+    assert not (home / ".agentbox" / "ssh").exists()
+
+
+def test_no_ssh_keygen_is_a_reason_not_a_failure(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AGENTBOX_SSH_KEY", raising=False)
+    monkeypatch.setenv("PATH", str(home / "empty-bin"))
+    found = _access.box_identities()
+    assert found.keys == [] and "ssh-keygen" in found.problem and "could not be made" in found.problem
+    assert not Path(_access.box_key_path()).exists()
+
+
+def _make_key(home: str, out: multiprocessing.Queue) -> None:
+    os.environ["HOME"] = home
+    key, made = _access.make_box_key()
+    out.put((key[1], made))
+
+
+def test_parallel_creates_make_one_key(home: Path) -> None:
+    context = multiprocessing.get_context("fork")
+    out = context.Queue()
+    workers = [context.Process(target=_make_key, args=(str(home), out)) for _worker in range(6)]
+    for worker in workers:
+        worker.start()
+    results = [out.get(timeout=60) for _worker in workers]
+    for worker in workers:
+        worker.join(60)
+        assert worker.exitcode == 0
+    assert {line for line, _made in results} == {(home / ".agentbox" / "ssh" / "id_ed25519.pub").read_text().strip()}
+    assert [made for _line, made in results].count(True) == 1
+    assert sorted(os.listdir(home / ".agentbox" / "ssh")) == ["id_ed25519", "id_ed25519.lock", "id_ed25519.pub"]
+
+
+def test_the_include_answer_is_remembered_and_kept(home: Path) -> None:
+    """Without a yes ~/.ssh/config is never touched; a yes puts the line in once and every later alias write
+    keeps it (put back when it went); a no takes only our line out."""
+    assert not _access.keep_include() and not (home / ".ssh").exists()
+    assert _access.include_answer() is None
+    original = "Host work\n  HostName 192.0.2.1\n"
+    (home / ".ssh").mkdir()
+    (home / ".ssh" / "config").write_text(original)
+    assert not _access.keep_include() and (home / ".ssh" / "config").read_text() == original
+    assert _access.answer_include(True)
+    line = _access.include_line()
+    assert (home / ".ssh" / "config").read_text() == f"{line}\n{original}"
+    assert json.loads((home / ".agentbox" / "access.json").read_text())["ssh_include"] is True
+    assert not _access.answer_include(True)  # the same answer again: nothing to change
+    assert _access.keep_include() and (home / ".ssh" / "config").read_text() == f"{line}\n{original}"
+    (home / ".ssh" / "config").write_text(original)  # taken out by hand: the next alias write puts it back
+    assert _access.keep_include() and (home / ".ssh" / "config").read_text() == f"{line}\n{original}"
+    assert (home / ".ssh" / "config").read_text().count("Include") == 1
+    assert _access.answer_include(False)
+    assert (home / ".ssh" / "config").read_text() == original
+    assert not _access.keep_include() and (home / ".ssh" / "config").read_text() == original
+    assert _access.include_answer() is False
+
+
+def test_one_ssh_form_and_the_hint_said_once(home: Path) -> None:
+    assert _access.ssh_command("b1") == "ssh -F ~/.agentbox/ssh_config agentbox-b1"
+    hint = _access.include_hint("b1")
+    assert "-e ssh_include=true" in hint and _access.include_line() in hint
+    assert _access.include_hint("b2") == ""  # said once
+    _access.answer_include(True)
+    assert _access.ssh_command("b1") == "ssh agentbox-b1" and _access.ssh_program() == "ssh"
+    _access.answer_include(False)
+    assert _access.ssh_command("b1") == "ssh -F ~/.agentbox/ssh_config agentbox-b1"
+
+
+def test_the_hint_is_not_said_to_a_user_who_answered(home: Path) -> None:
+    assert _access.include_hint("b1", record=False) != ""  # check mode: not recorded as said
+    _access.answer_include(False)
+    assert _access.include_hint("b1") == ""
 
 
 def test_waking_proxy_command_runs_the_wake_only_when_the_direct_command_fails(home: Path) -> None:

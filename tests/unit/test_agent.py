@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.agentbox.box.plugins.module_utils import _agent, _box_engine
+from ansible_collections.agentbox.box.plugins.module_utils import _access, _agent, _box_engine
 from ansible_collections.agentbox.box.plugins.module_utils._docker import DockerProvider
 from ansible_collections.agentbox.box.plugins.module_utils._provider import BoxFacts
 
@@ -95,7 +95,12 @@ def test_attach_command_per_provider(tmp_path: Path, monkeypatch: pytest.MonkeyP
     engine = "root@127.0.0.1:2201"
     remote = _agent.attach_command(DockerProvider(engine=engine), facts("docker_ssh", engine), "codex")
     assert remote == "docker -H ssh://root@127.0.0.1:2201 exec -it -u vscode agentbox-fix-login tmux attach -t codex"
-    # A provider without a terminal of its own (Daytona, boxd, the fake) is reached through the SSH alias.
+    # A provider without a terminal of its own (Daytona, boxd, the fake) is reached through the SSH alias, in
+    # the one form the other lines print: -F until ~/.ssh/config includes the aliases.
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cloud = _agent.attach_command(FakeProvider(tmp_path), facts("daytona", "https://api"), "it's")
+    assert cloud == "ssh -F ~/.agentbox/ssh_config -t agentbox-fix-login tmux attach -t 'it'\"'\"'s'"
+    _access.answer_include(True)
     cloud = _agent.attach_command(FakeProvider(tmp_path), facts("daytona", "https://api"), "it's")
     assert cloud == "ssh -t agentbox-fix-login tmux attach -t 'it'\"'\"'s'"
 
@@ -191,9 +196,11 @@ def test_progress_lines_from_the_box_are_checked(fake: FakeProvider) -> None:
     fake.start("forged")
     agents = fake.box_root("forged") / "run/agentbox/agents"
     agents.mkdir(parents=True, exist_ok=True)
-    # A state file whose content is made to look like progress lines for another session.
-    (agents / "a.state.json").write_text('{"name": "x", "session": "a", "state": "working"}\n'
-                                         "agentbox-progress a -5\nagentbox-progress b 99999999999\n")  # fmt: skip
+    (agents / "a.state.json").write_text('{"name": "x", "session": "a", "state": "working"}\n')
+    # A state file whose content is made to look like progress lines: for a session, for another, out of range.
+    (agents / "b.state.json").write_text('{"name": "x", "session": "b", "state": "working"}\n'
+                                         "agentbox-progress a 99999\nagentbox-progress a -5\n"
+                                         "agentbox-progress b 99999999999\n")  # fmt: skip
     found = _agent.read_states(fake, "forged")
     assert [entry["session"] for entry in found] == ["a"]
     assert isinstance(found[0]["quiet_seconds"], int) and found[0]["quiet_seconds"] < 100

@@ -61,6 +61,7 @@ def test_a_commit_with_a_dotgit_entry_is_refused_and_nothing_enters(host_and_box
     with pytest.raises(_git.RefusedObjects, match=r"refused the box's commits: git's object checks failed .*hasDotgit"):
         _git.fetch_box_bundle(str(host), bundle, "refs/heads/agentbox/b")
     assert objects_of(host) == before  # not the commit, not its trees, not the hook's blob
+
     def host_git(*args: str) -> int:
         return subprocess.run(["git", "-C", str(host), *args], capture_output=True, check=False,
                               env={**os.environ, **GIT_ENV}).returncode  # fmt: skip

@@ -119,6 +119,12 @@ def test_checkpoints_a_box_took_go_with_it_unless_kept_or_the_project_default(wo
     _checkpoint.set_project_default(facts.project, "mine-default", provider=provider)
     other = make(world, "other")
     assert ask(world, "other", "others").rc == 0
+    # What agentbox_checkpoint_info (and checkpoints.yml) list as kept: the user's, and the box's once kept
+    # (mine-default is not kept: it stays at the destroy below as the project's default).
+    kept = _checkpoint.kept_checkpoints(provider, facts.project)
+    staying = {found.name: _checkpoint.is_kept(found, kept)
+               for found in _checkpoint.list_checkpoints(provider, facts.project)}  # fmt: skip
+    assert staying == {"mine-kept": True, "mine-default": False, "mine-dropped": False, "users": True, "others": False}
 
     done = _box.destroy_box(provider, provider.find("gone"))
     assert done["checkpoints_removed"] == ["mine-dropped"]

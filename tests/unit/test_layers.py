@@ -36,6 +36,7 @@ RANKS: dict[str, int] = {
     "_relay_protocol": PURE,
     "_box_data": PURE,
     "_box_tmpfs": PURE,
+    "_secret_files": PURE,
     "_editor_volumes": PURE,
     "_daytona_options": PURE,
     "_daytona_idle": PURE,
