@@ -59,3 +59,12 @@ def test_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     now = time.time()
     _agent_record.write({f"id{i}": entry(f"b{i}", now - i) for i in range(6)}, 30, now, path)
     assert set(_agent_record.fresh(now, path)) == {"id0", "id1", "id2"}  # the latest reads kept
+
+
+def test_a_record_past_its_size_cap_is_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = str(tmp_path / "agents.json")
+    now = time.time()
+    _agent_record.write({f"id{i}": entry(f"b{i}", now) for i in range(20)}, 30, now, path)
+    assert len(_agent_record.fresh(now, path)) == 20
+    monkeypatch.setattr(_agent_record, "MAX_BYTES", 1000)
+    assert _agent_record.fresh(now, path) == {} and _agent_record.load(path) == {}

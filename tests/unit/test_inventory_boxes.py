@@ -223,6 +223,29 @@ def test_agent_states_come_from_the_relays_record_without_an_exec(fleet):
     assert fleet.execs == []
 
 
+def test_a_record_entry_not_of_the_expected_shape_is_unknown(fleet):
+    """The record is the host's own file, but what it holds came from the boxes: each agent is checked again."""
+    import time
+
+    now = time.time()
+    good = {"name": "claude", "session": "claude", "state": "working", "since": "2026-11-30T10:00:00Z"}
+    write_record(fleet.tmp_path / "home", {
+        "id000009": {"name": "fix-login", "read": now, "agent": {**good, "state": "pwned"}},
+        "id000004": {"name": "evil", "read": now, "agent": {**good, "session": "x; rm -rf /", "quiet_seconds": 9999}},
+        # A quiet time that is not a whole number of seconds in range is no figure: never stalled.
+        "id000010": {"name": "remote-one", "read": now, "agent": {**good, "quiet_seconds": "99999"}},
+        "id000005": {"name": "spike", "read": now, "agent": {**good, "quiet_seconds": 10**12, "name": EVIL}},
+    })  # fmt: skip
+    fleet.engines["local"] = [box("fix-login"), box("evil"), box("spike")]  # all running
+    inventory = fleet({"plugin": "agentbox.box.boxes", "engines": ["root@127.0.0.1:2201"], "stalled_minutes": 0,
+                       "verbose_output": True}, cache=False)  # fmt: skip
+    state = {host: inventory.get_host(host).vars["agentbox_agent_state"] for host in inventory.hosts}
+    assert state == {"fix-login": "unknown", "evil": "unknown", "remote-one": "working", "spike": "working"}
+    # The agent's name, not of the expected form, is its session's.
+    assert inventory.get_host("spike").vars["agentbox_agent"]["name"] == "claude"
+    assert fleet.execs == []
+
+
 def test_no_relay_record_means_unknown_not_an_exec(fleet):
     inventory = fleet({"plugin": "agentbox.box.boxes"}, cache=False)
     assert inventory.get_host("fix-login").vars["agentbox_agent_state"] == "unknown"
