@@ -165,6 +165,7 @@ import os
 import time
 from typing import Any
 
+from ansible import context
 from ansible.errors import AnsibleError, AnsibleParserError
 from ansible.plugins.inventory import BaseInventoryPlugin, Cacheable, Constructable
 from ansible.plugins.loader import connection_loader
@@ -307,9 +308,10 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         complete = all(entry["error"] is None for entry in listing["sources"])
         if self.get_option("cache") and not came_from_cache and complete:
             self._cache[cache_key] = listing
-        if self.get_option("configure_connection") and self.inventory.hosts:
+        if self.get_option("configure_connection") and self.inventory.hosts and "graph" not in context.CLIARGS:
             # Load the box connection plugin here, in the controller, before Ansible forks a worker
             # per task: every worker inherits it instead of compiling it and parsing its options.
+            # Not for ansible-inventory (the one CLI with --graph), which connects to nothing.
             with contextlib.suppress(Exception):
                 connection_loader.get(CONNECTION_PLUGIN, class_only=True)
 
