@@ -61,8 +61,8 @@ STALLED_MINUTES = 10.0
 # Progress is the session's state file or the CLI's transcript changing: after the state files, one line per
 # session, `agentbox-progress <session> <seconds since the later of the two>`, by the box's own clock (a clock
 # apart from the host's does not matter). Transcripts: Codex's ~/.codex/sessions/, OpenCode's storage (any
-# write counts); a custom command has its state file only. Claude Code also writes a line to its transcript
-# (~/.claude/projects/*/*.jsonl) for every API request it tries, retries included, so for it only the
+# write counts); a custom command has its state file only. Claude Code can write to its transcript
+# (~/.claude/projects/*/*.jsonl) while it only retries an API it cannot reach, so for it only the
 # conversation counts: the time of the last `user` or `assistant` entry (CONVERSATION_PY, on the newest
 # transcript's last 256 KiB), the file's time when there is none.
 CONVERSATION_PY = (
