@@ -9,7 +9,18 @@ export PATH=$PWD/.venv/bin:$PATH ANSIBLE_CONFIG=$PWD/ansible.cfg ANSIBLE_NOCOLOR
 # is off for the whole run (tests/integration/test_autopause_relay.py turns it on for its own relay).
 export AGENTBOX_IDLE_INTERVAL=0
 
+# One suite at a time on this machine: two at once measure the machine, not the code (2 cores).
+suite_lock=${AGENTBOX_SUITE_LOCK:-/tmp/agentbox-suite.lock}
+exec 9>"$suite_lock"
+if ! flock -n 9; then
+  echo "test: another suite is running on this machine (lock $suite_lock); waiting for it to end..."
+  flock 9
+  echo "test: the other suite ended; starting"
+fi
+run_started=$SECONDS
+
 failed=()
+watchers=()
 step() {  # step NAME COMMAND...: run, time, remember failures, go on with the next step
   local name=$1 started=$SECONDS
   shift
@@ -65,8 +76,37 @@ fi
 # on one worker, so a module's expensive shared fixtures (emulator, engine fleet) are made once.
 # Module order and the order of tests in each module are shuffled (the seed is printed: rerun
 # with -p random_order --random-order-seed=N); tests must not depend on each other.
-step "pytest" pytest -p no:cacheprovider -n "${AGENTBOX_TEST_WORKERS:-2}" --dist loadfile \
-  -p random_order --random-order-bucket=module "$@"
+# The run's cost, counted: every ansible, ansible-playbook and ansible-inventory process that pytest
+# starts (tests run them by the venv's path: a .pth line in the venv, there only for this step, notes
+# each start when AGENTBOX_COUNT_DIR is set) and every box container made on the local engines.
+count_dir=$(mktemp -d /tmp/agentbox-counts.XXXXXX)
+count_pth=$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/agentbox-count-processes.pth
+cat >"$count_pth" <<'PTH'
+import os; _d = os.environ.get("AGENTBOX_COUNT_DIR"); _a = _d and open("/proc/self/cmdline", "rb").read().split(b"\0"); _p = _a and len(_a) > 1 and os.path.basename(_a[1].decode(errors="replace")); _p in ("ansible", "ansible-playbook", "ansible-inventory") and open(os.path.join(_d, "ansible"), "a").write(f"{os.getpid()} {_p}\n")
+PTH
+trap 'rm -f "$count_pth"' EXIT
+# Streamed as they happen (the engine keeps only its last 256 events for --since).
+user_engine=unix:///run/docker.sock
+for engine in box:"$DOCKER_HOST" user:"$user_engine"; do
+  docker -H "${engine#*:}" events --filter type=container --filter event=create \
+    --format '{{index .Actor.Attributes "io.agentbox.box"}}' >"$count_dir/created.${engine%%:*}" 2>/dev/null &
+  watchers+=($!)
+done
+AGENTBOX_COUNT_DIR=$count_dir step "pytest" pytest -p no:cacheprovider -n "${AGENTBOX_TEST_WORKERS:-2}" --dist loadfile \
+  -p random_order --random-order-bucket=module --durations=10 "$@"
+kill "${watchers[@]}" 2>/dev/null
+rm -f "$count_pth"
+wait "${watchers[@]}" 2>/dev/null
+boxes() { grep -c . "$1" 2>/dev/null || true; }  # lines naming a box (other containers print an empty line)
+# One line a process (a venv may list its site-packages twice: the same pid then writes two).
+sort -u "$count_dir/ansible" 2>/dev/null | awk '{print $2}' >"$count_dir/ansible.once"
+echo "=== counts: ansible processes $(grep -c . "$count_dir/ansible.once")" \
+  "($(sort "$count_dir/ansible.once" | uniq -c | awk '{printf "%s %s, ", $1, $2}' | sed 's/, $//'))"
+echo "=== counts: boxes created $(( $(boxes "$count_dir/created.box") + $(boxes "$count_dir/created.user") ))" \
+  "(box engine $(boxes "$count_dir/created.box"), user's engine $(boxes "$count_dir/created.user"));" \
+  "containers created in all $(( $(wc -l <"$count_dir/created.box") + $(wc -l <"$count_dir/created.user") ))"
+rm -rf "$count_dir"
+echo "=== wall time: $((SECONDS - run_started)) s"
 
 if [ ${#failed[@]} -gt 0 ]; then
   echo "FAILED steps: ${failed[*]}"
