@@ -1,13 +1,16 @@
 """Fleet benchmark: the agentbox.box.box connection plugin against community.docker's `docker`
 and `docker_api` connection plugins and the `local` floor, on the same containers; and
 `ansible-inventory --list` of the boxes inventory over 100 boxes (cold and warm cache) against an
-empty inventory.
+empty inventory. The inventory runs under a HOME of its own whose relay record
+(~/.agentbox/relay/agents.json) holds a fresh read of every box, as a relay serving them would keep it.
 
     .venv/bin/python benchmarks/fleet.py [--sizes 10 30] [--runs 3] [--inventory-boxes 100]
         [--modes defaults pipelining] [--ops command copy] [--skip-connection] [--skip-inventory]
 
 The containers are plain labelled containers (`sleep infinity` from agentbox/box:latest with the
-io.agentbox.* labels), not seeded boxes: creating 30-100 full boxes is heavy on a small machine,
+io.agentbox.* labels) on the box engine, where boxes live (AGENTBOX_ENGINE, default
+unix:///run/agentbox-engine/docker.sock; every plugin and the docker CLI reach it through DOCKER_HOST), not
+seeded boxes: creating 30-100 full boxes is heavy on a small machine,
 and neither the connection plugins nor the inventory look at the workspace. community.docker
 comes from PyPI's `ansible` package, installed into benchmarks/.venv-community (used only here);
 every run uses the checkout's own ansible-core, so only the plugins differ.
@@ -36,6 +39,7 @@ VENV_BIN = REPO / ".venv" / "bin"
 COMMUNITY_VENV = REPO / "benchmarks" / ".venv-community"
 ANSIBLE_PACKAGE = "ansible==12.3.0"  # ships community.docker 4.x/5.x for ansible-core 2.19
 IMAGE = "agentbox/box:latest"
+BOX_ENGINE = os.environ.get("AGENTBOX_ENGINE") or "unix:///run/agentbox-engine/docker.sock"
 PREFIX = "benchfleet"
 FORKS = "10"
 # label -> connection plugin; "agentbox" goes through the boxes inventory plugin (how it is used),
@@ -78,10 +82,13 @@ def run_env(community_site: Path, pipelining: bool | None) -> dict[str, str]:
 
 
 # -- containers ---------------------------------------------------------------------------------
-def create_containers(names: list[str], project: str) -> None:
+def create_containers(names: list[str], project: str) -> dict[str, str]:
+    """Start the containers; {name: box id}."""
+    ids = {name: uuid.uuid4().hex[:8] for name in names}
+
     def one(name: str) -> None:
         labels = {
-            "kind": "box", "box": name, "id": uuid.uuid4().hex[:8], "project": project,
+            "kind": "box", "box": name, "id": ids[name], "project": project,
             "workspace": f"/bench/{project}", "branch": f"agentbox/{name}", "created": "2026-11-29T00:00:00Z",
             "image_fingerprint": "bench", "provider": "docker", "engine": "local", "base_branch": "main",
         }  # fmt: skip
@@ -93,6 +100,7 @@ def create_containers(names: list[str], project: str) -> None:
 
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         list(pool.map(one, names))
+    return ids
 
 
 def remove_containers(names: list[str]) -> None:
@@ -119,6 +127,9 @@ def write_inventory(work: Path, label: str, names: list[str], plugin: str) -> Pa
             lines.append(f"{name} agentbox_box={name}")
         elif plugin == "local":
             lines.append(f"{name} ansible_python_interpreter={VENV_BIN / 'python'}")
+        elif plugin == "community.docker.docker_api":
+            # This plugin takes the engine from its own variable, not DOCKER_HOST.
+            lines.append(f"{name} ansible_host=agentbox-{name} ansible_docker_docker_host={os.environ['DOCKER_HOST']}")
         else:
             lines.append(f"{name} ansible_host=agentbox-{name}")
     lines += ["", "[fleet:vars]", f"ansible_connection={plugin}"]
@@ -140,8 +151,9 @@ def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         if result.returncode == 0:
             return elapsed, after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
-        failed = [line for line in result.stdout.splitlines() if "FAILED" in line or "UNREACHABLE" in line]
-        log(f"run {attempt + 1} of {' '.join(argv[1:4])} failed (rc {result.returncode}): {failed[:2]}")
+        failed = [line.strip() for line in result.stdout.splitlines()
+                  if "FAILED" in line or "UNREACHABLE" in line or '"msg"' in line or "msg:" in line]  # fmt: skip
+        log(f"run {attempt + 1} of {' '.join(argv[1:4])} failed (rc {result.returncode}): {failed[:4]}")
     return float("nan"), float("nan")
 
 
@@ -213,8 +225,23 @@ def connection_table(results: list[dict], key: str = "median_s") -> list[str]:
 
 
 # -- inventory benchmark ------------------------------------------------------------------------
-def bench_inventory(runs: int, site: Path, work: Path) -> list[dict]:
-    env = run_env(site, None)
+def write_relay_record(home: Path, ids: dict[str, str]) -> None:
+    """What a relay serving these boxes keeps after a pass: each box read just now, its agent idle."""
+    boxes = {
+        box_id: {"name": name, "provider": "docker", "engine": "local", "read": time.time(),
+                 "agent": {"name": "claude", "session": "claude", "state": "idle", "since": "2026-11-29T00:00:00Z",
+                           "quiet_seconds": 5}}
+        for name, box_id in ids.items()
+    }  # fmt: skip
+    record = home / ".agentbox" / "relay" / "agents.json"
+    record.parent.mkdir(parents=True, mode=0o700)
+    record.write_text(json.dumps({"version": 1, "written": time.time(), "interval": 3600, "boxes": boxes}))
+
+
+def bench_inventory(runs: int, site: Path, work: Path, ids: dict[str, str]) -> list[dict]:
+    home = work / "home"
+    write_relay_record(home, ids)
+    env = {**run_env(site, None), "HOME": str(home)}
     cache_dir = work / "inventory-cache"
     configs = {
         "empty": "plugin: agentbox.box.boxes\nlocal: false\n",
@@ -242,6 +269,8 @@ def bench_inventory(runs: int, site: Path, work: Path) -> list[dict]:
     )  # fmt: skip
     hosts = json.loads(listed.stdout)["_meta"]["hostvars"]
     results.append({"case": "hosts listed", "count": len(hosts)})
+    states = sorted({str(host.get("agentbox_agent_state")) for host in hosts.values()})
+    results.append({"case": "agent states listed", "states": states})
     return results
 
 
@@ -257,6 +286,8 @@ def main() -> int:
     args = parser.parse_args()
     # A SIGTERM must still remove the containers (the finally below).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    # Boxes live on the box engine: the containers go there, and every plugin reaches them there.
+    os.environ["DOCKER_HOST"] = BOX_ENGINE
 
     site = community_collections()
     total = max([*args.sizes, 0] if args.skip_inventory else [*args.sizes, args.inventory_boxes])
@@ -269,17 +300,18 @@ def main() -> int:
             # Only as many containers as the largest connection case while it runs: the boxes
             # inventory lists every box of the engine, so extra ones would be charged to it.
             made = 0 if args.skip_connection else max(args.sizes)
+            ids: dict[str, str] = {}
             if not args.skip_connection:
                 log(f"creating {made} containers")
-                create_containers(names[:made], project)
+                ids.update(create_containers(names[:made], project))
                 report["connection"] = bench_connections(args.sizes, args.runs, names, site, work, tuple(args.modes), tuple(args.ops))
             if not args.skip_inventory:
                 # The inventory sees exactly --inventory-boxes of ours.
                 remove_containers(names[args.inventory_boxes :])
                 if made < args.inventory_boxes:
                     log(f"creating {args.inventory_boxes - made} more containers")
-                    create_containers(names[made : args.inventory_boxes], project)
-                report["inventory"] = bench_inventory(args.runs, site, work)
+                    ids.update(create_containers(names[made : args.inventory_boxes], project))
+                report["inventory"] = bench_inventory(args.runs, site, work, ids)
         finally:
             log("removing the containers")
             remove_containers(names)
@@ -296,7 +328,7 @@ def main() -> int:
             print(
                 f"ansible-inventory --list  {case:22s}  {median:.2f} s  ({median - empty:+.2f} s vs empty {empty:.2f} s)"
             )
-        print(f"hosts listed: {cases['hosts listed']['count']}")
+        print(f"hosts listed: {cases['hosts listed']['count']}, agent states: {cases['agent states listed']['states']}")
     out_dir = REPO / "benchmarks" / "results"
     out_dir.mkdir(exist_ok=True)
     out = out_dir / f"fleet-{time.strftime('%Y%m%dT%H%M%S')}.json"

@@ -14,10 +14,11 @@ description:
   - The configuration file must be a YAML file whose name ends with V(agentbox.yml) or V(agentbox.yaml),
     for example C(dev.agentbox.yml).
   - "Groups always present: V(docker), V(docker_ssh), V(daytona), V(boxd) (by provider), V(running), V(paused), V(stopped)
-    (by state), V(agent_working), V(agent_idle), V(agent_waiting) (by the state the box's coding agent last
-    reported), C(engine_<destination>) (by engine, V(engine_local) for the local one) and C(project_<project>)."
-  - "Every box gets C(agentbox_agent_state): V(working), V(idle), V(waiting), V(stopped), or null when no agent
-    ever ran in it (or the box is not running); see O(agent_state)."
+    (by state), V(agent_working), V(agent_idle), V(agent_waiting), V(agent_stalled) (by the state of the box's
+    coding agent), C(engine_<destination>) (by engine, V(engine_local) for the local one) and C(project_<project>)."
+  - "Every box gets C(agentbox_agent_state): V(working), V(idle), V(waiting), V(stalled), V(stopped), null when no
+    agent ever ran in it (or the box is not running), or V(unknown) when the relay has not read it lately; see
+    O(agent_state) and O(agent_state_source)."
   - Every value read from an engine is marked unsafe, so no label or name is ever templated.
   - An engine that cannot be reached gives a warning naming it; the boxes of the other engines still load.
 author:
@@ -105,11 +106,26 @@ options:
     default: false
   agent_state:
     description:
-      - Ask every running box for its coding agent's state (one exec each, side by side on the local engine)
-        and set C(agentbox_agent_state) and the C(agent_*) groups. V(false) skips that (C(agentbox_agent_state)
-        is then null).
+      - Set C(agentbox_agent_state) and the C(agent_*) groups from each running box's coding agent (see
+        O(agent_state_source)). V(false) skips that (C(agentbox_agent_state) is then null).
     type: bool
     default: true
+  agent_state_source:
+    description:
+      - "V(relay): the states the host relay last read (C(~/.agentbox/relay/agents.json), one file for every box,
+        no exec): the relay reads every running box it serves at each idle-policy pass (every 30 s by default). A
+        running box it has not read within three passes (at least 90 s) is V(unknown): no relay runs, the idle
+        policy is switched off, or the box is someone else's. docs/agents.md."
+      - V(boxes) asks every running box instead (one exec each, side by side on the local engine).
+    type: str
+    choices: [relay, boxes]
+    default: relay
+  stalled_minutes:
+    description:
+      - An agent V(working) with no progress (its transcript or state file unchanged) for this many minutes is
+        shown as V(stalled).
+    type: float
+    default: 10
   configure_connection:
     description:
       - Set C(ansible_connection=agentbox.box.box) and C(ansible_python_interpreter=/usr/bin/python3) (the box
@@ -146,8 +162,10 @@ cache_timeout: 60
 import contextlib
 import fnmatch
 import os
+import time
 from typing import Any
 
+from ansible import context
 from ansible.errors import AnsibleError, AnsibleParserError
 from ansible.plugins.inventory import BaseInventoryPlugin, Cacheable, Constructable
 from ansible.plugins.loader import connection_loader
@@ -160,7 +178,8 @@ try:
 
     # isort: split
 
-    from ansible_collections.agentbox.box.plugins.module_utils.agent._agent import agents_of
+    from ansible_collections.agentbox.box.plugins.module_utils.agent import _agent_record
+    from ansible_collections.agentbox.box.plugins.module_utils.agent._agent import agents_of, checked, judged
     from ansible_collections.agentbox.box.plugins.module_utils.core._naming import project_id, sanitize_group
     from ansible_collections.agentbox.box.plugins.module_utils.core._provider import ProviderError
     from ansible_collections.agentbox.box.plugins.module_utils.providers._registry import (
@@ -184,9 +203,10 @@ except ImportError as exc:  # pragma: no cover - reported by parse()
     IMPORT_ERROR = exc
 
 STATE_GROUPS = ("running", "paused", "stopped")
-AGENT_GROUPS = ("working", "idle", "waiting")  # agent_<state>
+AGENT_GROUPS = ("working", "idle", "waiting", "stalled")  # agent_<state>
 # Cache format: bump when the stored listing changes shape.
-LISTING_VERSION = 2
+LISTING_VERSION = 3
+UNKNOWN_AGENT = {"name": None, "session": None, "state": "unknown", "since": None}
 
 
 class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
@@ -226,6 +246,10 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
     def _fetch_listing(self, sources: list[dict[str, Any]]) -> dict[str, Any]:
         """The raw listing: what each source answered (box facts as dicts) or why it did not."""
         listing: dict[str, Any] = {"version": LISTING_VERSION, "sources": []}
+        now = time.time()
+        # One file for every box, read once: the relay keeps it current (no exec per box).
+        record = _agent_record.fresh(now) if self.get_option("agent_state_source") == "relay" else None
+        stalled = float(self.get_option("stalled_minutes"))
         for source in sources:
             entry = {"provider": source["provider"], "engine": source["engine"], "boxes": [], "error": None}
             try:
@@ -233,7 +257,11 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
                 entry["boxes"] = [facts.to_dict() for facts in provider.list_boxes()]
                 if self.get_option("agent_state"):
                     running = [box["name"] for box in entry["boxes"] if box["state"] == "running"]
-                    agents = agents_of(provider, running)
+                    if record is None:
+                        agents = {name: judged(agent, stalled, now) for name, agent in agents_of(provider, running).items()}
+                    else:
+                        agents = {box["name"]: self._recorded_agent(box, record, stalled, now)
+                                  for box in entry["boxes"] if box["state"] == "running"}  # fmt: skip
                     for box in entry["boxes"]:
                         box["agent"] = agents.get(box["name"])
             except ProviderError as exc:
@@ -242,6 +270,18 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
                 entry["error"] = f"{type(exc).__name__}: {exc}"
             listing["sources"].append(entry)
         return listing
+
+    @staticmethod
+    def _recorded_agent(box: dict[str, Any], record: dict[str, Any], stalled: float, now: float) -> dict[str, Any] | None:
+        """The relay's read of this box (same id and name), its values checked again and judged for stalls as of
+        now; unknown when there is none (or it is not of the expected shape)."""
+        seen = record.get(str(box.get("id")))
+        if seen is None or seen["name"] != box.get("name"):
+            return dict(UNKNOWN_AGENT)
+        if seen["agent"] is None:
+            return None  # read: no agent in it
+        agent = checked(seen["agent"])
+        return judged(agent, stalled, now, elapsed=now - seen["read"]) if agent else dict(UNKNOWN_AGENT)
 
     # -- parse -----------------------------------------------------------------------------------
     def parse(self, inventory: Any, loader: Any, path: str, cache: bool = True) -> None:
@@ -268,9 +308,10 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         complete = all(entry["error"] is None for entry in listing["sources"])
         if self.get_option("cache") and not came_from_cache and complete:
             self._cache[cache_key] = listing
-        if self.get_option("configure_connection") and self.inventory.hosts:
+        if self.get_option("configure_connection") and self.inventory.hosts and "graph" not in context.CLIARGS:
             # Load the box connection plugin here, in the controller, before Ansible forks a worker
             # per task: every worker inherits it instead of compiling it and parsing its options.
+            # Not for ansible-inventory (the one CLI with --graph), which connects to nothing.
             with contextlib.suppress(Exception):
                 connection_loader.get(CONNECTION_PLUGIN, class_only=True)
 
@@ -359,10 +400,12 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             "agentbox_labels": labels,
             "agentbox_agent": raw.get("agent"),
         }
-        minimal = make_unsafe(minimal)
-        full = make_unsafe(full)
+        verbose = self.get_option("verbose_output")
+        constructed = any(self.get_option(option) for option in ("compose", "groups", "keyed_groups"))
+        # Every fact is wrapped only when something reads them (wrapping them is most of a host's cost).
+        full = make_unsafe(full) if verbose or constructed else {}
         self.inventory.add_host(host)
-        host_vars = full if self.get_option("verbose_output") else minimal
+        host_vars = full if verbose else make_unsafe(minimal)
         for key, value in host_vars.items():
             self.inventory.set_variable(host, key, value)
         if self.get_option("configure_connection"):
@@ -384,6 +427,8 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         if raw.get("project"):
             project_group = self.inventory.add_group("project_" + sanitize_group(str(raw["project"])))
             self.inventory.add_child(project_group, host)
+        if not constructed:
+            return
         # compose runs last so a user's ansible_connection (or anything else) wins.
         self._set_composite_vars(self.get_option("compose"), full, host, strict=strict)
         self._add_host_to_composed_groups(self.get_option("groups"), full, host, strict=strict)

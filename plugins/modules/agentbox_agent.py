@@ -14,8 +14,12 @@ description:
   - The box is the sandbox, so the CLI's permission prompts are skipped by default
     (C(--dangerously-skip-permissions) for Claude Code, C(--dangerously-bypass-approvals-and-sandbox) for
     Codex); O(skip_permissions=false) keeps them.
-  - Idempotent; a running session is left alone. O(state=stopped) ends the CLI gracefully (SIGTERM, then
-    the tmux session after 10 seconds).
+  - Idempotent; a running session is left alone, except that a O(prompt) given while it runs is typed into it
+    and submitted, as a person attached to it would (RV(sent)). O(state=stopped) ends the CLI gracefully (SIGTERM,
+    then the tmux session after 10 seconds). O(state=query) changes nothing and reports the session's state;
+    O(transcript) returns the last lines of its screen (RV(transcript)) without attaching.
+  - An agent that reports V(working) but has made no progress (its transcript or state file unchanged) for
+    O(stalled_minutes) is reported as V(stalled), since its last progress.
   - A stopped box is started (and a paused one resumed) first. After a box stop and start, or a restore
     from a checkpoint, every session that was started runs again and resumes its last conversation
     (C(claude --continue), C(codex resume --last), C(opencode --continue)).
@@ -60,15 +64,29 @@ options:
         again as it is). It can report states with C(agentbox-ctl agent-state STATE).
     type: str
   state:
-    description: V(started) or V(stopped).
+    description: V(started), V(stopped), or V(query) (report the session's state; start and stop nothing).
     type: str
-    choices: [started, stopped]
+    choices: [started, stopped, query]
     default: started
   prompt:
     description:
       - The first prompt, passed to the CLI intact (quotes, newlines, any unicode) when the session starts;
         never sent again on a resume.
+      - When the session already runs, the prompt is pasted into it as one block and submitted with Enter
+        (tmux, as typed at its prompt); it travels on the exec's standard input, never in a command line.
     type: str
+  transcript:
+    description:
+      - Return the last this many lines of the session's screen and scroll-back in RV(transcript) (0, the
+        default, none; at most 2000). What C(tmux attach) would show, without attaching.
+    type: int
+    default: 0
+  stalled_minutes:
+    description:
+      - An agent V(working) with no progress for this many minutes is reported as V(stalled). Progress is its
+        state file or, for Claude Code, Codex and OpenCode, its transcript changing (docs/agents.md).
+    type: float
+    default: 10
   session:
     description: The tmux session name. Default the agent's name.
     type: str
@@ -101,6 +119,12 @@ EXAMPLES = r"""
     agent: codex
     skip_permissions: false
 
+- name: One more task for the running agent, then its last 40 lines
+  agentbox.box.agentbox_agent:
+    box: fix-login
+    prompt: "Also update the changelog"
+    transcript: 40
+
 - name: Stop it
   agentbox.box.agentbox_agent:
     box: fix-login
@@ -114,7 +138,10 @@ box:
   type: dict
   contains:
     agent:
-      description: The session's agent as its hooks last reported it; null when none ever ran.
+      description:
+        - The session's agent as its hooks last reported it; null when none ever ran. C(state) is V(working),
+          V(idle), V(waiting), V(stopped), or V(stalled) (see O(stalled_minutes)); with O(state=query) it is this
+          session's, otherwise the box's current one.
       type: dict
       returned: always
       sample: {"name": "claude", "session": "claude", "state": "idle", "since": "2026-11-30T17:30:00Z"}
@@ -130,6 +157,17 @@ attach:
 credentials:
   description: Names of the credentials handed to the agent (variable names and C(~/) paths; never values).
   returned: when O(state=started)
+  type: list
+  elements: str
+sent:
+  description: The O(prompt) was typed into the session that was already running.
+  returned: when it was
+  type: bool
+transcript:
+  description:
+    - The last O(transcript) lines of the session's screen, control characters removed; empty when no session
+      runs.
+  returned: when O(transcript) is given
   type: list
   elements: str
 """

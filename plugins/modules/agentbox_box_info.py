@@ -29,10 +29,17 @@ options:
     type: path
   agent_state:
     description:
-      - Also read each running box's coding agent (one exec per box) into C(agent) of its facts,
-        C({name, session, state, since}), or null when none ever ran (or the box is not running).
+      - Also read each running box's coding agent (one exec per box, side by side on the local engine) into
+        C(agent) of its facts, C({name, session, state, since}), or null when none ever ran (or the box is not
+        running).
     type: bool
     default: false
+  stalled_minutes:
+    description:
+      - With O(agent_state), an agent V(working) with no progress (its transcript or state file unchanged) for this
+        many minutes is shown as V(stalled), since its last progress.
+    type: float
+    default: 10
 """
 
 EXAMPLES = r"""
@@ -58,10 +65,11 @@ boxes:
   elements: dict
 """
 
+import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.agentbox.box.plugins.module_utils.agent._agent import agents_of
+from ansible_collections.agentbox.box.plugins.module_utils.agent._agent import STALLED_MINUTES, agents_of, judged
 from ansible_collections.agentbox.box.plugins.module_utils.core import _naming
 from ansible_collections.agentbox.box.plugins.module_utils.providers._module import (
     PROVIDER_ARGUMENT_SPEC,
@@ -80,8 +88,9 @@ def _run(params: dict) -> dict:
     boxes = [facts.to_dict() for facts in found]
     if params["agent_state"]:
         agents = agents_of(provider, [box["name"] for box in boxes if box["state"] == "running"])
+        now = time.time()
         for box in boxes:
-            box["agent"] = agents.get(box["name"])
+            box["agent"] = judged(agents.get(box["name"]), params["stalled_minutes"], now)
     return {"changed": False, "box": boxes[0] if params["name"] and boxes else {}, "boxes": boxes}
 
 
@@ -91,6 +100,7 @@ def main() -> None:
         "project": {"type": "str"},
         "workspace": {"type": "path"},
         "agent_state": {"type": "bool", "default": False},
+        "stalled_minutes": {"type": "float", "default": STALLED_MINUTES},
         **PROVIDER_ARGUMENT_SPEC,
     }
     module = AnsibleModule(

@@ -12,6 +12,8 @@ description:
   - While more than O(max_running) boxes of a project run (O(scope)), pauses the boxes whose agent has been V(idle) longest (idle at least
     O(idle_minutes)). Never pauses a box whose agent is V(working) or V(waiting), nor a box with no agent (or whose
     agent stopped) unless O(include_agentless).
+  - An agent V(working) with no progress (its transcript or state file unchanged) for O(stalled_minutes) is
+    V(stalled), and counts as idle since its last progress (an agent looping on a connection error is paused too).
   - Stops boxes paused longer than O(stop_after_hours), through the collection's stop (the box's commits reach the
     host first). The engine keeps no pause time, so the host records it in O(state_file) when this policy pauses a
     box, or when it first sees a box paused some other way; the box cannot write that file.
@@ -49,6 +51,10 @@ options:
     description: Also pause boxes with no agent (or a stopped one), after every idle one.
     type: bool
     default: false
+  stalled_minutes:
+    description: An agent V(working) with no progress for this long is V(stalled), idle since its last progress.
+    type: float
+    default: 10
   scope:
     description:
       - What O(max_running) counts. V(project) (the default) counts each project's running boxes apart, so one
@@ -109,7 +115,7 @@ boxes:
       description: Why.
       type: str
     agent_state:
-      description: The agent's state (null without an agent).
+      description: The agent's state (null without an agent); V(stalled) for one working without progress.
       type: str
     idle_seconds:
       description: How long the agent has been idle (null unless idle).
@@ -152,6 +158,7 @@ def _run(module: AnsibleModule) -> dict:
                             state_file=params["state_file"], check_mode=module.check_mode)  # fmt: skip
     errors = result.pop("errors")
     result.pop("now")
+    result.pop("agents")
     return fail_on_errors(module, "the idle policy", errors, result)
 
 
@@ -163,6 +170,7 @@ def main() -> None:
         "idle_minutes": {"type": "float", "default": 5},
         "stop_after_hours": {"type": "float", "default": 12},
         "include_agentless": {"type": "bool", "default": False},
+        "stalled_minutes": {"type": "float", "default": _idle.DEFAULTS["stalled_minutes"]},
         "scope": {"type": "str", "default": "project", "choices": list(_idle.SCOPES)},
         "state_file": {"type": "path"},
         "now": {"type": "float"},

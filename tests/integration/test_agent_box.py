@@ -7,10 +7,16 @@
   CLI's real hooks, and the stand-in must have seen the key the host passed. The key must be in no
   `docker inspect`, no label, no playbook output and neither kind of checkpoint.
 - A custom command that reports states drives `agentbox_agent_state` and the agent_* groups of the
-  inventory, and its tmux session is there again after a box stop and start.
+  inventory, read from the relay's record (no exec in the box), and its tmux session is there again after a
+  box stop and start.
+- A running agent takes a prompt and shows its screen through agent.yml, without attaching; one that works
+  without progress (Claude Code looping on an API that drops every connection; a custom command that says
+  `working` and then does nothing) is `stalled` after `stalled_minutes`, and the idle policy pauses it.
 - Bad input: an unknown agent, a CLI missing from the image, no credentials, a paused box.
 
-Every playbook runs with a temporary HOME (no credentials of the machine running the tests can leak in).
+Every playbook runs with a temporary HOME (no credentials of the machine running the tests can leak in),
+whose idle-policy file has the relay read the boxes every second (the default is every 30 s; the rest of the
+suite switches the relay's policy off).
 """
 
 from __future__ import annotations
@@ -21,8 +27,9 @@ import os
 import secrets
 import shutil
 import subprocess
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +53,14 @@ class World:
     def __init__(self, client: docker.DockerClient, root: Path):
         self.client = client
         self.root = root
-        self.home = root / "home"
-        self.home.mkdir()
+        # Short: the relay's socket paths (under HOME) are bounded to 107 bytes; removed by cleanup().
+        self.home = Path(tempfile.mkdtemp(prefix="abh-", dir="/tmp"))
+        self.home.chmod(0o755)
+        # The relay that create_box.yml starts for this HOME reads its boxes' agents every second: its idle
+        # policy, which the suite turns off for the shared HOME (conftest), is on in this private one.
+        policy = self.home / ".agentbox" / "idle" / "policy.json"
+        policy.parent.mkdir(parents=True)
+        policy.write_text(json.dumps({"interval": 1}))
         self.boxes: list[str] = []
         self.images: list[str] = []
 
@@ -59,7 +72,8 @@ class World:
             for key, value in os.environ.items()
             if not key.startswith(("ANTHROPIC_", "CLAUDE_CODE_", "OPENAI_"))
         }
-        full_env.update({"HOME": str(self.home), "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"})
+        full_env.update({"HOME": str(self.home), "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+                         "AGENTBOX_IDLE_INTERVAL": ""})  # fmt: skip
         full_env.update(env or {})
         return subprocess.run(
             [ANSIBLE_PLAYBOOK, f"playbooks/{name}", "-e", json.dumps(extra)],
@@ -99,9 +113,32 @@ class World:
                 raise AssertionError(f"{what}: not within {timeout:.0f}s; last output {output!r}\n{pane[1]}")
             time.sleep(0.2)
 
-    def inventory(self, box: str) -> dict[str, Any]:
+    def wait_until(self, check: Callable[[], Any], what: str, timeout: float = 120) -> Any:
+        """check() until it returns something true; that. A deadline, never a fixed sleep."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = check()
+            if found:
+                return found
+            if time.monotonic() > deadline:
+                log = self.home / ".agentbox" / "relay" / "relay.log"
+                tail = log.read_text()[-3000:] if log.exists() else "(no relay log)"
+                raise AssertionError(f"{what}: not within {timeout:.0f}s; the relay's log ends:\n{tail}")
+            time.sleep(0.3)
+
+    def agent_state(self, box: str, **options: Any) -> str:
+        """The inventory's agentbox_agent_state of the box."""
+        return self.inventory(box, **options)["_meta"]["hostvars"][box]["agentbox_agent_state"]
+
+    def execs_in(self, box: str, since: float, until: float) -> list[str]:
+        """The execs the engine started in the box between two times (its own event log)."""
+        events = self.client.api.events(since=f"{since:.9f}", until=f"{until:.9f}", decode=True,
+                                        filters={"container": f"agentbox-{box}", "type": "container"})  # fmt: skip
+        return [event["Action"] for event in events if event["Action"].startswith("exec_create")]
+
+    def inventory(self, box: str, **options: Any) -> dict[str, Any]:
         config = self.root / "test.agentbox.yml"
-        config.write_text(json.dumps({"plugin": "agentbox.box.boxes", "include": [box]}))
+        config.write_text(json.dumps({"plugin": "agentbox.box.boxes", "include": [box], **options}))
         done = subprocess.run(
             [ANSIBLE_INVENTORY, "-i", str(config), "--list"],
             cwd=REPO,
@@ -125,6 +162,7 @@ class World:
                 self.client.images.remove(reference, force=True)
             except docker.errors.APIError:
                 pass
+        shutil.rmtree(self.home, ignore_errors=True)  # the relay of this HOME stops once it is gone
 
 
 @pytest.fixture
@@ -143,6 +181,11 @@ def workspace(tmp_path: Path) -> Path:
     git(repo, "config", "user.email", "host.person@example.invalid")
     chown_tree(repo)
     return repo
+
+
+def said(out: str) -> str:
+    """A playbook's output with its whitespace runs made one space: the output callback wraps long lines."""
+    return " ".join(out.split())
 
 
 def checkpoint_image(workspace: Path, name: str) -> str:
@@ -181,11 +224,10 @@ def test_claude_code_end_to_end_with_a_scripted_api_in_the_box(world: World, wor
     )  # fmt: skip
     world.wait_for(box, f"curl -fsS http://127.0.0.1:{port}/v1/models >/dev/null", "the stand-in answering")
 
-    out = world.ok(
-        "agent.yml",
-        {"box": box, "prompt": PROMPT},
-        env={"ANTHROPIC_BASE_URL": f"http://127.0.0.1:{port}", "ANTHROPIC_API_KEY": key},
-    )
+    # Many retries: an API that cannot be reached (below) keeps the agent retrying while the test looks at it.
+    host_env = {"ANTHROPIC_BASE_URL": f"http://127.0.0.1:{port}", "ANTHROPIC_API_KEY": key,
+                "CLAUDE_CODE_MAX_RETRIES": "1000"}  # fmt: skip
+    out = world.ok("agent.yml", {"box": box, "prompt": PROMPT}, env=host_env)
     attach = f"docker -H {os.environ['DOCKER_HOST']} exec -it -u vscode agentbox-{box} tmux attach -t claude"
     assert attach in " ".join(out.split())  # the output callback wraps long lines
     assert key not in out
@@ -223,6 +265,23 @@ def test_claude_code_end_to_end_with_a_scripted_api_in_the_box(world: World, wor
     assert "changed=0" in again.splitlines()[-2] or "changed=0" in again, again[-800:]
     assert world.sh(box, "cat /run/agentbox/agents/claude.pid")[1].strip() == pid
 
+    # A prompt for the running agent, typed into its session as one paste: the API gets it whole, the agent
+    # works and idles again; its screen, without attaching. Nothing new is started.
+    second = "A second task, please:\nline two, \"quoted\" ü"
+    out = world.ok("agent.yml", {"box": box, "prompt": second}, env=host_env)
+    assert "sent: the prompt, to the running session" in said(out)
+
+    def api_requests() -> list[dict[str, Any]]:
+        return [json.loads(line) for line in world.sh(box, "cat /run/agentbox/standin/log.jsonl")[1].splitlines()]
+
+    world.wait_until(lambda: any(second in text for r in api_requests() if r["tools"] for text in r["user_texts"]),
+                     "the second prompt at the API")  # fmt: skip
+    world.wait_for(box, "h=/run/agentbox/agents/claude.history; [ $(grep -c working $h) -ge 2 ] && tail -1 $h | "
+                        "grep -q idle", "working, then idle again")  # fmt: skip
+    out = world.ok("agent.yml", {"box": box, "transcript": 60})
+    assert "changed=0" in out and "The file is written." in said(out) and "state: idle" in said(out), out[-3000:]
+    assert world.sh(box, "cat /run/agentbox/agents/claude.pid")[1].strip() == pid
+
     # The key is on the tmpfs only: not in the container's config, labels, or either kind of checkpoint.
     assert key not in json.dumps(world.client.api.inspect_container(f"agentbox-{box}"))
     leaked = world.sh(box, f"grep -rlF {key} /home /workspace/ /etc /var/lib/agentbox; true", user="root")[1]
@@ -242,7 +301,6 @@ def test_claude_code_end_to_end_with_a_scripted_api_in_the_box(world: World, wor
         "p=$(cat /run/agentbox/agents/claude.pid) && tmux has-session -t claude && "
         "tr '\\0' '\\n' < /proc/$p/cmdline | grep -qx -- --continue && tr '\\0' '\\n' < /proc/$p/cmdline"
     )
-    host_env = {"ANTHROPIC_BASE_URL": f"http://127.0.0.1:{port}", "ANTHROPIC_API_KEY": key}
     world.ok("box_state.yml", {"box": box, "state": "stopped"}, env=host_env)
     world.ok("box_state.yml", {"box": box, "state": "started"}, env=host_env)
     argv = world.wait_for(box, resumed_argv, "claude --continue after the start").splitlines()
@@ -251,8 +309,26 @@ def test_claude_code_end_to_end_with_a_scripted_api_in_the_box(world: World, wor
     restored = world.box(workspace, checkpoint=reference.rsplit(":", 1)[1])
     world.wait_for(restored, resumed_argv, "claude --continue in the restored box")
 
+    # The stand-in went with the box's stop: the API cannot be reached, and the agent given a prompt retries on
+    # connection errors, `working` all along. No progress (its transcript stays as it was): stalled after
+    # stalled_minutes (3 s here), and the idle policy pauses its box as an idle one.
+    world.ok("agent.yml", {"box": box, "prompt": "One more thing, please."}, env=host_env)
+    world.wait_for(box, "grep -q working /run/agentbox/agents/claude.state.json", "working on the prompt")
+
+    def query(minutes: float) -> str:
+        return said(world.ok("agent.yml", {"box": box, "state": "query", "stalled_minutes": minutes}))
+
+    world.wait_until(lambda: "state: stalled since" in query(0.05), "claude shown stalled")
+    assert "state: working since" in query(10)
+    out = world.ok("autopause.yml", {"workspace": str(workspace), "max_running": 0, "idle_minutes": 0,
+                                     "stalled_minutes": 0.05})  # fmt: skip
+    assert f"{box}: pause: stalled" in said(out), out[-3000:]
+    assert world.client.containers.get(f"agentbox-{box}").status == "paused"
+    world.ok("box_state.yml", {"box": box, "state": "started"}, env=host_env)
+
     # Stopped gracefully: the session ends and the state says so.
-    world.ok("agent.yml", {"box": box, "state": "stopped"})
+    out = world.ok("agent.yml", {"box": box, "state": "stopped"})
+    assert "state: stopped" in said(out) and "tmux attach" not in said(out)
     assert world.sh(box, "tmux has-session -t claude")[0] != 0
     assert json.loads(world.sh(box, "cat /run/agentbox/agents/claude.state.json")[1])["state"] == "stopped"
 
@@ -267,13 +343,27 @@ def test_custom_command_states_reach_the_inventory_and_survive_a_stop_and_start(
     out = world.ok("agent.yml", {"box": box, "agent": "helper", "command": command, "session": "helper"})
     assert "tmux attach -t helper" in out
     world.wait_for(box, "grep -q waiting /run/agentbox/agents/helper.state.json", "waiting")
+    # The relay reads the box at its next pass (every second here) and keeps it in its record.
+    world.wait_until(lambda: world.agent_state(box) == "waiting", "the inventory showing waiting")
+    # The inventory reads the relay's record, not the box: with the relay stopped (its record still fresh),
+    # listing the box starts no exec in it.
+    world.ok("relay.yml", {"state": "stopped"})
+    before = time.time()
     listing = world.inventory(box)
+    execs = world.execs_in(box, before, time.time())
+    assert execs == [], execs
     assert listing["agent_waiting"]["hosts"] == [box]
     assert listing["_meta"]["hostvars"][box]["agentbox_agent_state"] == "waiting"
+    # Asked for, each box is read (one exec).
+    before = time.time()
+    assert world.agent_state(box, agent_state_source="boxes") == "waiting"
+    assert len(world.execs_in(box, before, time.time())) == 1
+    world.ok("relay.yml", {"state": "started"})
 
     world.sh(box, "tmux send-keys -t helper 'yes, go ahead' Enter")
     world.wait_for(box, "grep -q idle /run/agentbox/agents/helper.state.json", "idle after the answer")
     assert world.sh(box, "cat /workspace/answer.txt")[1] == "yes, go ahead\n"
+    world.wait_until(lambda: world.agent_state(box) == "idle", "the inventory showing idle")
     listing = world.inventory(box)
     assert listing["agent_idle"]["hosts"] == [box] and "hosts" not in listing.get("agent_waiting", {})
     history = world.sh(box, "cat /run/agentbox/agents/helper.history")[1]
@@ -285,9 +375,59 @@ def test_custom_command_states_reach_the_inventory_and_survive_a_stop_and_start(
     world.ok("box_state.yml", {"box": box, "state": "started"})
     world.wait_for(box, "tmux has-session -t helper && grep -q waiting /run/agentbox/agents/helper.state.json",
                    "the session back after the start")  # fmt: skip
-    assert world.inventory(box)["_meta"]["hostvars"][box]["agentbox_agent_state"] == "waiting"
+    world.wait_until(lambda: world.agent_state(box) == "waiting", "the inventory showing waiting after the start")
     listed = world.ok("list_boxes.yml", {})
     assert any(box in line and "helper:waiting" in line for line in listed.splitlines()), listed[-2000:]
+
+
+def test_a_running_agent_takes_prompts_shows_its_screen_and_stalls_without_progress(world: World, workspace: Path):
+    box = world.box(workspace)
+    # Says `working` once, then only echoes what it is given: no progress, as an agent stuck in a loop.
+    command = ('agentbox-ctl agent-state working; while IFS= read -r line; do printf "got: %s\\n" "$line"; '
+               'printf "%s\\n" "$line" >> /workspace/prompts.txt; done')  # fmt: skip
+    spec = {"box": box, "agent": "looper", "command": command, "session": "looper"}
+    world.ok("agent.yml", spec)
+    world.wait_for(box, "grep -q working /run/agentbox/agents/looper.state.json", "working")
+
+    # A prompt for the running session: typed in and submitted; nothing new is started.
+    pid = world.sh(box, "cat /run/agentbox/agents/looper.pid")[1]
+    prompt = "the next task: \"quoted\" and 'single' $HOME `id` ; ü ✓"
+    out = world.ok("agent.yml", {**spec, "prompt": prompt})
+    assert "sent: the prompt, to the running session" in said(out) and "tmux attach -t looper" in said(out)
+    assert world.wait_for(box, "cat /workspace/prompts.txt", "the prompt arriving") == prompt + "\n"
+    assert world.sh(box, "cat /run/agentbox/agents/looper.pid")[1] == pid
+
+    # Its screen, without attaching: a look starts and changes nothing.
+    out = world.ok("agent.yml", {"box": box, "session": "looper", "transcript": 20})
+    assert "changed=0" in out and "got: the next task: " in said(out) and "transcript (last 20 lines):" in said(out)
+    assert world.sh(box, "cat /run/agentbox/agents/looper.pid")[1] == pid
+
+    # Working, and no progress since it said so: stalled after stalled_minutes (3 s here), working before.
+    def query(minutes: float) -> str:
+        return said(world.ok("agent.yml", {"box": box, "session": "looper", "state": "query",
+                                           "stalled_minutes": minutes}))  # fmt: skip
+
+    assert "state: working since" in query(10)
+    world.wait_until(lambda: "state: stalled since" in query(0.05), "agent.yml showing stalled")
+    world.wait_until(lambda: world.agent_state(box, stalled_minutes=0.05) == "stalled", "the inventory: stalled")
+    listing = world.inventory(box, stalled_minutes=0.05)
+    assert listing["agent_stalled"]["hosts"] == [box]
+    assert world.agent_state(box) == "working"  # the default, 10 minutes, is not over
+
+    # The idle policy pauses a stalled agent's box as an idle one; a working one it keeps.
+    policy = {"workspace": str(workspace), "max_running": 0, "idle_minutes": 0}
+    out = world.ok("autopause.yml", policy)
+    assert f"{box}: keep: its agent is working" in said(out)
+    assert world.client.containers.get(f"agentbox-{box}").status == "running"
+    out = world.ok("autopause.yml", {**policy, "stalled_minutes": 0.05})
+    assert f"{box}: pause: stalled" in said(out), out[-2000:]
+    assert world.client.containers.get(f"agentbox-{box}").status == "paused"
+
+    # Stopped: the playbook says so, and prints no way to attach.
+    world.ok("box_state.yml", {"box": box, "state": "started"})
+    out = world.ok("agent.yml", {**spec, "state": "stopped"})
+    assert "state: stopped" in said(out) and "tmux attach" not in said(out) and "attach:" not in out
+    assert world.sh(box, "tmux has-session -t looper")[0] != 0
 
 
 def test_bad_input_is_refused_or_explained(world: World, workspace: Path):

@@ -7,7 +7,8 @@ on the local engine (its World, fixtures and stand-in are reused here).
   the test talks only to the emulator on the host's 127.0.0.1 (every box command goes through boxd's
   exec, never the container).
 - The real CLI's hooks report working, then idle; the stand-in's one `Write` tool call writes the file.
-  A command that asks something reports waiting, and the inventory's `boxd:` key shows it.
+  A command that asks something reports waiting, and the inventory's `boxd:` key shows it (from the relay's
+  record: the relay reads boxd boxes too).
 - The key lives on a tmpfs in the machine: not in its labels or env, not on its disk, not in a boxd
   snapshot (`checkpoint.yml`).
 - A suspend keeps the agent's process (memory kept); a box stop and start runs Claude Code again with
@@ -154,6 +155,9 @@ def test_claude_code_on_boxd_with_a_scripted_api_in_the_box(world: BoxdWorld, wo
     )
     world.ok("agent.yml", {"box": box, "agent": "helper", "command": ask, "session": "helper"})
     world.wait_for(box, "grep -q waiting /run/agentbox/agents/helper.state.json", "waiting")
+    # From the relay's record: it reads the box at its next pass (every second in the test's HOME).
+    world.wait_until(lambda: world.inventory(box)["_meta"]["hostvars"][box]["agentbox_agent_state"] == "waiting",
+                     "the inventory showing waiting")  # fmt: skip
     listing = world.inventory(box)
     assert listing["agent_waiting"]["hosts"] == [box] and box in listing["boxd"]["hosts"], listing
     assert listing["_meta"]["hostvars"][box]["agentbox_agent_state"] == "waiting"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -114,3 +115,130 @@ def test_git_identity_is_the_workspace_effective_name_and_email_only(tmp_path: P
     for key, value in (("user.name", "Ada"), ("user.email", "ada@x"), ("credential.helper", "store")):
         subprocess.run(["git", "-C", str(repo), "config", key, value], check=True, env=env)
     assert _agent.git_identity(str(repo)) == {"name": "Ada", "email": "ada@x"}
+
+
+def test_progress_is_the_state_file_or_the_transcript_changing(fake: FakeProvider) -> None:
+    """read_states' script, run for real in a (fake) box: each session's seconds since its last progress."""
+    import time
+
+    from ansible_collections.agentbox.box.plugins.module_utils.core._provider import BoxSpec
+
+    spec = BoxSpec(name="progress", box_id="p1", project="p" * 16, workspace="/w", image="agentbox/box:latest",
+                   labels={})  # fmt: skip
+    fake.create(spec)
+    fake.start("progress")
+    root = fake.box_root("progress")
+    agents = root / "run/agentbox/agents"
+    agents.mkdir(parents=True, exist_ok=True)
+    now = time.time()
+
+    def state(session: str, name: str, seconds_ago: float) -> None:
+        path = agents / f"{session}.state.json"
+        path.write_text(json.dumps({"name": name, "session": session, "state": "working",
+                                    "since": "2026-11-30T10:00:00Z"}) + "\n")  # fmt: skip
+        os.utime(path, (now - seconds_ago, now - seconds_ago))
+
+    # Claude Code: its conversation moved after its last hook (a user entry 2000 s ago), then it only tried API
+    # requests (each one a line of its transcript, the last 10 s ago): those are not progress.
+    state("claude", "claude", 5000)
+    transcript = root / "home/vscode/.claude/projects/-workspace/abc.jsonl"
+    transcript.parent.mkdir(parents=True)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(now - 2000))
+    later = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(now - 10))
+    transcript.write_text(json.dumps({"parentUuid": None, "type": "user", "message": {"role": "user", "content": "go"},
+                                      "uuid": "u1", "timestamp": stamp}) + "\n"
+                          + "".join(json.dumps({"type": "api-request", "timestamp": later}) + "\n" for _ in range(3)))  # fmt: skip
+    os.utime(transcript, (now - 10, now - 10))
+    older = transcript.parent / "old.jsonl"  # older than the state file: not progress
+    older.write_text("{}\n")
+    os.utime(older, (now - 9000, now - 9000))
+    # Codex: any write to its session files counts; a custom command: its state file only.
+    state("cx", "codex", 4000)
+    rollout = root / "home/vscode/.codex/sessions/2026/rollout.jsonl"
+    rollout.parent.mkdir(parents=True)
+    rollout.write_text("{}\n")
+    os.utime(rollout, (now - 1500, now - 1500))
+    state("helper", "helper", 3000)
+    found = {entry["session"]: entry for entry in _agent.read_states(fake, "progress")}
+    assert set(found) == {"claude", "cx", "helper"}
+    assert 2000 <= found["claude"]["quiet_seconds"] < 2100, found
+    assert 1500 <= found["cx"]["quiet_seconds"] < 1600, found
+    assert 3000 <= found["helper"]["quiet_seconds"] < 3100, found  # the codex files are not the helper's
+    assert found["claude"]["state"] == "working"
+    # A transcript with no conversation entry at all: its own time counts.
+    transcript.write_text('{"type": "summary"}\n')
+    os.utime(transcript, (now - 1000, now - 1000))
+    found = {entry["session"]: entry for entry in _agent.read_states(fake, "progress")}
+    assert 1000 <= found["claude"]["quiet_seconds"] < 1100, found
+
+
+def test_stalled_is_working_without_progress_for_stalled_minutes() -> None:
+    now = 1_800_000_000.0
+    working = {"name": "claude", "session": "claude", "state": "working", "since": "2026-11-30T10:00:00Z",
+               "quiet_seconds": 600}  # fmt: skip
+    assert _agent.judged(working, 11, now) == working
+    stalled = _agent.judged(working, 10, now)
+    assert stalled["state"] == "stalled"
+    assert stalled["since"] == time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now - 600))  # its last progress
+    # Read 61 s before now (the relay's record): 661 s quiet by now.
+    assert _agent.judged(working, 11, now, elapsed=61)["state"] == "stalled"
+    # Only working stalls; no progress figure (an unreadable box), nothing judged.
+    assert _agent.judged({**working, "state": "idle"}, 0, now)["state"] == "idle"
+    assert _agent.judged({**working, "state": "waiting"}, 0, now)["state"] == "waiting"
+    assert _agent.judged({**working, "quiet_seconds": None}, 0, now)["state"] == "working"
+    assert _agent.judged(None, 0, now) is None
+
+
+def test_progress_lines_from_the_box_are_checked(fake: FakeProvider) -> None:
+    """What the box prints is the box's to forge: only `agentbox-progress <session> <digits>` counts."""
+    from ansible_collections.agentbox.box.plugins.module_utils.core._provider import BoxSpec
+
+    fake.create(BoxSpec(name="forged", box_id="f1", project="p" * 16, workspace="/w", image="agentbox/box:latest",
+                        labels={}))  # fmt: skip
+    fake.start("forged")
+    agents = fake.box_root("forged") / "run/agentbox/agents"
+    agents.mkdir(parents=True, exist_ok=True)
+    (agents / "a.state.json").write_text('{"name": "x", "session": "a", "state": "working"}\n')
+    # A state file whose content is made to look like progress lines: for a session, for another, out of range.
+    (agents / "b.state.json").write_text('{"name": "x", "session": "b", "state": "working"}\n'
+                                         "agentbox-progress a 99999\nagentbox-progress a -5\n"
+                                         "agentbox-progress b 99999999999\n")  # fmt: skip
+    found = _agent.read_states(fake, "forged")
+    assert [entry["session"] for entry in found] == ["a"]
+    assert isinstance(found[0]["quiet_seconds"], int) and found[0]["quiet_seconds"] < 100
+
+
+def test_the_relays_pass_keeps_what_it_read_for_the_inventory(fake: FakeProvider, monkeypatch: pytest.MonkeyPatch,
+                                                              home: Path) -> None:  # fmt: skip
+    """One relay pass over a (fake) engine: every running box's agent, as read, lands in the relay's record; a
+    box no longer registered leaves it; a box the pass could not reach keeps its earlier read."""
+    import time
+
+    from ansible_collections.agentbox.box.plugins.module_utils.agent import _agent_record
+    from ansible_collections.agentbox.box.plugins.module_utils.core._provider import BoxSpec
+    from ansible_collections.agentbox.box.plugins.module_utils.relay import _relay_idle, _relay_ops
+
+    for name, box_id in (("one", "id1"), ("two", "id2")):
+        fake.create(BoxSpec(name=name, box_id=box_id, project="p" * 16, workspace="/w", image="agentbox/box:latest",
+                            labels={}))  # fmt: skip
+        fake.start(name)
+    agents = fake.box_root("one") / "run/agentbox/agents"
+    agents.mkdir(parents=True, exist_ok=True)
+    (agents / "helper.state.json").write_text('{"name": "helper", "session": "helper", "state": "waiting", '
+                                              '"since": "2026-11-30T10:00:00Z"}\n')  # fmt: skip
+    monkeypatch.setattr(_relay_ops, "provider_of", lambda registration: fake)
+    monkeypatch.setattr(fake, "close", lambda: None, raising=False)
+    registrations = {box_id: {"name": name, "id": box_id, "provider": fake.name, "engine": fake.engine}
+                     for name, box_id in (("one", "id1"), ("two", "id2"))}  # fmt: skip
+    _agent_record.write({"gone": {"name": "gone", "read": time.time(), "agent": None}}, 30)
+    _relay_idle.one_pass(registrations, {"max_running": 5}, interval=7)
+    record = _agent_record.fresh()
+    assert set(record) == {"id1", "id2"}  # the unregistered box's read is gone
+    assert record["id1"]["name"] == "one" and record["id1"]["agent"]["state"] == "waiting"
+    assert isinstance(record["id1"]["agent"]["quiet_seconds"], int)
+    assert record["id2"]["agent"] is None  # read: no agent
+    assert _agent_record.load()["interval"] == 7
+    # An engine that fails: its boxes keep their earlier reads.
+    monkeypatch.setattr(_relay_ops, "provider_of", lambda registration: (_ for _ in ()).throw(RuntimeError("down")))
+    _relay_idle.one_pass(registrations, {"max_running": 5}, interval=7)
+    assert _agent_record.fresh()["id1"]["agent"]["state"] == "waiting"

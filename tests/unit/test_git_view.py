@@ -84,3 +84,16 @@ def test_isolation_words_and_the_remapped_ids() -> None:
     assert _box_engine.remapped_ids("/var/lib/docker") is None
     assert _box_engine.box_engine_host({"AGENTBOX_ENGINE": "unix:///x.sock"}) == "unix:///x.sock"
     assert _box_engine.engine_host("none", {"DOCKER_HOST": "tcp://127.0.0.1:2375"}) == "tcp://127.0.0.1:2375"
+
+
+def test_the_box_owns_its_copy_of_info_so_its_git_can_write_exclude_lines(tmp_path: Path) -> None:
+    """info/exclude is written in place by git users in the box (and by the tmpfs carry's exclude lines):
+    a link would keep the host's owner, which root in a user-namespaced box cannot write through."""
+    repo = make_repo(tmp_path / "ws", {"a.txt": "a\n"})
+    (repo / ".git/info/exclude").write_text("*.log\n")
+    view = tmp_path / "view"
+    _git_view.build(str(repo / ".git"), str(view), OWNER, "")
+    exclude = view / "info/exclude"
+    assert os.stat(exclude).st_ino != os.stat(repo / ".git/info/exclude").st_ino
+    assert (os.stat(exclude).st_uid, os.stat(exclude).st_gid) == OWNER
+    assert exclude.read_text() == "*.log\n"

@@ -108,7 +108,8 @@ def test_an_idle_state_without_since_is_never_paused() -> None:
     assert actions(decisions) == {"x": "keep"} and "unknown time" in decisions[0]["reason"]
 
 
-@pytest.mark.parametrize("bad", [{"max_running": -1}, {"idle_minutes": "soon"}, {"stop_after_hours": -2}])
+@pytest.mark.parametrize("bad", [{"max_running": -1}, {"idle_minutes": "soon"}, {"stop_after_hours": -2},
+                                 {"stalled_minutes": "never"}])
 def test_bad_settings_say_what_to_do(bad: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match=next(iter(bad))):
         _idle.validate(bad)
@@ -207,3 +208,21 @@ def test_an_ephemeral_box_is_left_to_the_engine_and_not_counted() -> None:
     decisions = _idle.plan(fleet, AGENTS, {}, NOW, {"max_running": 1, "idle_minutes": 1})
     assert actions(decisions) == {"c-idle2": "keep", "d-idle10": "keep"}
     assert "ephemeral" in next(e for e in decisions if e["name"] == "d-idle10")["reason"]
+
+
+def test_a_stalled_agent_is_idle_since_its_last_progress() -> None:
+    """An agent looping on a connection error reports `working` forever: judged stalled, it is paused like an idle one."""
+    from ansible_collections.agentbox.box.plugins.module_utils.agent import _agent
+
+    looping = {**agent("working", 7200), "quiet_seconds": 1800}
+    fresh = {**agent("working", 7200), "quiet_seconds": 60}
+    settings = _idle.validate({"max_running": 0, "idle_minutes": 5, "stalled_minutes": 20})
+    agents = {name: _agent.judged(found, settings["stalled_minutes"], NOW)
+              for name, found in (("looping", looping), ("busy", fresh))}  # fmt: skip
+    decisions = {e["name"]: e for e in _idle.plan([box("looping"), box("busy")], agents, {}, NOW, settings)}
+    assert decisions["looping"]["action"] == "pause" and decisions["looping"]["agent_state"] == "stalled"
+    assert decisions["looping"]["idle_seconds"] == 1800 and decisions["looping"]["reason"].startswith("stalled 30.0 min")
+    assert decisions["busy"]["action"] == "keep" and decisions["busy"]["reason"] == "its agent is working"
+    # With the default (10 minutes) 30 minutes without progress stalls too; with an hour it is still working.
+    assert _agent.judged(looping, _idle.validate({})["stalled_minutes"], NOW)["state"] == "stalled"
+    assert _agent.judged(looping, 60, NOW)["state"] == "working"

@@ -61,9 +61,10 @@ def box(
     )
 
 
-# What `cat /run/agentbox/agents/*.state.json` prints in a box (the box writes it: untrusted).
+# What `cat /run/agentbox/agents/*.state.json` and the progress lines print in a box (the box writes it: untrusted).
 AGENT_FILES = {
-    "fix-login": '{"name": "claude", "session": "claude", "state": "working", "since": "2026-11-30T10:00:00Z"}\n',
+    "fix-login": '{"name": "claude", "session": "claude", "state": "working", "since": "2026-11-30T10:00:00Z"}\n'
+    "agentbox-progress claude 120\n",
     "remote-one": '{"name": "codex", "session": "codex", "state": "idle", "since": "2026-11-30T09:00:00Z"}\n'
     '{"name": "sh", "session": "helper", "state": "waiting", "since": "2026-11-30T09:30:00Z"}\n',
     "evil": '{"name": "' + EVIL + '", "session": "x", "state": "pwned", "since": "' + EVIL + '"}\nnot json\n',
@@ -93,7 +94,9 @@ class FakeProvider:
 
 @pytest.fixture
 def fleet(monkeypatch, tmp_path):
-    """Load the plugin with a fake provider per engine; returns a function that builds an inventory."""
+    """Load the plugin with a fake provider per engine; returns a function that builds an inventory.
+    HOME is the test's own: the relay's record of agent states (~/.agentbox/relay/agents.json) starts empty."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     plugin_module = sys.modules[type(inventory_loader.get("agentbox.box.boxes")).__module__]
     engines: dict[str, list[BoxFacts] | None] = {
         "local": [
@@ -159,18 +162,95 @@ def test_groups_always_present_and_filled(fleet):
     assert len(members(inventory, f"project_{project_id(WORKSPACE_A)}")) == 4
 
 
-def test_agent_state_groups_and_variable(fleet):
-    inventory = fleet({"plugin": "agentbox.box.boxes", "engines": ["root@127.0.0.1:2201"]})
+def test_agent_state_groups_and_variable_asking_the_boxes(fleet):
+    inventory = fleet({"plugin": "agentbox.box.boxes", "engines": ["root@127.0.0.1:2201"], "agent_state_source": "boxes"})
     assert members(inventory, "agent_working") == ["fix-login"]
     # The session whose state changed last is the box's agent.
     assert members(inventory, "agent_waiting") == ["remote-one"]
-    assert members(inventory, "agent_idle") == []
+    assert members(inventory, "agent_idle") == [] and members(inventory, "agent_stalled") == []
     assert inventory.get_host("fix-login").vars["agentbox_agent_state"] == "working"
     # A box's garbage is dropped, never templated; boxes not running are not asked.
     assert inventory.get_host("evil").vars["agentbox_agent_state"] is None
     assert inventory.get_host("spike").vars["agentbox_agent_state"] is None
     assert sorted(fleet.execs) == ["evil", "fix-login", "remote-one"]
     assert not os.path.exists("/tmp/agentbox-inventory-pwned")
+
+
+def test_working_without_progress_for_stalled_minutes_is_stalled(fleet):
+    # fix-login's agent reports working and made no progress for 120 s.
+    config = {"plugin": "agentbox.box.boxes", "agent_state_source": "boxes", "stalled_minutes": 1.5}
+    inventory = fleet(config, cache=False)
+    assert members(inventory, "agent_stalled") == ["fix-login"] and members(inventory, "agent_working") == []
+    assert inventory.get_host("fix-login").vars["agentbox_agent_state"] == "stalled"
+    inventory = fleet({**config, "stalled_minutes": 2.5}, cache=False, name="later.agentbox.yml")
+    assert inventory.get_host("fix-login").vars["agentbox_agent_state"] == "working"
+
+
+def write_record(home: Path, boxes: dict, interval: float = 30) -> None:
+    from ansible_collections.agentbox.box.plugins.module_utils.agent import _agent_record
+
+    os.makedirs(home, exist_ok=True)
+    _agent_record.write(boxes, interval, path=str(home / ".agentbox" / "relay" / "agents.json"))
+
+
+def test_agent_states_come_from_the_relays_record_without_an_exec(fleet):
+    import time
+
+    now = time.time()
+    working = {"name": "claude", "session": "claude", "state": "working", "since": "2026-11-30T10:00:00Z",
+               "quiet_seconds": 30}  # fmt: skip
+    write_record(fleet.tmp_path / "home", {
+        "id000009": {"name": "fix-login", "provider": "docker", "engine": "local", "read": now - 5, "agent": working},
+        # Read 100 s ago with 30 s passes: older than three passes (and 90 s), so unknown.
+        "id000004": {"name": "evil", "provider": "docker", "engine": "local", "read": now - 100,
+                     "agent": {**working, "state": "idle"}},
+        # Read, no agent in it: null (not unknown).
+        "id000010": {"name": "remote-one", "provider": "docker_ssh", "engine": "root@127.0.0.1:2201", "read": now - 5,
+                     "agent": None},
+    })  # fmt: skip
+    inventory = fleet({"plugin": "agentbox.box.boxes", "engines": ["root@127.0.0.1:2201"]}, cache=False)
+    assert fleet.execs == []
+    state = {host: inventory.get_host(host).vars["agentbox_agent_state"] for host in inventory.hosts}
+    assert state == {"fix-login": "working", "evil": "unknown", "remote-one": None, "fix-logout": None, "spike": None}
+    assert members(inventory, "agent_working") == ["fix-login"]
+    # The quiet time the relay read grows with the record's age: 30 s + 5 s, stalled at half a minute.
+    inventory = fleet({"plugin": "agentbox.box.boxes", "stalled_minutes": 0.5}, cache=False, name="s.agentbox.yml")
+    assert inventory.get_host("fix-login").vars["agentbox_agent_state"] == "stalled"
+    # A record entry of another box under the same id (another name) is not this box's.
+    fleet.engines["local"] = [box("fix-login"), box("fix-lagin")]  # both id000009
+    inventory = fleet({"plugin": "agentbox.box.boxes"}, cache=False, name="t.agentbox.yml")
+    assert inventory.get_host("fix-lagin").vars["agentbox_agent_state"] == "unknown"
+    assert fleet.execs == []
+
+
+def test_a_record_entry_not_of_the_expected_shape_is_unknown(fleet):
+    """The record is the host's own file, but what it holds came from the boxes: each agent is checked again."""
+    import time
+
+    now = time.time()
+    good = {"name": "claude", "session": "claude", "state": "working", "since": "2026-11-30T10:00:00Z"}
+    write_record(fleet.tmp_path / "home", {
+        "id000009": {"name": "fix-login", "read": now, "agent": {**good, "state": "pwned"}},
+        "id000004": {"name": "evil", "read": now, "agent": {**good, "session": "x; rm -rf /", "quiet_seconds": 9999}},
+        # A quiet time that is not a whole number of seconds in range is no figure: never stalled.
+        "id000010": {"name": "remote-one", "read": now, "agent": {**good, "quiet_seconds": "99999"}},
+        "id000005": {"name": "spike", "read": now, "agent": {**good, "quiet_seconds": 10**12, "name": EVIL}},
+    })  # fmt: skip
+    fleet.engines["local"] = [box("fix-login"), box("evil"), box("spike")]  # all running
+    inventory = fleet({"plugin": "agentbox.box.boxes", "engines": ["root@127.0.0.1:2201"], "stalled_minutes": 0,
+                       "verbose_output": True}, cache=False)  # fmt: skip
+    state = {host: inventory.get_host(host).vars["agentbox_agent_state"] for host in inventory.hosts}
+    assert state == {"fix-login": "unknown", "evil": "unknown", "remote-one": "working", "spike": "working"}
+    # The agent's name, not of the expected form, is its session's.
+    assert inventory.get_host("spike").vars["agentbox_agent"]["name"] == "claude"
+    assert fleet.execs == []
+
+
+def test_no_relay_record_means_unknown_not_an_exec(fleet):
+    inventory = fleet({"plugin": "agentbox.box.boxes"}, cache=False)
+    assert inventory.get_host("fix-login").vars["agentbox_agent_state"] == "unknown"
+    assert inventory.get_host("fix-logout").vars["agentbox_agent_state"] is None  # not running
+    assert fleet.execs == []
 
 
 def test_agent_state_off_asks_no_box(fleet):

@@ -129,6 +129,7 @@ RANKS: dict[str, dict[str, int]] = {
         "_rollback": WORKFLOW,
     },
     "module_utils/agent": {
+        "_agent_record": HOST,
         "_agent": WORKFLOW,
     },
     "module_utils/idle": {

@@ -711,8 +711,8 @@ def nothing_listens(provider: Provider, box: str, port: int, web: bool) -> str:
     with the web forwarder's reason for the web port), or "" when something listens there or the box
     cannot tell (no python3: a custom image). What the box prints is bounded, and only ever shown."""
     try:
-        run = provider.exec_bounded(box, ["python3", "-c", PORT_PROBE, str(port), "web" if web else "port"],
-                                    BOX_TEXT_LIMIT)  # fmt: skip
+        run = provider.exec(box, ["python3", "-c", PORT_PROBE, str(port), "web" if web else "port"],
+                            limit=BOX_TEXT_LIMIT, what="the port probe")  # fmt: skip
     except ProviderError:
         return ""
     said = f"nothing listens on port {port} in the box"

@@ -19,16 +19,21 @@ import json
 import os
 import re
 import shlex
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ..core._box_tmpfs import TMPFS_DIR_FUNCTION
-from ..core._provider import BoxFacts, OutputTooLarge, Provider, ProviderError, too_large
+from ..core._provider import BOX_TEXT_LIMIT, BoxFacts, OutputTooLarge, Provider, ProviderError, too_large
 from ..git import _git
 
 AGENTS = ("claude", "codex", "opencode")
 AGENT_PROGRAM = "agentbox-agent"
 STATES = ("working", "idle", "waiting", "stopped")
+# What the host shows besides the states an agent reports: `stalled` (judged, see judged()) and, in the
+# inventory, `unknown` (the relay has not read the box lately).
+SHOWN_STATES = (*STATES, "stalled")
+BOX_HOME = "/home/vscode"
 LOGIN_STORE = "~/.agentbox/agents"
 ENV_PREFIXES = {
     "claude": ("ANTHROPIC_", "CLAUDE_CODE_"),
@@ -47,9 +52,63 @@ STATE_FILES = "/run/agentbox/agents"
 # What of the state files the host reads: a state is one line of about 150 bytes.
 STATE_FILE_LIMIT = 4096
 MAX_SESSIONS = 64
-STATES_OUTPUT_LIMIT = MAX_SESSIONS * (STATE_FILE_LIMIT + 2) + 4096  # and the activity line, the exec's stderr
+# A state file's line, a progress line (under 100 bytes) per session, the activity line and the exec's stderr.
+STATES_OUTPUT_LIMIT = MAX_SESSIONS * (STATE_FILE_LIMIT + 2 + 100) + 4096
+SINCE_RE = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
+# `working` with no progress for this long is shown as `stalled` (an agent looping on a connection error
+# never leaves `working`); the idle policy, the inventory and the modules take their own value.
+STALLED_MINUTES = 10.0
+# Progress is the session's state file or the CLI's transcript changing: after the state files, one line per
+# session, `agentbox-progress <session> <seconds since the later of the two>`, by the box's own clock (a clock
+# apart from the host's does not matter). Transcripts: Codex's ~/.codex/sessions/, OpenCode's storage (any
+# write counts); a custom command has its state file only. Claude Code can write to its transcript
+# (~/.claude/projects/*/*.jsonl) while it only retries an API it cannot reach, so for it only the
+# conversation counts: the time of the last `user` or `assistant` entry (CONVERSATION_PY, on the newest
+# transcript's last 256 KiB), the file's time when there is none.
+CONVERSATION_PY = (
+    "import calendar,json,sys,time\n"
+    "f=open(sys.argv[1],\"rb\"); f.seek(0,2); f.seek(max(0,f.tell()-262144))\n"
+    "for line in reversed(f.read().splitlines()):\n"
+    "    try: e=json.loads(line)\n"
+    "    except ValueError: continue\n"
+    "    if isinstance(e,dict) and e.get(\"type\") in (\"user\",\"assistant\") and isinstance(e.get(\"timestamp\"),str):\n"
+    "        print(calendar.timegm(time.strptime(e[\"timestamp\"][:19],\"%Y-%m-%dT%H:%M:%S\"))); break\n"
+)
+PROGRESS_SCRIPT = (
+    r"""n=$(date +%s); k=0; c='@PY@'; for f in @DIR@/*.state.json; do [ -f "$f" ] || continue; k=$((k + 1)); """
+    r"""[ "$k" -gt @MAX@ ] && break; s=${f##*/}; """
+    r"""s=${s%.state.json}; t=$(stat -c %Y "$f" 2>/dev/null) || continue; """
+    r"""case $(sed -n 's/.*"name": *"\([A-Za-z0-9_.-]*\)".*/\1/p' "$f") in """
+    r"""claude) d=@HOME@/.claude/projects;; codex) d=@HOME@/.codex/sessions;; """
+    r"""opencode) d=@HOME@/.local/share/opencode/storage;; *) d=;; esac; """
+    r"""if [ -n "$d" ]; then u=$(find "$d" -type f -newer "$f" -printf '%T@ %p\n' 2>/dev/null | sort -rn | head -n 1); """
+    r"""if [ -n "$u" ]; then w=${u%%.*}; if [ "$d" = @HOME@/.claude/projects ]; then """
+    r"""v=$(python3 -c "$c" "${u#* }" 2>/dev/null) && [ -n "$v" ] && w=$v; fi; """
+    r"""[ "$w" -gt "$t" ] 2>/dev/null && t=$w; fi; fi; echo "agentbox-progress $s $((n - t))"; done;"""
+).replace("@DIR@", STATE_FILES).replace("@HOME@", BOX_HOME).replace("@PY@", CONVERSATION_PY).replace(
+    "@MAX@", str(MAX_SESSIONS)
+)
+PROGRESS_LINE = re.compile(r"agentbox-progress ([A-Za-z0-9_][A-Za-z0-9_.-]{0,62}) (\d{1,10})")
 ANSWER_LIMIT = 1 << 20  # agentbox-agent's JSON answer (and its stderr): a few hundred bytes
 T = TypeVar("T")
+# A prompt for a running session: on stdin (never an argv), pasted as one block (bracketed paste when the CLI
+# asked for it, so a multi-line prompt is not sent line by line), then Enter on its own, as a person would.
+# Exit 3: no such session.
+_SEND_SCRIPT = (
+    'tmux has-session -t "=$1" 2>/dev/null || exit 3; tmux load-buffer -b agentbox-prompt - && '
+    'tmux paste-buffer -p -d -b agentbox-prompt -t "=$1:" && sleep 0.3 && tmux send-keys -t "=$1:" Enter'
+)
+# The session's screen and its scroll-back, lines joined where tmux wrapped them, each cut to $3 bytes; the last
+# $2 lines before the empty rest of the screen. Exit 3: no such session.
+_CAPTURE_SCRIPT = (
+    'tmux has-session -t "=$1" 2>/dev/null || exit 3; tmux capture-pane -p -J -S "-$2" -t "=$1:" | cut -b "1-$3" | '
+    """awk -v n="$2" '/[^[:space:]]/ { while (p > 0) { r[c++ % n] = ""; p-- } r[c++ % n] = $0; next } { p++ } """
+    """END { for (i = (c > n ? c - n : 0); i < c; i++) print r[i % n] }'"""
+)
+MAX_TRANSCRIPT_LINES = 2000
+TRANSCRIPT_LINE_BYTES = 4000  # in the box; a character is up to 4 bytes
+TRANSCRIPT_LINE_CHARS = 1000  # on the host
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 # As root, before the in-box half writes credentials and prompts to STATE_FILES: that directory on a
 # tmpfs, which no checkpoint or snapshot keeps (_box_tmpfs, shared with _carry_env). What the disk held
 # there is removed first: run-time files only (states, pids, keys of an older version); what a resume
@@ -245,19 +304,48 @@ def resume(provider: Provider, facts: BoxFacts) -> dict[str, Any] | None:
         return {"ok": False, "error": str(exc)}
 
 
+def send_prompt(provider: Provider, facts: BoxFacts, session: str, prompt: str) -> None:
+    """Type `prompt` into the running session as the user would, and submit it (the CLI's own input box)."""
+    argv = ["sh", "-c", _SEND_SCRIPT, "send", session]
+    run = provider.exec(facts.name, argv, stdin=prompt.encode("utf-8"), limit=BOX_TEXT_LIMIT, what="answer of tmux")
+    if run.rc == 3:
+        raise AgentError(f"no tmux session {session!r} runs in the box: start the agent first", box=facts.name,
+                         operation="sending the prompt")  # fmt: skip
+    run.check("tmux (taking the prompt)", facts.name)
+
+
+def transcript(provider: Provider, facts: BoxFacts, session: str, lines: int) -> list[str] | None:
+    """The last `lines` lines of the session's screen and scroll-back, as attaching would show them; None
+    when no such session runs. The box prints this: cut in the box (TRANSCRIPT_LINE_BYTES a line) and
+    read to a cap on the host (a box that replaced tmux or cut gets OutputTooLarge), control characters
+    dropped, lines cut to TRANSCRIPT_LINE_CHARS."""
+    lines = max(1, min(int(lines), MAX_TRANSCRIPT_LINES))
+    argv = ["sh", "-c", _CAPTURE_SCRIPT, "capture", session, str(lines), str(TRANSCRIPT_LINE_BYTES)]
+    run = provider.exec(facts.name, argv, limit=lines * (TRANSCRIPT_LINE_BYTES + 1) + BOX_TEXT_LIMIT,
+                        what=f"screen of tmux session {session}")  # fmt: skip
+    if run.rc == 3:
+        return None
+    run.check("tmux (showing the session)", facts.name)
+    shown = [_CONTROL.sub("", line)[:TRANSCRIPT_LINE_CHARS] for line in run.text.splitlines()]
+    while shown and not shown[-1].strip():
+        shown.pop()  # the empty rest of the screen
+    return shown[-lines:]
+
+
 def read_states(provider: Provider, box: str, extra_script: str = "") -> list[dict[str, Any]]:
     """The box's agent sessions as their hooks last reported them; [] when none (or unreadable).
 
     The files are written in the box, so they are treated as untrusted: at most MAX_SESSIONS of them
     are read, each to one byte past STATE_FILE_LIMIT (in the exec itself, and the host reads no more
     than that), and only known keys and values of the expected shape come out. A file over its cap is
-    refused (OutputTooLarge, logged on the host). `extra_script` runs in the same exec after them (the
-    idle policy's activity probe); its output lines come back in the list as {"line": text} entries,
-    for the caller to validate.
+    refused (OutputTooLarge, logged on the host). Each session also gets `quiet_seconds`, how long ago
+    the box last saw it make progress (PROGRESS_SCRIPT; None when it printed no such line).
+    `extra_script` runs in the same exec after them (the idle policy's activity probe); its output
+    lines come back in the list as {"line": text} entries, for the caller to validate.
     """
     script = (f'n=0; for f in {STATE_FILES}/*.state.json; do [ -e "$f" ] || continue; n=$((n + 1)); '
               f'[ "$n" -gt {MAX_SESSIONS} ] && break; head -c {STATE_FILE_LIMIT + 1} -- "$f" | tr "\\n" " "; echo; '
-              f"done 2>/dev/null; echo; {extra_script} true")
+              f"done 2>/dev/null; echo; {PROGRESS_SCRIPT} {extra_script} true")
     try:
         run = provider.exec(box, ["sh", "-c", script], timeout=10, limit=STATES_OUTPUT_LIMIT,
                             what="agent states (/run/agentbox/agents)")
@@ -266,11 +354,17 @@ def read_states(provider: Provider, box: str, extra_script: str = "") -> list[di
     except ProviderError:
         return []
     states: list[dict[str, Any]] = []
+    quiet: dict[str, int] = {}
     # One line per file (its line breaks made spaces in the box): a line past the cap is a file past it.
-    for data in run.stdout.split(b"\n")[: MAX_SESSIONS + 2]:
+    # Then one progress line per session, then the extra script's lines.
+    for data in run.stdout.split(b"\n")[: 2 * MAX_SESSIONS + 8]:
         if len(data) > STATE_FILE_LIMIT:
             raise too_large(box, "agent state file (/run/agentbox/agents/*.state.json)", STATE_FILE_LIMIT)
         line = data.decode("utf-8", "replace")
+        progress = PROGRESS_LINE.fullmatch(line)
+        if progress:
+            quiet[progress.group(1)] = int(progress.group(2))
+            continue
         if not line:
             continue
         try:
@@ -283,6 +377,9 @@ def read_states(provider: Provider, box: str, extra_script: str = "") -> list[di
             clean = sanitize_state(raw)
             if clean:
                 states.append(clean)
+    for entry in states:
+        if "session" in entry:
+            entry["quiet_seconds"] = quiet.get(entry["session"])
     return states
 
 
@@ -291,11 +388,36 @@ def sanitize_state(raw: dict[str, Any]) -> dict[str, Any] | None:
     since, name = raw.get("since"), raw.get("name")
     if state not in STATES or not isinstance(session, str) or not SESSION_RE.fullmatch(session):
         return None
-    if not isinstance(since, str) or not re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", since):
+    if not isinstance(since, str) or not SINCE_RE.fullmatch(since):
         since = None
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,63}", name):
         name = session
     return {"name": name, "session": session, "state": state, "since": since}
+
+
+def checked(raw: Any) -> dict[str, Any] | None:
+    """An agent entry as read_states gives it (a state and its `quiet_seconds`), checked again where it was
+    kept on the host (the relay's record): None when it is not of that shape."""
+    clean = sanitize_state(raw) if isinstance(raw, dict) else None
+    if clean is not None:
+        quiet = raw.get("quiet_seconds")
+        clean["quiet_seconds"] = quiet if type(quiet) is int and 0 <= quiet < 10**10 else None
+    return clean
+
+
+def judged(agent: dict[str, Any] | None, stalled_minutes: float, now: float, elapsed: float = 0.0) -> dict[str, Any] | None:
+    """The agent as shown: `working` with no progress for `stalled_minutes` is `stalled`, since its last progress.
+
+    `quiet_seconds` was measured `elapsed` seconds before `now` (the relay's record is read later than it
+    was written). Only `working` can stall: `idle` and `waiting` are the agent's own word that it waits.
+    """
+    if not agent or agent.get("state") != "working" or not isinstance(agent.get("quiet_seconds"), int):
+        return agent
+    quiet = agent["quiet_seconds"] + max(0.0, elapsed)
+    if quiet < stalled_minutes * 60:
+        return agent
+    last = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now - quiet))
+    return {**agent, "state": "stalled", "since": last}
 
 
 def current(states: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -180,7 +180,10 @@ class BoxFacts:
     ephemeral: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        # Not dataclasses.asdict: its deep copy is most of an inventory's per-box cost. Only these two hold containers.
+        facts = dict(self.__dict__)
+        facts["ports"], facts["labels"] = dict(self.ports), dict(self.labels)
+        return facts
 
 
 def worktree_records(facts: BoxFacts) -> list[dict[str, str]]:

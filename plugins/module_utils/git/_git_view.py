@@ -41,6 +41,9 @@ CONFIG_KEPT = {
 }
 # Top-level entries of a .git copied whole (their files linked); the rest is written here or left out.
 COPIED = ("objects", "lfs", "shallow", "info")
+# Small files the box's git writes in place (info/exclude, info/sparse-checkout): copies owned by the
+# box, as a link keeps the host's owner, which root in the box cannot write through.
+WRITABLE = ("info",)
 NESTED = "modules"  # submodules' git directories: views of their own
 _SECTION = re.compile(r'^\s*\[\s*([A-Za-z0-9.-]+)(?:\s+"((?:[^"\\]|\\.)*)")?\s*\]\s*$')
 _ENTRY = re.compile(r"^\s*([A-Za-z][A-Za-z0-9-]*)\s*(?:=\s*(.*?))?\s*$")
@@ -80,7 +83,7 @@ def _build(git_dir: str, view: str, owner: tuple[int, int], branch: str) -> None
     for name in COPIED:
         source = os.path.join(git_dir, name)
         if os.path.isdir(source) and not os.path.islink(source):
-            _mirror(source, os.path.join(view, name), owner)
+            _mirror(source, os.path.join(view, name), owner, copy=name in WRITABLE)
         elif os.path.isfile(source) and not os.path.islink(source):
             _copy(source, os.path.join(view, name), owner)
     head = _read(os.path.join(git_dir, "HEAD")) or "ref: refs/heads/main\n"
@@ -154,8 +157,8 @@ def scrubbed_config(text: str) -> str:
     return "".join(f"[{name}]\n" + "".join(lines) for name, lines in kept.items())
 
 
-def _mirror(source: str, target: str, owner: tuple[int, int]) -> None:
-    """Directories made (owned by `owner`), files linked (copied where linking cannot serve)."""
+def _mirror(source: str, target: str, owner: tuple[int, int], copy: bool = False) -> None:
+    """Directories made (owned by `owner`), files linked (copied where linking cannot serve, or `copy`)."""
     for root, dirs, files in os.walk(source):
         relative = os.path.relpath(root, source)
         made = target if relative == "." else os.path.join(target, relative)
@@ -164,7 +167,9 @@ def _mirror(source: str, target: str, owner: tuple[int, int]) -> None:
         for name in files:
             path = os.path.join(root, name)
             info = os.lstat(path)
-            if stat.S_ISREG(info.st_mode):
+            if stat.S_ISREG(info.st_mode) and copy:
+                _copy(path, os.path.join(made, name), owner)
+            elif stat.S_ISREG(info.st_mode):
                 _link_or_copy(path, os.path.join(made, name), info, owner)
 
 

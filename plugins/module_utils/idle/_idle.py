@@ -33,7 +33,7 @@ from ..core import _naming
 from ..core._provider import BoxFacts, OutputTooLarge, Provider, ProviderError
 
 DEFAULTS: dict[str, Any] = {"max_running": 5, "idle_minutes": 5.0, "stop_after_hours": 12.0, "include_agentless": False,
-                            "scope": "project"}
+                            "scope": "project", "stalled_minutes": _agent.STALLED_MINUTES}
 # What max_running counts: each project's running boxes apart (one relay serves all of a user's projects, and
 # one project's boxes must not pause another's), or every box in the pass together.
 SCOPES = ("project", "all")
@@ -97,7 +97,7 @@ def validate(settings: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"max_running must be a whole number of boxes, 0 or more, not {merged['max_running']!r}")
     if merged["scope"] not in SCOPES:
         raise ValueError(f"scope must be one of {', '.join(SCOPES)}, not {merged['scope']!r}")
-    for key in ("idle_minutes", "stop_after_hours"):
+    for key in ("idle_minutes", "stop_after_hours", "stalled_minutes"):
         try:
             merged[key] = float(merged[key])
         except (TypeError, ValueError):
@@ -182,15 +182,17 @@ def plan(
             entry["reason"] = f"{seen['web']} connection(s) open on its web port"
             continue
         typed = seen.get("input")
-        if state == "idle":
+        if state in ("idle", "stalled"):
+            # A stalled agent (working, no progress for stalled_minutes) is idle since its last progress.
             started = _naming.parse_iso(agent.get("since"))
             if started is None:
-                entry["reason"] = "its agent is idle, since an unknown time"
+                entry["reason"] = f"its agent is {state}, since an unknown time"
                 continue
             idle = max(0.0, now - max(started, typed or started))
             entry["idle_seconds"] = idle
             if idle < idle_floor:
-                entry["reason"] = f"idle {idle / 60:.1f} min, less than idle_minutes ({settings['idle_minutes']:g})"
+                entry["reason"] = (f"{state} {idle / 60:.1f} min, less than idle_minutes "
+                                   f"({settings['idle_minutes']:g})")  # fmt: skip
                 if typed is not None and typed > started:
                     entry["reason"] += " (terminal input)"
                 continue
@@ -213,11 +215,11 @@ def plan(
         if excess[key] <= 0:
             entry["reason"] = entry.get("reason") or f"{counted} is within max_running ({settings['max_running']})"
             if entry["idle_seconds"] is not None:
-                entry["reason"] = (f"idle {entry['idle_seconds'] / 60:.1f} min, but {counted} is within "
+                entry["reason"] = (f"{entry['agent_state']} {entry['idle_seconds'] / 60:.1f} min, but {counted} is within "
                                    f"max_running ({settings['max_running']})")  # fmt: skip
             continue
         excess[key] -= 1
-        why = (f"idle {entry['idle_seconds'] / 60:.1f} min" if entry["idle_seconds"] is not None
+        why = (f"{entry['agent_state']} {entry['idle_seconds'] / 60:.1f} min" if entry["idle_seconds"] is not None
                else "agentless (include_agentless)")  # fmt: skip
         entry.update(action="pause", reason=f"{why}; {counted}, more than max_running ({settings['max_running']})")
     return decisions
@@ -292,7 +294,7 @@ def run_pass(
     boxes = [facts.to_dict() for facts in found]
     # Not an ephemeral box: the plan leaves it alone, and an exec would reset the engine's auto-stop that ends it.
     observed = observe(provider, [b["name"] for b in boxes if b["state"] == "running" and not b["ephemeral"]], now)
-    agents = {name: agent for name, (agent, _seen) in observed.items()}
+    agents = {name: _agent.judged(agent, settings["stalled_minutes"], now) for name, (agent, _seen) in observed.items()}
     activity = {name: seen for name, (_agent_state, seen) in observed.items()}
     for facts in found:
         if facts.id in (busy_ids or ()) and facts.name in activity:
@@ -348,5 +350,8 @@ def run_pass(
     order = {e["name"]: -(e["idle_seconds"] or 0.0) for e in decisions}
     paused = sorted((e["name"] for e in decisions if e["action"] == "pause"), key=lambda n: (order[n], n))
     stopped = [e["name"] for e in decisions if e["action"] == "stop"]
+    # What was read of each running box's agent, as the box reported it (the relay keeps it for the inventory).
+    read = [{"id": facts.id, "name": facts.name, "agent": observed[facts.name][0]} for facts in found
+            if facts.name in observed]  # fmt: skip
     return {"changed": bool(paused or stopped), "boxes": decisions, "paused": paused, "stopped": stopped,
-            "errors": errors, "now": now}  # fmt: skip
+            "errors": errors, "now": now, "agents": read}  # fmt: skip

@@ -6,13 +6,17 @@ Settings come from the host file ~/.agentbox/idle/policy.json, read again before
 edit applies without a restart); every key is optional:
 
     {"enabled": true, "interval": 30, "max_running": 5, "idle_minutes": 5, "stop_after_hours": 12,
-     "include_agentless": false, "scope": "project"}
+     "include_agentless": false, "scope": "project", "stalled_minutes": 10}
 
 `"enabled": false` (or `"interval": 0`) is the off switch. The environment variable
 AGENTBOX_IDLE_INTERVAL, when set in the relay's environment, overrides the interval (0: off).
 One pass covers the boxes registered with this relay (the boxes this user made), on every engine
 it serves a box on; other boxes on a shared engine are never counted or touched. max_running counts each
 project's boxes apart (scope "project", the default): one relay serves every project of the user.
+
+Each pass reads every running box's agent (one exec per box, which the policy needs anyway) and keeps what it
+read in ~/.agentbox/relay/agents.json (_agent_record), so the inventory shows agent states without an exec
+per box. While the policy is off nothing is read: the record ages out and the states show as unknown.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import logging
 import os
 from typing import Any
 
+from ..agent import _agent_record
 from ..idle import _idle
 from . import _relay_ops
 from ._relay_policy import read_settings
@@ -65,11 +70,14 @@ def engines_of(registrations: dict[str, dict[str, Any]]) -> list[dict[str, Any]]
 
 
 def one_pass(
-    registrations: dict[str, dict[str, Any]], settings: dict[str, Any], busy: set[str] | None = None
+    registrations: dict[str, dict[str, Any]], settings: dict[str, Any], busy: set[str] | None = None,
+    interval: float = DEFAULT_INTERVAL,
 ) -> list[dict[str, Any]]:
     """The policy on every engine the relay serves; what was done, logged. An engine that fails is logged, skipped.
-    `busy`: ids of boxes with a request in flight, kept running whatever their agent says."""
+    `busy`: ids of boxes with a request in flight, kept running whatever their agent says. The agents read are
+    written to the record (_agent_record); a failed engine's earlier reads stay there until they age out."""
     results = []
+    read: dict[str, dict[str, Any]] = {}
     for registration in engines_of(registrations):
         provider = None
         try:
@@ -89,7 +97,17 @@ def one_pass(
         for entry in result["boxes"]:
             if entry["action"] != "keep":
                 LOG.info("idle policy: %s %s (%s)", entry["action"], entry["name"], entry["reason"])
+        for seen in result["agents"]:
+            read[seen["id"]] = {"name": seen["name"], "provider": registration.get("provider"),
+                                "engine": registration.get("engine"), "read": result["now"], "agent": seen["agent"]}  # fmt: skip
         results.append(result)
+    try:
+        # Earlier reads of boxes still registered stay (an engine that failed this time); the rest are replaced.
+        earlier = _agent_record.load().get("boxes", {})
+        kept = {box_id: entry for box_id, entry in earlier.items() if box_id in registrations and box_id not in read}
+        _agent_record.write({**kept, **read}, interval)
+    except OSError as exc:
+        LOG.warning("cannot write the agents' states to %s: %s", _agent_record.record_path(), exc)
     return results
 
 
@@ -105,7 +123,8 @@ async def run_forever(relay: Any) -> None:
         reported = policy["problem"]
         if policy["enabled"] and relay.registrations:
             try:
-                await asyncio.to_thread(one_pass, dict(relay.registrations), policy["settings"], relay.busy())
+                await asyncio.to_thread(one_pass, dict(relay.registrations), policy["settings"], relay.busy(),
+                                        policy["interval"])
             except Exception:  # retried at the next interval
                 LOG.exception("idle policy pass failed")
         with contextlib.suppress(asyncio.TimeoutError):
