@@ -29,14 +29,19 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / ".collections"))
 sys.path.insert(0, str(REPO))
 
+# Read before tests.conftest points DOCKER_HOST at the box engine: the raw yardstick's engine (RAW_DOCKER).
+USER_DOCKER_HOST = os.environ.get("DOCKER_HOST", "")
 # tests.conftest first: it installs Ansible's collection loader, which the collection's lazy imports need.
 from tests.conftest import chown_tree, git, make_repo  # noqa: E402, I001
 
 from ansible_collections.agentbox.box.plugins.module_utils.box import _box  # noqa: E402
 from ansible_collections.agentbox.box.plugins.module_utils.git import _git  # noqa: E402
-from ansible_collections.agentbox.box.plugins.module_utils.providers.docker import _docker  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker import _box_engine, _docker  # noqa: E402
 
 IMAGE = "agentbox/box:latest"
+# The yardstick runs where a plain `docker run` of the user's would: the user's own engine (no user
+# namespace; on the box engine host root's .git, bind-mounted, is nobody's in the box, which is the point).
+RAW_DOCKER = ["docker", "-H", _box_engine.user_engine_host({"DOCKER_HOST": USER_DOCKER_HOST})]
 VENV = REPO / ".venv/bin"
 ENV = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
 TIMER_CALLBACK = '''
@@ -87,22 +92,22 @@ def raw_create(repo: Path, name: str) -> float:
     stash = _git.git_out(str(repo), "stash", "create")
     _git.git(str(repo), "update-ref", f"refs/heads/raw/{name}", "HEAD", "")
     run([
-        "docker", "run", "-d", "--name", f"raw-{name}", "--cap-add", "SYS_ADMIN", "--cap-add", "NET_ADMIN",
+        *RAW_DOCKER, "run", "-d", "--name", f"raw-{name}", "--cap-add", "SYS_ADMIN", "--cap-add", "NET_ADMIN",
         "--device", "/dev/fuse", "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
         "-v", f"{git_dir}:{git_dir}", "-p", "127.0.0.1::80", IMAGE, "sleep", "infinity",
     ])
     wt = f"/home/vscode/wt-{name}"
-    run(["docker", "exec", "-u", "vscode", f"raw-{name}", "git", f"--git-dir={git_dir}", "worktree", "add", "-q", wt, f"raw/{name}"])
-    run(["docker", "exec", "-u", "vscode", "-w", wt, f"raw-{name}", "git", "stash", "apply", "-q", "--index", stash])
+    run([*RAW_DOCKER, "exec", "-u", "vscode", f"raw-{name}", "git", f"--git-dir={git_dir}", "worktree", "add", "-q", wt, f"raw/{name}"])
+    run([*RAW_DOCKER, "exec", "-u", "vscode", "-w", wt, f"raw-{name}", "git", "stash", "apply", "-q", "--index", stash])
     untracked = _git.git(str(repo), "ls-files", "--others", "--exclude-standard", "-z").stdout.decode()
     tar = subprocess.Popen(["tar", "-C", str(repo), "--null", "-T", "-", "-cf", "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    extract = subprocess.Popen(["docker", "exec", "-i", "-u", "vscode", f"raw-{name}", "tar", "-C", wt, "-xf", "-"], stdin=tar.stdout)
+    extract = subprocess.Popen([*RAW_DOCKER, "exec", "-i", "-u", "vscode", f"raw-{name}", "tar", "-C", wt, "-xf", "-"], stdin=tar.stdout)
     tar.stdin.write(untracked.encode())
     tar.stdin.close()
     extract.wait()
     tar.wait()
     elapsed = time.monotonic() - started
-    run(["docker", "rm", "-f", f"raw-{name}"])
+    run([*RAW_DOCKER, "rm", "-f", f"raw-{name}"])
     _git.git(str(repo), "worktree", "remove", "-f", "-f", wt)
     _git.git(str(repo), "update-ref", "-d", f"refs/heads/raw/{name}")
     return elapsed
