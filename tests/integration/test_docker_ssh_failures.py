@@ -194,3 +194,27 @@ def test_forked_child_gets_its_own_connection(fleet):
     os.close(read_end)
     assert answer == b"ok", answer
     assert client.ping()  # the parent's connection is still good
+
+
+def test_engine_without_box_engine_refuses_create_unless_isolation_none(fleet, tmp_path):
+    """A remote engine where root in a box would be root on its host (no box engine answers there and its
+    own daemon does not remap, as the test engines): create refuses, saying how to set up the box engine or
+    to pass isolation=none, before any image is sent or anything made on the engine."""
+    from ansible_collections.agentbox.box.plugins.module_utils import _box
+    from ansible_collections.agentbox.box.plugins.module_utils._provider import ProviderError
+    from tests.conftest import make_repo
+
+    engine = fleet.engines[0]
+    repo = make_repo(tmp_path / "ws")
+    provider = DockerProvider(engine=engine.alias, ssh_options={})
+    with pytest.raises(ProviderError) as refused:
+        _box.create_box(provider, _box.CreateRequest(name="unasked", workspace=str(repo)))
+    message = str(refused.value)
+    assert f"engine {engine.alias} does not remap user namespaces" in message
+    assert f"playbooks/box_engine.yml -e engine={engine.alias}" in message and "isolation=none" in message
+    assert engine.agentbox_objects() == []
+    assert engine.shell("docker images -q agentbox/box").stdout.strip() == ""  # no image was sent
+    # Asked explicitly, the refusal is not there (the same engine, isolation none: only the image is missing).
+    explicit = DockerProvider(engine=engine.alias, ssh_options={}, isolation="none")
+    explicit.check_can_create("unasked")
+    assert explicit.reopen_options()["isolation"] == "none" and "remote_socket" not in explicit.reopen_options()

@@ -88,6 +88,7 @@ RANKS: dict[str, int] = {
     "_image_store": PROVIDER,
     "_image_flatten": PROVIDER,
     "_gitlayer_volumes": PROVIDER,
+    "_engine_setup": PROVIDER,
     # 5 the registry: which providers exist, their options.
     "_registry": REGISTRY,
     "_module": REGISTRY,
