@@ -37,6 +37,7 @@ class EngineStatus:
     user: str
     box_engine: bool  # a daemon answers at the box engine's socket
     box_engine_remaps: bool  # ... and remaps user namespaces
+    default_engine: bool  # the engine's default daemon answers this user
     default_remaps: bool  # the engine's default daemon remaps (its boxes are isolated without a box engine)
 
     @property
@@ -68,6 +69,7 @@ def status(engine: str, ssh_options: dict[str, Any] | None = None) -> EngineStat
         user=connection.destination.user,
         box_engine=box_root is not None,
         box_engine_remaps=bool(box_root) and _box_engine.remapped_ids(box_root or "") is not None,
+        default_engine=default_root is not None,
         default_remaps=bool(default_root) and _box_engine.remapped_ids(default_root or "") is not None,
     )
 

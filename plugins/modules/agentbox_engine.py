@@ -65,6 +65,7 @@ engine:
     user: {description: The SSH user., type: str}
     box_engine: {description: Whether a Docker daemon answers that user at the box engine's socket., type: bool}
     box_engine_remaps: {description: Whether that daemon remaps user namespaces., type: bool}
+    default_engine: {description: Whether the engine's default Docker daemon answers that user., type: bool}
     default_remaps: {description: Whether the engine's default Docker daemon remaps user namespaces., type: bool}
     isolated: {description: Whether boxes created there without isolation none are isolated (and made at all)., type: bool}
     socket: {description: "The box engine's address there, C(unix:///run/agentbox-engine/docker.sock).", type: str}

@@ -109,6 +109,7 @@ RANKS: dict[str, int] = {
     "_relay_ops": WORKFLOW,
     "_relay_idle": WORKFLOW,
     "_relay_server": WORKFLOW,
+    "_doctor": WORKFLOW,
     # 7 Ansible glue and command-line entry points.
     "_box_task": GLUE,
     "_agent_task": GLUE,
