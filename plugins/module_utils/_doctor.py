@@ -165,8 +165,8 @@ def engine_checks(engine: str, ssh_options: dict[str, Any], image: str) -> list[
                         "your key in its authorized_keys, its host key in your known_hosts")]
     if "connection" not in state:
         why = "cannot run: SSH does not answer (see above)"
-        return checks + [Check(where, name, FAIL, why) for name in ("Docker answers", "isolation", "box image",
-                                                                     "unisolated boxes")]
+        later = ("Docker answers", "isolation", "box image", "unisolated boxes")
+        return checks + [Check(where, name, FAIL, why) for name in later]
 
     def docker_answers() -> tuple[str, str, str]:
         status = _engine_setup.status(engine, ssh_options)
