@@ -20,6 +20,8 @@ from tests.conftest import REPO
 from tests.integration.engines import EngineFleet, free_port
 
 pytestmark = pytest.mark.integration
+# The agents' credentials in the environment and the key override: the checks must see only this HOME's.
+SIGN_INS = ("ANTHROPIC_", "OPENAI_", "CLAUDE_CODE_", "AGENTBOX_SSH_KEY")
 
 
 @pytest.fixture
@@ -36,7 +38,7 @@ def doctor(home: Path, *extra: str, env: dict[str, str] | None = None) -> tuple[
     """Exit status, and each printed check line by its 'where: name'."""
     done = subprocess.run(
         [str(REPO / ".venv/bin/ansible-playbook"), str(REPO / "playbooks/doctor.yml"), *extra],
-        env={**os.environ, "HOME": str(home), "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+        env={**{key: value for key, value in os.environ.items() if not key.startswith(SIGN_INS)}, "HOME": str(home), "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
              **(env or {})},
         cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
