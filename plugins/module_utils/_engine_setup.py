@@ -118,7 +118,7 @@ def set_up(engine: str, scripts_dir: str, ssh_options: dict[str, Any] | None = N
         as_root = "sudo -n "
     script = (
         'set -u; dir=$(mktemp -d) || exit 1; tar -x -o -C "$dir" || { rm -rf "$dir"; exit 1; }; '
-        f'{as_root}sh "$dir/{SETUP_FILES[0]}"; rc=$?; rm -rf "$dir"; exit $rc'
+        f'{as_root}bash "$dir/{SETUP_FILES[0]}"; rc=$?; rm -rf "$dir"; exit $rc'
     )
     rc, out, err = connection.run(f"sh -c {shlex.quote(script)}", stdin=archive, timeout=SETUP_TIMEOUT)
     said = (err + out).decode("utf-8", "replace").strip()

@@ -83,7 +83,7 @@ def test_box_on_the_user_engine_works_through_inventory_connection_ssh_state_and
 
     # The inventory (no isolation anywhere) lists it, labelled unisolated.
     inventory = tmp_path / "here.agentbox.yml"
-    inventory.write_text("plugin: agentbox.box.boxes\nlocal: true\n")
+    inventory.write_text("plugin: agentbox.box.boxes\nlocal: true\nverbose_output: true\n")
     listed = home.run(str(REPO / ".venv/bin/ansible-inventory"), "-i", str(inventory), "--host", box)
     assert listed.returncode == 0, listed.stderr
     variables = json.loads(listed.stdout)
