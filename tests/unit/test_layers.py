@@ -89,6 +89,7 @@ RANKS: dict[str, int] = {
     "_image_store": PROVIDER,
     "_image_flatten": PROVIDER,
     "_gitlayer_volumes": PROVIDER,
+    "_engine_setup": PROVIDER,
     # 5 the registry: which providers exist, their options.
     "_registry": REGISTRY,
     "_module": REGISTRY,
@@ -109,6 +110,7 @@ RANKS: dict[str, int] = {
     "_relay_ops": WORKFLOW,
     "_relay_idle": WORKFLOW,
     "_relay_server": WORKFLOW,
+    "_doctor": WORKFLOW,
     # 7 Ansible glue and command-line entry points.
     "_box_task": GLUE,
     "_agent_task": GLUE,
