@@ -103,7 +103,7 @@ def main() -> int:
         with EngineFleet(count=1, tmpfs_size="3g") as fleet:
             try:
                 engine = fleet.engines[0]
-                remote = DockerProvider(engine=engine.alias, ssh_options={})
+                remote = DockerProvider(engine=engine.alias, ssh_options={}, isolation="none")
                 _image_transfer.ensure_image(remote, IMAGE, compress=False)
                 workspace = make_workspace(work)
                 subprocess.run(["chown", "-R", "1000:1000", str(workspace)], check=False)

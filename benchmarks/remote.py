@@ -104,7 +104,7 @@ def main() -> int:
     results: dict = {"runs": args.runs, "cpus": os.cpu_count()}
     with tempfile.TemporaryDirectory(prefix="agentbox-bench-") as scratch, EngineFleet(count=2, tmpfs_size="3g") as fleet:
         workspace = make_workspace(Path(scratch))
-        engines = [DockerProvider(engine=e.alias, ssh_options={}) for e in fleet.engines]
+        engines = [DockerProvider(engine=e.alias, ssh_options={}, isolation="none") for e in fleet.engines]
 
         print("== image transfer (docker save | docker load over SSH)")
         for provider, compress in ((engines[0], False), (engines[1], True)):

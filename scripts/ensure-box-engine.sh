@@ -64,7 +64,8 @@ ip link set "$bridge" up
 
 # Forwarding and address translation in chains of our own, hooked once at the top of the built-ins.
 # (The user's engine sets FORWARD's policy to DROP; its own chains are never touched.)
-sysctl -q -w net.ipv4.ip_forward=1 >/dev/null
+# Written only when it is off: in a container /proc/sys is read-only, and it is often on already.
+[ "$(cat /proc/sys/net/ipv4/ip_forward)" = 1 ] || sysctl -q -w net.ipv4.ip_forward=1 >/dev/null
 chain() {  # chain TABLE NAME HOOK: make NAME (empty) and jump to it from HOOK once
   iptables -t "$1" -N "$2" 2>/dev/null || iptables -t "$1" -F "$2"
   iptables -t "$1" -C "$3" -j "$2" 2>/dev/null || iptables -t "$1" -I "$3" 1 -j "$2"

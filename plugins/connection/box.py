@@ -290,6 +290,11 @@ class Connection(ConnectionBase):
                 raise AnsibleConnectionFailure(f"{self._where()}: waking it failed: {exc}") from exc
             self._resumed_checked = True
             return
+        if facts.state == "running" and isinstance(failure, BoxNotFound) and not self._resumed_checked:
+            # Not where the provider looked first, found by find() after all (a box of the user's engine,
+            # made with isolation none or before the box engine): the provider now looks there. Retry once.
+            self._resumed_checked = True
+            return
         if facts.state == "running":
             # Running and reachable: the failure was the operation's own.
             raise AnsibleConnectionFailure(f"{self._where()}: {failure}") from failure

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 from .errors import ApiError
 
 if TYPE_CHECKING:
-    from .core import Emulator, SnapshotRecord
+    from .core import Emulator
+    from .records import SnapshotRecord
 
 LOG = logging.getLogger("daytona_emulator.habits")
 

@@ -21,7 +21,8 @@ from .errors import SOURCE_DAEMON, SOURCE_PROXY, ApiError, Reply
 from .multipart import boundary_from_content_type, build_download, parse_form
 
 if TYPE_CHECKING:
-    from .core import Emulator, SandboxRecord
+    from .core import Emulator
+    from .records import SandboxRecord
 
 LOG = logging.getLogger("daytona_emulator.toolbox")
 SESSION_ROOT = "/tmp/.daytona-emulator/sessions"

@@ -456,7 +456,7 @@ def engine_fleet() -> Iterator[object]:
         from ansible_collections.agentbox.box.plugins.module_utils.providers.docker import _image_transfer
         from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._docker import DockerProvider
 
-        provider = DockerProvider(engine=fleet.engines[0].alias, ssh_options={})
+        provider = DockerProvider(engine=fleet.engines[0].alias, ssh_options={}, isolation="none")
         _image_transfer.ensure_image(provider, "agentbox/box:latest", compress=False)
         yield fleet
 
@@ -467,7 +467,7 @@ def test_ssh_alias_box_on_remote_engine(home: Path, repo_factory, engine_fleet, 
         monkeypatch.setenv(key, value)
     repo = repo_factory("ws")
     name = f"rem-{secrets.token_hex(3)}"
-    common = {"name": name, "provider": "docker_ssh", "engine": engine.alias}
+    common = {"name": name, "provider": "docker_ssh", "engine": engine.alias, "isolation": "none"}
     try:
         created = run_module("agentbox_box", {**common, "workspace": str(repo), "ports": [8123]})
         assert not created["failed"], created.get("msg")
@@ -569,7 +569,7 @@ def test_named_shells_on_a_remote_engine(home: Path, repo_factory, engine_fleet,
         monkeypatch.setenv(key, value)
     repo = repo_factory("ws")
     name = f"rsh-{secrets.token_hex(3)}"
-    common = {"name": name, "provider": "docker_ssh", "engine": engine.alias}
+    common = {"name": name, "provider": "docker_ssh", "engine": engine.alias, "isolation": "none"}
     where = ("-e", f"box={name}", "-e", "provider=docker_ssh", "-e", f"engine={engine.alias}")
     try:
         created = run_module("agentbox_box", {**common, "workspace": str(repo)})

@@ -74,7 +74,7 @@ def engines_with_the_image():
         reports = {}
 
         def ship(engine):
-            provider = DockerProvider(engine=engine.alias, ssh_options={})
+            provider = DockerProvider(engine=engine.alias, ssh_options={}, isolation="none")
             # Uncompressed: on loopback the link is not the bottleneck, the 2 CPUs are.
             reports[engine.alias] = _image_transfer.ensure_image(provider, IMAGE, compress=False)
 
@@ -201,7 +201,7 @@ def test_image_streamed_then_present(fleet):
             ["docker", "image", "inspect", "-f", "{{.Id}}", IMAGE], check=True, capture_output=True, text=True
         ).stdout.strip()
         assert report.image_id == local_id
-        again = _image_transfer.ensure_image(DockerProvider(engine=engine.alias, ssh_options={}), IMAGE)
+        again = _image_transfer.ensure_image(DockerProvider(engine=engine.alias, ssh_options={}, isolation="none"), IMAGE)
         assert again.path == "present" and again.bytes_sent == 0  # found on the engine: nothing crosses the link
 
 
@@ -217,7 +217,7 @@ def test_two_engines_carry_over_commands_fetch_back_destroy(fleet, tmp_path, mon
     boxes = []
     try:
         for index, engine in enumerate(targets):
-            provider = DockerProvider(engine=engine, ssh_options={"strict_host_key_checking": True})
+            provider = DockerProvider(engine=engine, ssh_options={"strict_host_key_checking": True}, isolation="none")
             name = f"abx-ssh-{index}-{secrets.token_hex(2)}"
             created = _box.create_box(provider, _box.CreateRequest(name=name, workspace=str(repo), image=IMAGE))
             boxes.append((provider, created.facts))
@@ -276,7 +276,7 @@ def test_two_engines_carry_over_commands_fetch_back_destroy(fleet, tmp_path, mon
 
 
 def test_port_forward_to_a_box_port(fleet, tmp_path):
-    provider = DockerProvider(engine=fleet.engines[0].alias, ssh_options={})
+    provider = DockerProvider(engine=fleet.engines[0].alias, ssh_options={}, isolation="none")
     name = f"abx-port-{secrets.token_hex(2)}"
     token = secrets.token_hex(8)
     created = _box.create_box(
@@ -374,7 +374,7 @@ def test_disk_full_during_upload_leaves_nothing(fleet, tmp_path):
     (repo / "random.bin").write_bytes(os.urandom(40 * 1024 * 1024))
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "big")
-    provider = DockerProvider(engine=engine.alias, ssh_options={})
+    provider = DockerProvider(engine=engine.alias, ssh_options={}, isolation="none")
     # Leave about 16 MB free on the engine's Docker storage: the box starts, its upload cannot fit.
     engine.shell(
         "avail=$(df --output=avail -k /var/lib/docker | tail -1); "
@@ -419,7 +419,7 @@ def test_module_end_to_end_with_user_at_host_port(fleet, tmp_path):
         assert done.returncode == 0, result.get("msg")
         return result
 
-    common = f"name={name} provider=docker_ssh engine={engine.destination}"
+    common = f"name={name} provider=docker_ssh engine={engine.destination} isolation=none"
     try:
         created = module(f"{common} workspace={repo} image={IMAGE}")
         assert created["changed"] and created["box"]["engine"] == engine.destination
@@ -434,8 +434,8 @@ def test_module_end_to_end_with_user_at_host_port(fleet, tmp_path):
 
 
 def test_checkpoint_image_copied_between_engines(fleet, tmp_path):
-    source = DockerProvider(engine=fleet.engines[0].alias, ssh_options={})
-    destination = DockerProvider(engine=fleet.engines[1].destination, ssh_options={})
+    source = DockerProvider(engine=fleet.engines[0].alias, ssh_options={}, isolation="none")
+    destination = DockerProvider(engine=fleet.engines[1].destination, ssh_options={}, isolation="none")
     name = f"abx-ckpt-{secrets.token_hex(2)}"
     image = f"agentbox-ckpt-test{secrets.token_hex(4)}:first"
     created = _box.create_box(source, _box.CreateRequest(name=name, workspace=str(tmp_path), seed=False, boot=False, image=IMAGE))
@@ -471,7 +471,8 @@ def test_fleet_playbook_spreads_boxes_over_engines(fleet, tmp_path):
     def playbook(*extra: str) -> subprocess.CompletedProcess:
         done = subprocess.run(
             [str(REPO / ".venv/bin/ansible-playbook"), "-i", str(inventory), "playbooks/fleet_create.yml",
-             "-f", "4", "-e", f"workspace={repo}", "-e", f"prefix={prefix}", "-e", "count=4", "-e", f"image={IMAGE}", *extra],
+             "-f", "4", "-e", f"workspace={repo}", "-e", f"prefix={prefix}", "-e", "count=4", "-e", f"image={IMAGE}",
+             "-e", "isolation=none", *extra],
             cwd=REPO, env=env, capture_output=True, text=True, check=False,
         )  # fmt: skip
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
@@ -479,8 +480,8 @@ def test_fleet_playbook_spreads_boxes_over_engines(fleet, tmp_path):
 
     try:
         playbook()
-        on_first = {b.name for b in DockerProvider(engine=fleet.engines[0].alias, ssh_options={}).list_boxes()}
-        on_second = {b.name for b in DockerProvider(engine=fleet.engines[1].destination, ssh_options={}).list_boxes()}
+        on_first = {b.name for b in DockerProvider(engine=fleet.engines[0].alias, ssh_options={}, isolation="none").list_boxes()}
+        on_second = {b.name for b in DockerProvider(engine=fleet.engines[1].destination, ssh_options={}, isolation="none").list_boxes()}
         assert on_first == {f"{prefix}-01", f"{prefix}-03"}
         assert on_second == {f"{prefix}-02", f"{prefix}-04"}
     finally:
@@ -502,7 +503,7 @@ def _import_tiny_image(tag: str, content: bytes) -> str:
 
 def test_pull_failure_falls_back_to_streaming_and_stale_copy_is_replaced(fleet):
     engine = fleet.engines[1]
-    provider = DockerProvider(engine=engine.destination, ssh_options={})
+    provider = DockerProvider(engine=engine.destination, ssh_options={}, isolation="none")
     tag = f"agentbox-test-tiny-{secrets.token_hex(3)}:v1"
     local_ids: list[str] = []
     try:
@@ -523,7 +524,7 @@ def test_pull_failure_falls_back_to_streaming_and_stale_copy_is_replaced(fleet):
 
 
 def test_image_missing_everywhere_is_a_clear_error(fleet):
-    provider = DockerProvider(engine=fleet.engines[0].alias, ssh_options={})
+    provider = DockerProvider(engine=fleet.engines[0].alias, ssh_options={}, isolation="none")
     with pytest.raises(ProviderError) as failure:
         _image_transfer.ensure_image(provider, f"agentbox-test-absent-{secrets.token_hex(3)}:none")
     assert "not on the local engine" in str(failure.value) and "box_image" in str(failure.value)
@@ -533,7 +534,7 @@ def test_inventory_engines_and_the_connection_reach_a_box_over_ssh(fleet, tmp_pa
     """The boxes inventory lists a remote engine's boxes (engines:), and the box connection runs modules
     in them over that engine's SSH, with and without pipelining."""
     engine = fleet.engines[0]
-    provider = DockerProvider(engine=engine.alias, ssh_options={})
+    provider = DockerProvider(engine=engine.alias, ssh_options={}, isolation="none")
     name = f"abx-inv-{secrets.token_hex(2)}"
     _box.create_box(provider, _box.CreateRequest(name=name, workspace=str(tmp_path), seed=False, boot=False,
                                                  image=IMAGE))  # fmt: skip
@@ -566,7 +567,7 @@ def test_checkpoint_capture_and_restore_on_a_remote_engine_through_the_modules(f
     engine (never on the local one), a new box from it is warm and carries the host's current work on
     its own branch, removal leaves nothing, and the host's status, index and stash never change."""
     engine = fleet.engines[0]
-    provider = DockerProvider(engine=engine.alias, ssh_options={})
+    provider = DockerProvider(engine=engine.alias, ssh_options={}, isolation="none")
     home = tmp_path / "home"  # the checkpoint manifests go here, not to the real ~/.agentbox
     home.mkdir()
     env = {**fleet.env, "HOME": str(home)}
@@ -583,7 +584,7 @@ def test_checkpoint_capture_and_restore_on_a_remote_engine_through_the_modules(f
     before = host_state(repo)
     tag = secrets.token_hex(2)
     source, restored = f"abx-cks-{tag}", f"abx-ckr-{tag}"
-    common = {"provider": "docker_ssh", "engine": engine.alias}
+    common = {"provider": "docker_ssh", "engine": engine.alias, "isolation": "none"}
     ckpt_name = ""
     try:
         created = run_module("agentbox_box", {**common, "name": source, "workspace": str(repo), "image": IMAGE},

@@ -16,13 +16,14 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
 for entry in (str(HERE), str(HERE.parents[1] / ".collections")):
     if entry not in sys.path:
         sys.path.insert(0, entry)
 
 from engines import EngineFleet, free_port  # noqa: E402
 
-from ansible_collections.agentbox.box.plugins.module_utils.core._provider import EngineUnreachable  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.core._provider import EngineUnreachable, ProviderError  # noqa: E402
 from ansible_collections.agentbox.box.plugins.module_utils.providers._registry import get_provider  # noqa: E402
 from ansible_collections.agentbox.box.plugins.module_utils.providers.docker import _docker  # noqa: E402
 from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._docker import DockerProvider  # noqa: E402
@@ -195,3 +196,52 @@ def test_forked_child_gets_its_own_connection(fleet):
     os.close(read_end)
     assert answer == b"ok", answer
     assert client.ping()  # the parent's connection is still good
+
+
+def test_engine_without_box_engine_refuses_create_unless_isolation_none(fleet, tmp_path):
+    """A remote engine where root in a box would be root on its host (no box engine answers there and its
+    own daemon does not remap, as the test engines): create refuses, saying how to set up the box engine or
+    to pass isolation=none, before any image is sent or anything made on the engine."""
+    from ansible_collections.agentbox.box.plugins.module_utils.box import _box
+    from tests.conftest import make_repo
+
+    engine = fleet.engines[0]
+    repo = make_repo(tmp_path / "ws")
+    provider = DockerProvider(engine=engine.alias, ssh_options={})
+    with pytest.raises(ProviderError) as refused:
+        _box.create_box(provider, _box.CreateRequest(name="unasked", workspace=str(repo)))
+    message = str(refused.value)
+    assert f"engine {engine.alias} does not remap user namespaces" in message
+    assert f"playbooks/box_engine.yml -e engine={engine.alias}" in message and "isolation=none" in message
+    assert engine.agentbox_objects() == []
+    assert engine.shell("docker images -q agentbox/box").stdout.strip() == ""  # no image was sent
+    # Asked explicitly, the refusal is not there (the same engine, isolation none: only the image is missing).
+    explicit = DockerProvider(engine=engine.alias, ssh_options={}, isolation="none")
+    explicit.check_can_create("unasked")
+    assert explicit.reopen_options()["isolation"] == "none" and "remote_socket" not in explicit.reopen_options()
+
+
+def test_box_engine_set_up_over_ssh_says_what_the_engine_lacks(fleet):
+    """box_engine.yml on an engine: --check says it would set it up; the set-up sends the script over the
+    engine's SSH connection and runs it as root there, and an engine that lacks what it needs (these test
+    engines have no iproute2) fails the play with the script's own message, no box engine made, creates
+    still refused."""
+    engine = fleet.engines[0]
+    env = {**os.environ, **fleet.env, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
+
+    def box_engine(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(REPO / ".venv/bin/ansible-playbook"), str(REPO / "playbooks/box_engine.yml"),
+                               "-e", f"engine={engine.alias}", *extra],
+                              env=env, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+
+    checked = box_engine("--check")
+    assert checked.returncode == 0 and "box engine would be set up" in checked.stdout, checked.stdout + checked.stderr
+    failed = box_engine()
+    assert failed.returncode != 0
+    said = " ".join(failed.stdout.split())
+    assert f"engine {engine.alias}: setting up the box engine failed" in said, failed.stdout
+    assert "ip is missing: apt-get install docker.io iproute2 iptables" in said, failed.stdout
+    assert engine.shell("docker -H unix:///run/agentbox-engine/docker.sock info", check=False).returncode != 0
+    assert engine.shell("ls /tmp/*/ensure-box-engine.sh 2>/dev/null || true").stdout == ""  # its temp dir is gone
+    with pytest.raises(ProviderError, match=r"box_engine\.yml"):
+        DockerProvider(engine=engine.alias, ssh_options={}).check_can_create("after")

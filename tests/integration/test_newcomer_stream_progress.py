@@ -29,7 +29,8 @@ def test_first_image_stream_prints_progress_and_figures(tmp_path: Path) -> None:
         env = {**os.environ, **engines.env, "HOME": str(home), "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
                "ANSIBLE_NOCOLOR": "1", "AGENTBOX_PROGRESS_SECONDS": "2", "PWD": str(repo)}  # fmt: skip
         argv = [str(REPO / ".venv/bin/ansible-playbook"), str(REPO / "playbooks/create_box.yml"),
-                "-e", "provider=docker_ssh", "-e", f"engine={engine.alias}", "-e", f"workspace={repo}", "-e", "box=nc-stream"]  # fmt: skip
+                "-e", "provider=docker_ssh", "-e", f"engine={engine.alias}", "-e", f"workspace={repo}", "-e", "box=nc-stream",
+                "-e", "isolation=none"]  # fmt: skip
         seen: list[tuple[str, bool]] = []
         try:
             with subprocess.Popen(argv, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -46,11 +46,11 @@ def remote_box(fleet: EngineFleet, host: shared.Host, project: dict[str, Path]) 
     created = run_module(
         "agentbox_box",
         {"name": name, "workspace": str(project["workspace"]), "provider": "docker_ssh", "engine": engine.alias,
-         "state": "started"},
+         "isolation": "none", "state": "started"},
         env=env,
     )
     assert not created["failed"], created.get("msg")
-    provider = DockerProvider(engine=engine.alias, ssh_options={})
+    provider = DockerProvider(engine=engine.alias, ssh_options={}, isolation="none")
     yield provider, name
     run_module("agentbox_box", {"name": name, "provider": "docker_ssh", "engine": engine.alias, "state": "absent"},
                env=env)

@@ -95,8 +95,13 @@ def test_attach_command_per_provider(tmp_path: Path, monkeypatch: pytest.MonkeyP
     unisolated = _agent.attach_command(DockerProvider(isolation="none"), facts(), "claude")
     assert unisolated == "docker exec -it -u vscode agentbox-fix-login tmux attach -t claude"
     engine = "root@127.0.0.1:2201"
-    remote = _agent.attach_command(DockerProvider(engine=engine), facts("docker_ssh", engine), "codex")
+    remote = _agent.attach_command(DockerProvider(engine=engine, isolation="none"), facts("docker_ssh", engine), "codex")
     assert remote == "docker -H ssh://root@127.0.0.1:2201 exec -it -u vscode agentbox-fix-login tmux attach -t codex"
+    # A box on the remote engine's box engine: `docker -H ssh://` reaches only the default daemon there.
+    isolated = DockerProvider(engine=engine, remote_socket=_box_engine.REMOTE_BOX_ENGINE)
+    remote = _agent.attach_command(isolated, facts("docker_ssh", engine), "codex")
+    assert remote == ("ssh -t ssh://root@127.0.0.1:2201 docker -H unix:///run/agentbox-engine/docker.sock exec -it "
+                      "-u vscode agentbox-fix-login tmux attach -t codex")
     # A provider without a terminal of its own (Daytona, boxd, the fake) is reached through the SSH alias, in
     # the one form the other lines print: -F until ~/.ssh/config includes the aliases.
     monkeypatch.setenv("HOME", str(tmp_path))

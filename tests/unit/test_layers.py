@@ -99,6 +99,7 @@ RANKS: dict[str, dict[str, int]] = {
         "_ckpt_env": PROVIDER,
         "_docker": PROVIDER,
         "_gitlayer_volumes": PROVIDER,
+        "_engine_setup": PROVIDER,
         "_image": PROVIDER,
         "_image_flatten": PROVIDER,
         "_image_store": PROVIDER,
@@ -136,6 +137,7 @@ RANKS: dict[str, dict[str, int]] = {
         "_idle": WORKFLOW,
     },
     "module_utils/tasks": {
+        "_doctor": WORKFLOW,
         "_agent_task": GLUE,
         "_box_task": GLUE,
         "_relay_main": GLUE,

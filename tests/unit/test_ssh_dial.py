@@ -90,15 +90,15 @@ class _Server(paramiko.ServerInterface):
 
 
 class _Engine:
-    """What _ssh.EngineConnection gives the adapter: a name, docker's path, exec channels."""
+    """What _ssh.EngineConnection gives the adapter: a name, the docker command, exec channels."""
 
     engine = "test-engine"
 
     def __init__(self, transport: paramiko.Transport):
         self._transport = transport
 
-    def docker_path(self) -> str:
-        return "docker"
+    def docker_command(self, host: str | None = None) -> str:
+        return "docker" + (f" -H {host}" if host else "")
 
     def open_exec_channel(self, command: str) -> paramiko.Channel:
         channel = self._transport.open_session(timeout=10)

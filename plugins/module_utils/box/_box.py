@@ -111,6 +111,7 @@ def create_box(provider: Provider, request: CreateRequest) -> Created:
     _preflight.check_workspace_path(workspace)
     name, box_id = resolve_name(request.name, workspace)
     check_name_fits(provider, name)
+    provider.check_can_create(name)  # before an image is sent or anything made
     project = _naming.project_id(workspace)
     _preflight.check_not_bare(workspace)
     repos = _git.find_repos(workspace)

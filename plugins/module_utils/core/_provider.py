@@ -401,6 +401,10 @@ class Provider(abc.ABC):
         its API key from its own environment."""
         return {}
 
+    def check_can_create(self, name: str) -> None:  # noqa: B027 - optional hook: most providers can always
+        """Refuse, before anything is made or sent, a box this provider cannot make as asked (a Docker
+        engine where root in the box would be root on its host, unless isolation none was asked for)."""
+
     def close(self) -> None:  # noqa: B027 - optional hook: most providers hold nothing to release
         """Release connections. Safe to call twice."""
 

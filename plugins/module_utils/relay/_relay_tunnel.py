@@ -122,9 +122,10 @@ class Tunnel(BoxChannel):
 
         options = self.registration.get("options", {}).get("ssh_options", {})
         connection = connection_for(self.registration["engine"], **options)
-        docker = connection.docker_path()
+        # A box on the engine's box engine was registered with that daemon's socket (reopen_options).
+        docker = connection.docker_command(self.registration.get("options", {}).get("remote_socket"))
         container = container_name(self.registration["name"])
-        command = f"{shlex.quote(docker)} exec -i -u root {shlex.quote(container)} python3 -c {shlex.quote(FORWARDER)}"
+        command = f"{docker} exec -i -u root {shlex.quote(container)} python3 -c {shlex.quote(FORWARDER)}"
         self.channel = channel = connection.open_exec_channel(command)
         LOG.info("channel to box %s opened on engine %s", self.registration["name"], self.registration["engine"])
         carried = False

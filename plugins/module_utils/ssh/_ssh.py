@@ -199,6 +199,7 @@ class EngineConnection:
         self._transport: Any = None
         self._pid = 0
         self._docker_path: str | None = None
+        self._answering: set[str | None] = set()  # the daemons (None: the default one) seen answering
         self._jump: EngineConnection | None = None
 
     @property
@@ -399,45 +400,64 @@ class EngineConnection:
         finally:
             channel.close()
 
-    def docker_path(self) -> str:
-        """The engine's docker CLI, checked once: present, daemon up, usable by this user."""
+    def docker_path(self, host: str | None = None) -> str:
+        """The engine's docker CLI, checked once per daemon: present, the daemon at `host` (a socket
+        on the engine, e.g. its box engine's; None: the CLI's default daemon) up, usable by this user."""
         with self._lock:
-            if self._docker_path:
+            if self._docker_path and host in self._answering:
                 return self._docker_path
             dest = self.destination
-            path = ""
-            rc, out, _err = self.run("command -v docker", timeout=self.connect_timeout)
-            if rc == 0 and out.strip().startswith(b"/"):
-                path = out.decode().strip().splitlines()[-1]
-            else:
-                # Docker Desktop and OrbStack put docker on the PATH of login shells only.
-                rc, out, _err = self.run(
-                    "exec \"${SHELL:-/bin/sh}\" -lc 'command -v docker'", timeout=self.connect_timeout
-                )
-                lines = [line for line in out.decode("utf-8", "replace").splitlines() if line.startswith("/")]
-                if rc == 0 and lines:
-                    path = lines[-1].strip()
-            if not path:
-                raise DockerMissing(
-                    f"engine {dest.engine}: SSH works but there is no 'docker' command for {dest.user!r} on "
-                    f"{dest.host}. Install Docker Engine there (Debian/Ubuntu: apt-get install docker.io) or use "
-                    "another engine."
-                )
-            rc, out, err = self.run(f"{shlex.quote(path)} version --format '{{{{.Server.APIVersion}}}}'", timeout=30)
+            path = self._docker_path or self._find_docker()
+            host_option = f" -H {shlex.quote(host)}" if host else ""
+            rc, out, err = self.run(
+                f"{shlex.quote(path)}{host_option} version --format '{{{{.Server.APIVersion}}}}'", timeout=30
+            )
             text = (err or out).decode("utf-8", "replace").strip()
             if rc != 0 or not out.strip():
+                where = f"the Docker daemon at {host}" if host else "the Docker daemon"
                 if "permission denied" in text.lower():
                     raise DockerMissing(
-                        f"engine {dest.engine}: {dest.user!r} may not use the Docker daemon there ({text[-300:]}). "
+                        f"engine {dest.engine}: {dest.user!r} may not use {where} there ({text[-300:]}). "
                         f"Add the user to the 'docker' group on the engine (usermod -aG docker {dest.user}) or connect "
                         "as a user that may."
                     )
                 raise DockerMissing(
-                    f"engine {dest.engine}: the docker CLI is at {path} but the Docker daemon does not answer "
+                    f"engine {dest.engine}: the docker CLI is at {path} but {where} does not answer "
                     f"({text[-300:] or 'no output'}). Start it on the engine (systemctl start docker) and try again."
                 )
             self._docker_path = path
+            self._answering.add(host)
             return path
+
+    def _find_docker(self) -> str:
+        dest = self.destination
+        rc, out, _err = self.run("command -v docker", timeout=self.connect_timeout)
+        if rc == 0 and out.strip().startswith(b"/"):
+            return out.decode().strip().splitlines()[-1]
+        # Docker Desktop and OrbStack put docker on the PATH of login shells only.
+        rc, out, _err = self.run("exec \"${SHELL:-/bin/sh}\" -lc 'command -v docker'", timeout=self.connect_timeout)
+        lines = [line for line in out.decode("utf-8", "replace").splitlines() if line.startswith("/")]
+        if rc == 0 and lines:
+            return lines[-1].strip()
+        raise DockerMissing(
+            f"engine {dest.engine}: SSH works but there is no 'docker' command for {dest.user!r} on "
+            f"{dest.host}. Install Docker Engine there (Debian/Ubuntu: apt-get install docker.io) or use "
+            "another engine."
+        )
+
+    def docker_command(self, host: str | None = None) -> str:
+        """`docker [-H host]` for a shell command on the engine, the daemon at `host` checked to answer."""
+        path = shlex.quote(self.docker_path(host))
+        return f"{path} -H {shlex.quote(host)}" if host else path
+
+    def answers(self, host: str | None) -> bool:
+        """Whether a Docker daemon answers this user at `host` on the engine (its box engine's socket;
+        None: the default daemon)."""
+        try:
+            self.docker_path(host)
+        except DockerMissing:
+            return False
+        return True
 
     def open_exec_channel(self, command: str) -> Any:
         channel = self.transport().open_session(timeout=self.connect_timeout)
@@ -450,6 +470,7 @@ class EngineConnection:
                 self._transport.close()
             self._transport = None
             self._docker_path = None
+            self._answering.clear()
 
 
 def _key_file_stem(key: Any) -> str:
@@ -513,6 +534,7 @@ atexit.register(close_all)
 def docker_client_over_ssh(
     engine: str,
     *,
+    docker_host: str | None = None,
     timeout: float = 120,
     strict_host_key_checking: bool = True,
     private_key_file: str | None = None,
@@ -523,6 +545,7 @@ def docker_client_over_ssh(
     """A docker.DockerClient for the engine at an SSH destination, over this process's connection.
 
     Cheap to call again: the SSH connection and the engine check are made once per process.
+    docker_host: the daemon's socket on the engine (its box engine's), None for the CLI's default.
     """
     if not HAS_DOCKER_SDK:
         raise ProviderError("the Python 'docker' and 'paramiko' packages are required on the controller for docker_ssh")
@@ -536,12 +559,12 @@ def docker_client_over_ssh(
         known_hosts_file=known_hosts_file,
         connect_timeout=connect_timeout,
     )
-    connection.docker_path()
+    connection.docker_path(docker_host)
     # The SDK picks its transport from base_url; build it on a unix URL (no connection is made)
     # and mount the SSH adapter over it.
     client = docker.DockerClient(base_url="unix:///var/run/agentbox-unused.sock", version="1.41", timeout=timeout)
     api = client.api
-    adapter = dial_stdio_adapter(connection, timeout)
+    adapter = dial_stdio_adapter(connection, timeout, docker_host)
     api.mount("http+docker://ssh", adapter)
     api._custom_adapter = adapter
     api.base_url = "http+docker://ssh"

@@ -5,13 +5,13 @@
 Every Docker API request is an SSH channel running `docker system dial-stdio` on the engine: one
 HTTP connection per channel, pooled per process and multiplexed on the engine's one SSH
 connection (_ssh.EngineConnection, which _ssh.docker_client_over_ssh passes in as `engine`:
-anything with `engine`, `docker_path()` and `open_exec_channel(command)`).
+anything with `engine`, `docker_command(host)` and `open_exec_channel(command)`). `docker_host` is the
+daemon's socket on the engine (its box engine's), None for the docker CLI's default daemon.
 """
 
 from __future__ import annotations
 
 import os
-import shlex
 import threading
 from typing import Any
 
@@ -56,14 +56,15 @@ if HAS_DOCKER_SDK:
     class _DialStdioConnection(urllib3.connection.HTTPConnection):
         """One HTTP connection = one SSH channel running `docker system dial-stdio`."""
 
-        def __init__(self, engine: Any, timeout: float):
+        def __init__(self, engine: Any, timeout: float, docker_host: str | None):
             super().__init__("localhost", timeout=timeout)
             self._engine = engine
             self._channel_timeout = timeout
+            self._docker_host = docker_host
 
         def connect(self) -> None:
             try:
-                channel = self._engine.open_exec_channel(f"{shlex.quote(self._engine.docker_path())} system dial-stdio")
+                channel = self._engine.open_exec_channel(f"{self._engine.docker_command(self._docker_host)} system dial-stdio")
             except paramiko.SSHException as exc:
                 raise EngineUnreachable(f"engine {self._engine.engine}: opening a channel failed ({exc})") from exc
             channel.settimeout(self._channel_timeout)
@@ -74,13 +75,14 @@ if HAS_DOCKER_SDK:
     class _DialStdioPool(urllib3.connectionpool.HTTPConnectionPool):
         scheme = "ssh"
 
-        def __init__(self, engine: Any, timeout: float, maxsize: int):
+        def __init__(self, engine: Any, timeout: float, maxsize: int, docker_host: str | None):
             super().__init__("localhost", timeout=timeout, maxsize=maxsize)
             self._engine = engine
             self._timeout = timeout
+            self._docker_host = docker_host
 
         def _new_conn(self) -> Any:
-            return _DialStdioConnection(self._engine, self._timeout)
+            return _DialStdioConnection(self._engine, self._timeout, self._docker_host)
 
         def _get_conn(self, timeout: float | None = None) -> Any:
             # Like the SDK's own SSH pool: never block waiting for a free channel, open another.
@@ -103,9 +105,11 @@ if HAS_DOCKER_SDK:
         return transport is not None and transport.is_active()
 
     class DialStdioAdapter(BaseHTTPAdapter):
-        def __init__(self, engine: Any, timeout: float, max_pool_size: int = MAX_POOL_SIZE):
+        def __init__(self, engine: Any, timeout: float, docker_host: str | None = None,
+                     max_pool_size: int = MAX_POOL_SIZE):
             super().__init__()
             self._engine = engine
+            self._docker_host = docker_host
             self._timeout = timeout
             self._max_pool_size = max_pool_size
             self._pool: _DialStdioPool | None = None
@@ -116,7 +120,7 @@ if HAS_DOCKER_SDK:
             with self._pool_lock:
                 # After a fork the pooled channels belong to the parent's session: start afresh.
                 if self._pool is None or self._pool_pid != os.getpid():
-                    self._pool = _DialStdioPool(self._engine, self._timeout, self._max_pool_size)
+                    self._pool = _DialStdioPool(self._engine, self._timeout, self._max_pool_size, self._docker_host)
                     self._pool_pid = os.getpid()
                 return self._pool
 
@@ -128,6 +132,6 @@ if HAS_DOCKER_SDK:
                 self._pool = None
 
 
-def dial_stdio_adapter(engine: Any, timeout: float) -> Any:
+def dial_stdio_adapter(engine: Any, timeout: float, docker_host: str | None = None) -> Any:
     """The adapter to mount on a docker.APIClient (defined only when the SDK imports, hence this call)."""
-    return DialStdioAdapter(engine, timeout)
+    return DialStdioAdapter(engine, timeout, docker_host)

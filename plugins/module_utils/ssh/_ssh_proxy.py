@@ -41,8 +41,9 @@ def local_proxy_argv(box: str, docker_host: str | None = None) -> list[str]:
     return [*argv, "exec", "-i", "-u", "root", container_name(box), SSHD, "-i"]
 
 
-def engine_proxy_argv(box: str, engine: str, ssh_options: dict[str, Any]) -> list[str]:
-    """`ssh <engine> docker exec ... sshd -i` with what the collection uses to reach the engine."""
+def engine_proxy_argv(box: str, engine: str, ssh_options: dict[str, Any], docker_host: str | None = None) -> list[str]:
+    """`ssh <engine> docker exec ... sshd -i` with what the collection uses to reach the engine
+    (`docker_host`: the daemon's socket there, its box engine's; None for the CLI's default)."""
     from . import _ssh  # the SSH transport is loaded only for boxes on remote engines
 
     destination = _ssh.resolve_destination(
@@ -50,7 +51,7 @@ def engine_proxy_argv(box: str, engine: str, ssh_options: dict[str, Any]) -> lis
         private_key_file=ssh_options.get("private_key_file"),
         strict_host_key_checking=ssh_options.get("strict_host_key_checking", True),
     )
-    docker = _ssh.connection_for(engine, **ssh_options).docker_path()
+    docker = _ssh.connection_for(engine, **ssh_options).docker_command(docker_host)
     config = _ssh.config_path()
     argv = ["ssh", "-F", config if os.path.exists(config) else "none", "-T", "-o", "BatchMode=yes"]
     argv += ["-p", str(destination.port), "-l", destination.user]
@@ -75,6 +76,6 @@ def engine_proxy_argv(box: str, engine: str, ssh_options: dict[str, Any]) -> lis
         # One SSH session per engine, kept 10 minutes: every later box connection skips its handshake.
         argv += ["-o", "ControlMaster=auto", "-o", "ControlPath=" + control, "-o", "ControlPersist=600"]
     argv.append(destination.host)
-    command = [docker, "exec", "-i", "-u", "root", container_name(box), SSHD, "-i"]
-    argv.append(" ".join(shlex.quote(word) for word in command))
+    command = ["exec", "-i", "-u", "root", container_name(box), SSHD, "-i"]
+    argv.append(" ".join([docker, *(shlex.quote(word) for word in command)]))
     return argv  # quoted once for the config (_config_quote): %C reaches the inner ssh as %C

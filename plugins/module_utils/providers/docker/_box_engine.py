@@ -19,6 +19,15 @@ DEFAULT_ISOLATION = "userns"
 USER_ENGINE_SOCKET = "/var/run/docker.sock"
 BOX_ENGINE_SOCKET = "/run/agentbox-engine/docker.sock"
 START_HINT = "start it as root with scripts/ensure-box-engine.sh (scripts/up.sh does), or create with isolation=none"
+# A remote engine's box engine: the same daemon, set up there by playbooks/box_engine.yml (as root).
+REMOTE_BOX_ENGINE = f"unix://{BOX_ENGINE_SOCKET}"
+
+
+def remote_setup_hint(engine: str) -> str:
+    """What to do about a remote engine without a box engine."""
+    return (f"set up its box engine (ansible-playbook playbooks/box_engine.yml -e engine={engine}, which runs "
+            "scripts/ensure-box-engine.sh there as root over SSH), or create with isolation=none "
+            "(-e isolation=none) to accept that root in the box is root on that host")
 
 
 def box_engine_host(environ: dict[str, str] | None = None) -> str:

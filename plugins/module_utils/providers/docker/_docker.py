@@ -201,13 +201,17 @@ class DockerProvider(Provider):
     max_box_name = CONTAINER_BOX_NAME_MAX  # the container's hostname, agentbox-<box>, fits Linux's limit
 
     def __init__(self, engine: str | None = None, ssh_options: dict[str, Any] | None = None,
-                 isolation: str | None = None, **_ignored: Any):
+                 isolation: str | None = None, remote_socket: str | None = None, **_ignored: Any):
         super().__init__()
         self._engine = engine or "local"
-        # Local boxes live on the box engine (user namespaces) unless isolation 'none' asks for the
-        # user's engine; one not told its isolation also finds boxes of the user's engine (_box_engine).
+        # Boxes live on a box engine (user namespaces) unless isolation 'none' asks for the user's
+        # engine; one not told its isolation also finds boxes of the user's engine (_box_engine).
         self.isolation = _box_engine.check_isolation(isolation)
         self._isolation_given = bool(isolation)
+        # A remote engine's daemon: its box engine's socket there when that answers (found on first use,
+        # or given by reopen_options), else None, the docker CLI's default daemon on that host.
+        self._remote_socket: str | None = remote_socket or None
+        self._remote_known = bool(remote_socket) or (self._isolation_given and self.isolation == "none")
         self.name = "docker" if self._engine == "local" else "docker_ssh"
         # Only the local engine sees the controller's files (the workspace .git bind mounts).
         self.shares_host_filesystem = self._engine == "local"
@@ -249,7 +253,28 @@ class DockerProvider(Provider):
 
     @property
     def client(self) -> Any:
-        return _client_for(self._engine, self._ssh_options, self._docker_host)
+        return _client_for(self._engine, self._ssh_options, self._docker_host or self._engine_socket())
+
+    def _engine_socket(self) -> str | None:
+        """A remote engine's daemon: its box engine's socket when one answers there (and isolation 'none'
+        was not asked for), else None (the docker CLI's default daemon there). None for the local engine."""
+        if self._engine == "local":
+            return None
+        if not self._remote_known:
+            from ...ssh._ssh import connection_for  # the SSH transport is loaded only for remote engines
+
+            connection = connection_for(self._engine, **self._ssh_options)
+            box_engine = _box_engine.REMOTE_BOX_ENGINE
+            self._remote_socket = box_engine if connection.answers(box_engine) else None
+            self._remote_known = True
+        return self._remote_socket
+
+    def _use_engine(self, isolation: str) -> None:
+        """Reach the boxes of this isolation: locally its engine; on a remote engine ('none') its default daemon."""
+        if self._engine == "local":
+            self._use_local_engine(isolation)
+        else:
+            self.isolation, self._remote_socket, self._remote_known = isolation, None, True
 
     # -- reaching boxes from other processes --------------------------------------------------------
     def reopen_options(self) -> dict[str, Any]:
@@ -257,7 +282,11 @@ class DockerProvider(Provider):
             return {"isolation": self.isolation}
         # The relay and the wake may run with another environment: keep the SSH settings this one used.
         config_file = ssh_config_file(self._ssh_options.get("config_file"))
-        return {"engine": self._engine, "ssh_options": {**self._ssh_options, "config_file": config_file}}
+        options = {"engine": self._engine, "ssh_options": {**self._ssh_options, "config_file": config_file},
+                   "isolation": self.isolation}
+        if self._engine_socket():
+            options["remote_socket"] = self._engine_socket()  # the relay's tunnel and the wake use that daemon
+        return options
 
     def reopen_environment(self) -> dict[str, str]:
         if self._engine != "local":
@@ -266,6 +295,11 @@ class DockerProvider(Provider):
         return {name: os.environ[name]} if os.environ.get(name) else {}
 
     def terminal_command(self, facts: BoxFacts, command: str, ssh: str = "ssh") -> str:
+        if self._engine != "local" and self._engine_socket():
+            # `docker -H ssh://` reaches only the engine's default daemon: run docker there over ssh (the
+            # user's own ssh and config: `ssh` is the boxes' aliases' form). ssh:// takes user@host:port.
+            return (f"ssh -t ssh://{self._engine.removeprefix('ssh://')} docker -H {self._engine_socket()} exec -it "
+                    f"-u vscode {facts.container} {command}")
         return f"docker {self._host_option()}exec -it -u vscode {facts.container} {command}"
 
     def _host_option(self) -> str:
@@ -285,14 +319,14 @@ class DockerProvider(Provider):
 
     def discard(self) -> None:
         self.close()
-        forget_client(self._engine, self._docker_host)
+        forget_client(self._engine, self._docker_host or self._remote_socket)
 
     def ssh_proxy(self, name: str) -> SshProxy:
         from ...ssh import _ssh_proxy
 
         if self._engine != "local":
             ensure_private_dir(_ssh_proxy.control_dir())  # the engine connection's shared socket lives there
-            return SshProxy(_ssh_proxy.engine_proxy_argv(name, self._engine, self._ssh_options))
+            return SshProxy(_ssh_proxy.engine_proxy_argv(name, self._engine, self._ssh_options, self._engine_socket()))
         warnings = []
         if not shutil.which("docker"):
             warnings.append(f"the docker CLI is not on this machine; `ssh {_ssh_proxy.alias(name)}` runs it: "
@@ -347,12 +381,12 @@ class DockerProvider(Provider):
     def find(self, name: str) -> BoxFacts | None:
         with self._engine_call(name, "find") as engine:
             attrs = engine.inspect_container(container_name(name))
-        if attrs is None and self._other_local_isolation():
+        if attrs is None and self._other_isolation():
             # A box not told its isolation may be an unisolated one on the user's engine.
-            other = DockerProvider(isolation=self._other_local_isolation())
+            other = self._other_engine()
             with contextlib.suppress(EngineUnreachable):
                 if other.find(name) is not None:
-                    self._use_local_engine(other.isolation)
+                    self._use_engine(other.isolation)
                     return self.find(name)
         if attrs is None:
             return None
@@ -373,19 +407,27 @@ class DockerProvider(Provider):
         with self._engine_call("", "list boxes") as engine:
             summaries = engine.containers(filters["label"])
         boxes = [self._facts_from_summary(s) for s in summaries]
-        if self._other_local_isolation():
+        if self._other_isolation():
             # The user's engine may still hold unisolated boxes (made with isolation none, or before
             # the box engine): listed too, whenever that engine answers.
             with contextlib.suppress(EngineUnreachable):
-                boxes += DockerProvider(isolation=self._other_local_isolation()).list_boxes(project)
+                boxes += self._other_engine().list_boxes(project)
         return sorted(boxes, key=lambda f: f.name)
 
-    def _other_local_isolation(self) -> str | None:
-        """The other local engine's isolation, where a box of this provider may also live: only for
-        a local provider not told its isolation, and only when that engine is another daemon."""
-        if self._engine != "local" or self._isolation_given or self.isolation != "userns":
+    def _other_isolation(self) -> str | None:
+        """The other engine's isolation, where a box of this provider may also live: only for a
+        provider not told its isolation that uses a box engine, and only when the user's engine is
+        another daemon (locally DOCKER_HOST; on a remote engine its default daemon)."""
+        if self._isolation_given or self.isolation != "userns":
             return None
-        return "none" if _box_engine.user_engine_host() != self._docker_host else None
+        if self._engine == "local":
+            return "none" if _box_engine.user_engine_host() != self._docker_host else None
+        return "none" if self._engine_socket() else None
+
+    def _other_engine(self) -> DockerProvider:
+        """This engine's unisolated boxes' provider (see _other_isolation)."""
+        engine = None if self._engine == "local" else self._engine
+        return DockerProvider(engine=engine, ssh_options=self._ssh_options, isolation=self._other_isolation())
 
     def _facts_from_summary(self, summary: dict[str, Any]) -> BoxFacts:
         """BoxFacts from a /containers/json entry (the listing), in the shape _facts gives."""
@@ -482,22 +524,30 @@ class DockerProvider(Provider):
                 raise ProviderError(str(exc), box=spec.name, operation="create") from exc
             raise
 
+    def check_can_create(self, name: str) -> None:
+        with self._calling(name, "create") as engine:
+            self._box_root_ids(engine, name)
+
     def _box_root_ids(self, engine: EngineAPI | SDKEngine, name: str) -> tuple[int, int]:
         """The host (uid, gid) of root in a box of this engine; refuses an engine that does not remap
         user namespaces unless isolation 'none' was asked for."""
         remapped = _box_engine.remapped_ids(str(engine.info().get("DockerRootDir", "")))
-        if remapped is None and self._engine != "local" and not self._isolation_given:
-            # A remote engine not told its isolation keeps working unisolated, labelled and said so.
-            self.isolation = "none"
-            self.warn(f"engine {self._engine} does not remap user namespaces: root in box {name} is root on "
-                      "that engine's host (start its dockerd with --userns-remap to isolate its boxes)")
-        if remapped is None and self.isolation != "none":
-            where = f"the engine at {self._docker_host}" if self._engine == "local" else f"engine {self._engine}"
+        if remapped is None and self.isolation != "none" and self._engine == "local":
             raise ProviderError(
-                f"{where} does not remap user namespaces, so root in a box would be root on that host: "
-                + ("point AGENTBOX_ENGINE at the box engine (scripts/ensure-box-engine.sh)" if self._engine == "local"
-                   else "run scripts/ensure-box-engine.sh on it (or start its dockerd with --userns-remap)")
-                + ", or create with isolation=none to accept that",
+                f"the engine at {self._docker_host} does not remap user namespaces, so root in a box would be root "
+                "on this host: point AGENTBOX_ENGINE at the box engine (scripts/ensure-box-engine.sh), or create "
+                "with isolation=none to accept that",
+                box=name,
+                operation="create",
+            )
+        if remapped is None and self.isolation != "none":
+            # Never unisolated on a remote engine unless asked for: no box engine answers there (or the
+            # SSH user may not use it) and its default daemon does not remap.
+            raise ProviderError(
+                f"engine {self._engine} does not remap user namespaces (no box engine answers at "
+                f"{_box_engine.REMOTE_BOX_ENGINE} there for this SSH user, and its default Docker daemon does "
+                f"not remap), so root in a box would be root on that host: "
+                + _box_engine.remote_setup_hint(self._engine),
                 box=name,
                 operation="create",
             )
