@@ -236,9 +236,11 @@ class Emulator(SandboxLifecycle, SnapshotApi, PreviewAndSshAccess):
         }
 
     # ---- the transition engine ----------------------------------------------------------------------------
-    def transition(self, sb: SandboxRecord, transitional: str, desired: str, work: Callable[[], None],
-                    finish: Callable[[], None], fail: Callable[[Exception], None] | None = None,
-                    lifecycle: bool = False, insert: bool = False) -> dict[str, Any]:
+    def transition(
+        self, sb: SandboxRecord, transitional: str, desired: str, work: Callable[[], None],
+        finish: Callable[[], None], fail: Callable[[Exception], None] | None = None,
+        lifecycle: bool = False, insert: bool = False,
+    ) -> dict[str, Any]:
         """Show `transitional` while `work` runs; `finish`/`fail` run under the lock afterwards.
 
         With transition_seconds > 0 this answers at once and the state settles later (the SDK polls);

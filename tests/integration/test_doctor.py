@@ -38,7 +38,8 @@ def doctor(home: Path, *extra: str, env: dict[str, str] | None = None) -> tuple[
     """Exit status, and each printed check line by its 'where: name'."""
     done = subprocess.run(
         [str(REPO / ".venv/bin/ansible-playbook"), str(REPO / "playbooks/doctor.yml"), *extra],
-        env={**{key: value for key, value in os.environ.items() if not key.startswith(SIGN_INS)}, "HOME": str(home), "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+        env={**{key: value for key, value in os.environ.items() if not key.startswith(SIGN_INS)},
+             "HOME": str(home), "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
              **(env or {})},
         cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip

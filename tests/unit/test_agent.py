@@ -152,7 +152,7 @@ def test_progress_is_the_state_file_or_the_transcript_changing(fake: FakeProvide
     later = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(now - 10))
     transcript.write_text(json.dumps({"parentUuid": None, "type": "user", "message": {"role": "user", "content": "go"},
                                       "uuid": "u1", "timestamp": stamp}) + "\n"
-                          + "".join(json.dumps({"type": "api-request", "timestamp": later}) + "\n" for _ in range(3)))  # fmt: skip
+                          + "".join(json.dumps({"type": "api-request", "timestamp": later}) + "\n" for _count in range(3)))  # fmt: skip
     os.utime(transcript, (now - 10, now - 10))
     older = transcript.parent / "old.jsonl"  # older than the state file: not progress
     older.write_text("{}\n")
@@ -244,6 +244,6 @@ def test_the_relays_pass_keeps_what_it_read_for_the_inventory(fake: FakeProvider
     assert record["id2"]["agent"] is None  # read: no agent
     assert _agent_record.load()["interval"] == 7
     # An engine that fails: its boxes keep their earlier reads.
-    monkeypatch.setattr(_relay_ops, "provider_of", lambda registration: (_ for _ in ()).throw(RuntimeError("down")))
+    monkeypatch.setattr(_relay_ops, "provider_of", lambda registration: (nothing for nothing in ()).throw(RuntimeError("down")))
     _relay_idle.one_pass(registrations, {"max_running": 5}, interval=7)
     assert _agent_record.fresh()["id1"]["agent"]["state"] == "waiting"

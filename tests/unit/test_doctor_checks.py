@@ -22,7 +22,7 @@ def test_a_check_that_cannot_run_says_why_and_what_to_install() -> None:
     missing = _doctor.run_check("engine e1", "SSH answers", needs_a_package)
     assert missing.status == _doctor.FAIL and "cannot run: No module named 'paramiko'" in missing.line
     assert "requirements.txt" in missing.fix
-    said = _doctor.run_check("engine e1", "SSH answers", lambda: (_ for _ in ()).throw(
+    said = _doctor.run_check("engine e1", "SSH answers", lambda: (nothing for nothing in ()).throw(
         ProviderError("the Python 'paramiko' package is required on the controller")))  # fmt: skip
     assert said.detail.startswith("cannot run:") and said.fix == _doctor.INSTALL_HINT
 

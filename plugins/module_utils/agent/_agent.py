@@ -401,7 +401,7 @@ def checked(raw: Any) -> dict[str, Any] | None:
     clean = sanitize_state(raw) if isinstance(raw, dict) else None
     if clean is not None:
         quiet = raw.get("quiet_seconds")
-        clean["quiet_seconds"] = quiet if type(quiet) is int and 0 <= quiet < 10**10 else None
+        clean["quiet_seconds"] = quiet if isinstance(quiet, int) and not isinstance(quiet, bool) and 0 <= quiet < 10**10 else None
     return clean
 
 
