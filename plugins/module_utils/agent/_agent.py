@@ -78,7 +78,7 @@ PROGRESS_SCRIPT = (
     r"""n=$(date +%s); k=0; c='@PY@'; for f in @DIR@/*.state.json; do [ -f "$f" ] || continue; k=$((k + 1)); """
     r"""[ "$k" -gt @MAX@ ] && break; s=${f##*/}; """
     r"""s=${s%.state.json}; t=$(stat -c %Y "$f" 2>/dev/null) || continue; """
-    r"""case $(sed -n 's/.*"name": *"\([A-Za-z0-9_.-]*\)".*/\1/p' "$f") in """
+    r"""case $(head -c @LIMIT@ -- "$f" | sed -n 's/.*"name": *"\([A-Za-z0-9_.-]*\)".*/\1/p') in """
     r"""claude) d=@HOME@/.claude/projects;; codex) d=@HOME@/.codex/sessions;; """
     r"""opencode) d=@HOME@/.local/share/opencode/storage;; *) d=;; esac; """
     r"""if [ -n "$d" ]; then u=$(find "$d" -type f -newer "$f" -printf '%T@ %p\n' 2>/dev/null | sort -rn | head -n 1); """
@@ -87,7 +87,7 @@ PROGRESS_SCRIPT = (
     r"""[ "$w" -gt "$t" ] 2>/dev/null && t=$w; fi; fi; echo "agentbox-progress $s $((n - t))"; done;"""
 ).replace("@DIR@", STATE_FILES).replace("@HOME@", BOX_HOME).replace("@PY@", CONVERSATION_PY).replace(
     "@MAX@", str(MAX_SESSIONS)
-)
+).replace("@LIMIT@", str(STATE_FILE_LIMIT + 1))  # a hostile box's 2 GiB state file is read no further
 PROGRESS_LINE = re.compile(r"agentbox-progress ([A-Za-z0-9_][A-Za-z0-9_.-]{0,62}) (\d{1,10})")
 ANSWER_LIMIT = 1 << 20  # agentbox-agent's JSON answer (and its stderr): a few hundred bytes
 T = TypeVar("T")
