@@ -1,7 +1,7 @@
 """`ssh agentbox-<box> true`: what a login into a box costs, with the real OpenSSH client.
 
 Makes a box on the local engine and a box on a test engine (a container with sshd and dockerd
-reached through a 127.0.0.1 port, see tests/integration/engines.py), with a temporary HOME (its
+reached through a 127.0.0.1 port, see tests/integration/support/engines.py), with a temporary HOME (its
 own key, ~/.agentbox/ssh_config), then times, interleaved run by run so load drift hits all alike:
 
   local   ssh agentbox-<local box> true          (ProxyCommand: docker exec ... sshd -i)
@@ -32,11 +32,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-for entry in (str(REPO / "tests" / "integration"), str(REPO / ".collections")):
+for entry in (str(REPO), str(REPO / ".collections")):
     if entry not in sys.path:
         sys.path.insert(0, entry)
 
-from engines import EngineFleet  # noqa: E402
+from tests.integration.support.engines import EngineFleet  # noqa: E402
 
 IMAGE = "agentbox/box:latest"
 LOCAL_TARGET_S = 0.3  # issue 16: `ssh agentbox-<local box> true`, median

@@ -1,7 +1,7 @@
 """Remote Docker engines over SSH: what a box costs there compared with the local engine.
 
 Starts two engine hosts (containers with sshd + dockerd, reached through 127.0.0.1 ports, see
-tests/integration/engines.py), then measures:
+tests/integration/support/engines.py), then measures:
   1. image transfer to an engine: `docker save | docker load` over SSH, raw and gzip-compressed
      (seconds, bytes), and the 'present' check afterwards;
   2. per-box create time (seeded workspace with uncommitted changes, boot sequence included):
@@ -26,15 +26,14 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-for entry in (str(REPO / "tests" / "integration"), str(REPO / ".collections")):
+for entry in (str(REPO), str(REPO / ".collections")):
     if entry not in sys.path:
         sys.path.insert(0, entry)
-
-from engines import EngineFleet  # noqa: E402
 
 from ansible_collections.agentbox.box.plugins.module_utils.box import _box  # noqa: E402
 from ansible_collections.agentbox.box.plugins.module_utils.providers.docker import _image_transfer  # noqa: E402
 from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._docker import DockerProvider  # noqa: E402
+from tests.integration.support.engines import EngineFleet  # noqa: E402
 
 IMAGE = "agentbox/box:latest"
 GIT_ENV = {

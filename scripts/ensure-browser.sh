@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Make sure a headless browser is there for the tests that render pages (tests/integration/test_fleet_status.py).
+# Make sure a headless browser is there for the tests that render pages (tests/integration/fleet/test_fleet_status.py).
 # Installs Debian's chromium as root on Debian/Ubuntu when it is missing; anywhere else says what to install.
 # Tests never install packages themselves: scripts/test.sh runs this during set-up.
 set -euo pipefail

@@ -6,7 +6,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH=$PWD/.venv/bin:$PATH ANSIBLE_CONFIG=$PWD/ansible.cfg ANSIBLE_NOCOLOR=1 PY_COLORS=0
 # The relay a create starts (molecule's included) must not pause other tests' boxes: its idle policy
-# is off for the whole run (tests/integration/test_autopause_relay.py turns it on for its own relay).
+# is off for the whole run (tests/integration/idle/test_autopause_relay.py turns it on for its own relay).
 export AGENTBOX_IDLE_INTERVAL=0
 
 # One suite at a time on this machine: two at once measure the machine, not the code (2 cores).

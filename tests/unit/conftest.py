@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from .fake_provider import FakeProvider
+from tests.unit.support.fake_provider import FakeProvider
 
 
 @pytest.fixture

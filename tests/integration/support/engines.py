@@ -1,0 +1,238 @@
+"""Remote Docker engines for tests and benchmarks: containers running sshd and dockerd.
+
+Each engine is a container of the box image (it has openssh-server and docker.io) with the
+box capabilities (never --privileged), its Docker data on a tmpfs (nothing left on disk when it
+goes), and sshd published on an ephemeral port of 127.0.0.1 only. A generated ed25519 key is
+authorised for root; a temp ssh config names each engine (`<prefix>1`, `<prefix>2`...) with its
+port, the key and a temp known_hosts holding the engine's host key. AGENTBOX_SSH_CONFIG points
+the collection at that config, so `engine: <alias>` and `engine: root@127.0.0.1:<port>` both
+work with nothing written to ~/.ssh.
+
+Usage:
+    with EngineFleet(count=2) as fleet:
+        fleet.engines[0].alias, fleet.engines[0].destination, fleet.env
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Self
+
+REPO = Path(__file__).resolve().parents[3]
+# Import the collection from the checkout (.collections/ansible_collections/agentbox/box -> ../../..).
+if str(REPO / ".collections") not in sys.path:
+    sys.path.insert(0, str(REPO / ".collections"))
+
+ENGINE_IMAGE = os.environ.get("AGENTBOX_TEST_ENGINE_IMAGE", "agentbox/box:latest")
+TEST_LABEL = "io.agentbox.test"
+SSH_CONFIG_ENV = "AGENTBOX_SSH_CONFIG"
+BOX_CAPS = ["--cap-add", "SYS_ADMIN", "--cap-add", "NET_ADMIN", "--device", "/dev/fuse"]
+BOX_SECURITY = ["--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined"]
+
+# Runs as the engine container's main process. Non-privileged containers see cgroup v1
+# hierarchies read-only: mount fresh ones (allowed with SYS_ADMIN in a private cgroup namespace)
+# so the inner dockerd can make cgroups for its containers. cgroup v2 needs nothing.
+ENGINE_SCRIPT = r"""
+set -eu
+if [ ! -f /sys/fs/cgroup/cgroup.controllers ]; then
+  for dir in /sys/fs/cgroup/*/; do
+    name=$(basename "$dir"); opts=$name
+    [ "$name" = systemd ] && opts=none,name=systemd
+    umount "$dir" 2>/dev/null && mount -t cgroup -o "$opts" cgroup "$dir" || true
+  done
+fi
+ssh-keygen -A >/dev/null
+install -d -m 0700 /root/.ssh
+printf '%s\n' "$ENGINE_AUTHORIZED_KEY" > /root/.ssh/authorized_keys
+chmod 0600 /root/.ssh/authorized_keys
+mkdir -p /run/sshd
+/usr/sbin/sshd -e -o PermitRootLogin=prohibit-password -o PasswordAuthentication=no
+if [ "$ENGINE_DOCKERD" = 1 ]; then
+  echo '{}' > /etc/docker/daemon.json
+  dockerd --storage-driver overlay2 >/var/log/dockerd.log 2>&1 &
+fi
+echo engine-ready > /run/engine-ready
+exec sleep infinity
+"""
+
+
+@dataclasses.dataclass
+class Engine:
+    alias: str
+    container: str
+    port: int
+    host_key_line: str
+    dockerd: bool
+
+    @property
+    def destination(self) -> str:
+        return f"root@127.0.0.1:{self.port}"
+
+    def shell(self, script: str, check: bool = True) -> subprocess.CompletedProcess:
+        """Run a shell script on the engine host itself (through the local engine, not SSH)."""
+        return subprocess.run(
+            ["docker", "exec", self.container, "sh", "-c", script], capture_output=True, text=True, check=check
+        )
+
+    def agentbox_objects(self) -> list[str]:
+        """Containers and volumes on this engine carrying io.agentbox labels (what a box leaves)."""
+        out = self.shell(
+            "docker ps -a --filter label=io.agentbox.box --format 'container {{.Names}}'; "
+            "docker volume ls --filter label=io.agentbox.box --format 'volume {{.Name}}'"
+        ).stdout
+        return [line for line in out.splitlines() if line.strip()]
+
+
+class EngineFleet:
+    """Start `count` engines (plus `bare` engines with sshd but no dockerd); remove all on exit."""
+
+    def __init__(self, count: int = 2, bare: int = 0, prefix: str | None = None, tmpfs_size: str = "6g"):
+        self.count = count
+        self.bare = bare
+        self.run_id = secrets.token_hex(3)
+        self.prefix = prefix or f"abx-eng-{self.run_id}-"
+        self.tmpfs_size = tmpfs_size
+        self.engines: list[Engine] = []
+        self.dir = tempfile.mkdtemp(prefix="agentbox-engines-")
+        self.key = os.path.join(self.dir, "id_ed25519")
+        self.known_hosts = os.path.join(self.dir, "known_hosts")
+        self.ssh_config = os.path.join(self.dir, "ssh_config")
+        self._old_env: str | None = None
+
+    # -- set-up --------------------------------------------------------------------------------
+    def __enter__(self) -> Self:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {SSH_CONFIG_ENV: self.ssh_config}
+
+    def start(self) -> None:
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "agentbox-test", "-f", self.key], check=True
+        )
+        with open(self.key + ".pub", encoding="utf-8") as handle:
+            public_key = handle.read().strip()
+        for index in range(self.count + self.bare):
+            self.engines.append(self._start_engine(index + 1, public_key, dockerd=index < self.count))
+        for engine in self.engines:
+            self._wait_ready(engine)
+        self.write_config()
+        self._old_env = os.environ.get(SSH_CONFIG_ENV)
+        os.environ[SSH_CONFIG_ENV] = self.ssh_config
+
+    def _start_engine(self, number: int, public_key: str, dockerd: bool) -> Engine:
+        container = f"{self.prefix}{number}"
+        command = [
+            "docker", "run", "-d", "--name", container, "--hostname", container,
+            "--label", f"{TEST_LABEL}=engine", "--label", f"{TEST_LABEL}.run={self.run_id}",
+            *BOX_CAPS, *BOX_SECURITY, "--cgroupns", "private",
+            "--tmpfs", f"/var/lib/docker:size={self.tmpfs_size}",
+            "-p", "127.0.0.1:0:22",
+            "-e", f"ENGINE_AUTHORIZED_KEY={public_key}", "-e", f"ENGINE_DOCKERD={1 if dockerd else 0}",
+            "--entrypoint", "bash", ENGINE_IMAGE, "-c", ENGINE_SCRIPT,
+        ]  # fmt: skip
+        subprocess.run(command, check=True, capture_output=True)
+        port_line = subprocess.run(
+            ["docker", "port", container, "22/tcp"], check=True, capture_output=True, text=True
+        ).stdout.splitlines()[0]
+        port = int(port_line.rsplit(":", 1)[1])
+        return Engine(alias=container, container=container, port=port, host_key_line="", dockerd=dockerd)
+
+    def _wait_ready(self, engine: Engine, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ready = engine.shell("test -f /run/engine-ready && cat /etc/ssh/ssh_host_ed25519_key.pub", check=False)
+            if ready.returncode == 0 and _ssh_banner(engine.port) and (not engine.dockerd or _dockerd_up(engine)):
+                key_type, key_data = ready.stdout.split()[:2]
+                engine.host_key_line = f"[127.0.0.1]:{engine.port} {key_type} {key_data}"
+                return
+            time.sleep(0.5)
+        logs = subprocess.run(
+            ["docker", "logs", "--tail", "30", engine.container], check=False, capture_output=True, text=True
+        )
+        raise RuntimeError(f"engine {engine.container} did not come up in {timeout} s: {logs.stdout}{logs.stderr}")
+
+    def write_config(self, known_hosts_lines: list[str] | None = None) -> None:
+        lines = known_hosts_lines if known_hosts_lines is not None else [e.host_key_line for e in self.engines]
+        with open(self.known_hosts, "w", encoding="utf-8") as handle:
+            handle.write("".join(line + "\n" for line in lines))
+        blocks = []
+        for engine in self.engines:
+            blocks.append(
+                f"Host {engine.alias}\n  HostName 127.0.0.1\n  Port {engine.port}\n  User root\n"
+                f"  IdentityFile {self.key}\n  IdentitiesOnly yes\n  UserKnownHostsFile {self.known_hosts}\n"
+            )
+        # user@127.0.0.1:<port> destinations get the same key and known_hosts.
+        blocks.append(
+            f"Host 127.0.0.1\n  IdentityFile {self.key}\n  IdentitiesOnly yes\n  UserKnownHostsFile {self.known_hosts}\n"
+        )
+        with open(self.ssh_config, "w", encoding="utf-8") as handle:
+            handle.write("\n".join(blocks))
+
+    # -- tear-down -------------------------------------------------------------------------------
+    def stop(self) -> None:
+        if self._old_env is None:
+            os.environ.pop(SSH_CONFIG_ENV, None)
+        else:
+            os.environ[SSH_CONFIG_ENV] = self._old_env
+        try:
+            from ansible_collections.agentbox.box.plugins.module_utils.providers.docker import _docker
+            from ansible_collections.agentbox.box.plugins.module_utils.ssh import _ssh
+
+            for engine in self.engines:
+                for name in (engine.alias, engine.destination):
+                    _docker.forget_client(name)
+            _ssh.close_all()
+        except ImportError:
+            pass
+        names = subprocess.run(
+            ["docker", "ps", "-aq", "--filter", f"label={TEST_LABEL}.run={self.run_id}"],
+            check=False,
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        if names:
+            subprocess.run(["docker", "rm", "-f", "-v", *names], check=False, capture_output=True)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _ssh_banner(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
+            sock.settimeout(2)
+            return sock.recv(64).startswith(b"SSH-")
+    except OSError:
+        return False
+
+
+def _dockerd_up(engine: Engine) -> bool:
+    return engine.shell("docker info >/dev/null 2>&1", check=False).returncode == 0
+
+
+def free_port() -> int:
+    """A 127.0.0.1 port nothing listens on (an engine that is down)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def ssh_options(**overrides: Any) -> dict[str, Any]:
+    return {"strict_host_key_checking": True, "private_key_file": None, **overrides}
