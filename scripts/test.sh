@@ -82,7 +82,7 @@ fi
 count_dir=$(mktemp -d /tmp/agentbox-counts.XXXXXX)
 count_pth=$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/agentbox-count-processes.pth
 cat >"$count_pth" <<'PTH'
-import os; _d = os.environ.get("AGENTBOX_COUNT_DIR"); _a = _d and open("/proc/self/cmdline", "rb").read().split(b"\0"); _p = _a and len(_a) > 1 and os.path.basename(_a[1].decode(errors="replace")); _p in ("ansible", "ansible-playbook", "ansible-inventory") and open(os.path.join(_d, "ansible"), "a").write(f"{os.getpid()} {_p}\n")
+import os; _d = os.environ.get("AGENTBOX_COUNT_DIR"); _a = _d and open("/proc/self/cmdline", "rb").read().split(b"\0"); _p = _a and len(_a) > 1 and os.path.basename(_a[1].decode(errors="replace")); _p in ("ansible", "ansible-playbook", "ansible-inventory") and open(os.path.join(_d, "ansible"), "a").write(f"{os.getpid()} {_p} {os.environ.get('PYTEST_CURRENT_TEST', '-').split('::')[0]}\n")
 PTH
 trap 'rm -f "$count_pth"' EXIT
 # Streamed as they happen (the engine keeps only its last 256 events for --since).
@@ -102,6 +102,9 @@ boxes() { grep -c . "$1" 2>/dev/null || true; }  # lines naming a box (other con
 sort -u "$count_dir/ansible" 2>/dev/null | awk '{print $2}' >"$count_dir/ansible.once"
 echo "=== counts: ansible processes $(grep -c . "$count_dir/ansible.once")" \
   "($(sort "$count_dir/ansible.once" | uniq -c | awk '{printf "%s %s, ", $1, $2}' | sed 's/, $//'))"
+# Which test modules start them (pytest's PYTEST_CURRENT_TEST reaches every process a test starts).
+echo "=== counts: ansible processes by test module (the ten most):"
+sort -u "$count_dir/ansible" 2>/dev/null | awk '{print $3}' | sort | uniq -c | sort -rn | head -10
 echo "=== counts: boxes created $(( $(boxes "$count_dir/created.box") + $(boxes "$count_dir/created.user") ))" \
   "(box engine $(boxes "$count_dir/created.box"), user's engine $(boxes "$count_dir/created.user"));" \
   "containers created in all $(( $(wc -l <"$count_dir/created.box") + $(wc -l <"$count_dir/created.user") ))"
