@@ -86,6 +86,9 @@ RANKS: dict[str, dict[str, int]] = {
         "_relay_ops": WORKFLOW,
         "_relay_server": WORKFLOW,
     },
+    "module_utils/egress": {
+        "_egress_policy": PURE,
+    },
     "module_utils/providers": {
         "_snapshot_store": PROVIDER,
         "_module": REGISTRY,
