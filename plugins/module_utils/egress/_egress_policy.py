@@ -77,12 +77,12 @@ class EgressPolicy:
         return {"egress": self.mode, "egress_allow": list(self.allow)}
 
     @classmethod
-    def from_record(cls, record: Mapping[str, Any] | None) -> EgressPolicy:
-        """The policy the host recorded; a record from before egress was recorded is the default.
-        EgressError when the record is not understood (the gateway then treats the box as `none`)."""
-        if not record or ("egress" not in record and "egress_allow" not in record):
-            return cls()
-        return parse_policy(record.get("egress"), record.get("egress_allow"))
+    def from_record(cls, record: Any) -> EgressPolicy:
+        """The policy the host recorded; EgressError when the record is not understood (the gateway then
+        treats the box as `none`)."""
+        if not isinstance(record, Mapping) or not isinstance(record.get("egress"), str):
+            raise EgressError(f"the recorded egress policy {record!r} is not an object with a word under 'egress'")
+        return parse_policy(record["egress"], record.get("egress_allow"))
 
     def decide(self, host: str) -> Decision:
         """Whether the box may reach `host` (normalized by request_host), and why: the audit's reason."""

@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 from ..core._provider import ProviderError
+from ..egress._egress_gateway import Gateway, raise_descriptor_limit
 from . import _relay_idle, _relay_ops, _relay_policy, _relay_state
 from ._relay_poll import Poller
 from ._relay_protocol import (
@@ -253,6 +254,7 @@ class Relay:
         self.connections: dict[str, int] = {}
         self.in_flight: dict[str, int] = {}  # box id -> requests being handled (the idle policy keeps those boxes)
         self.tunnels: dict[str, Tunnel | Poller] = {}  # channels of docker_ssh and Daytona boxes
+        self.gateway = Gateway(os.environ)  # the egress gateway's socket per box (docs/egress.md)
         self.facts: dict[str, tuple[float, Any]] = {}  # box id -> (when looked up, BoxFacts)
         self.stopping = asyncio.Event()
         self.policy_problems: list[str] = []  # what was last logged of the policy file
@@ -286,6 +288,7 @@ class Relay:
             if box_id in self.servers or kind != "socket":
                 continue
             await self._listen(box_id)
+        await self.gateway.sync(self.registrations)
 
     async def _listen(self, box_id: str) -> None:
         """Serve the box's socket. What stands at its name (a previous relay's socket, or whatever the box
@@ -692,6 +695,7 @@ async def serve() -> int:
         LOG.info("another relay already runs (see relay.pid): nothing to do")
         os.close(lock)
         return 0
+    raise_descriptor_limit()  # the egress gateway holds two descriptors per box connection
     relay = Relay()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -719,6 +723,7 @@ async def serve() -> int:
         control.close()
         for server in relay.servers.values():
             server.close()
+        relay.gateway.close()
         for tunnel in relay.tunnels.values():
             tunnel.stop()
         relay.persist_pending()  # before the waiting boxes are told: the next relay lists them again

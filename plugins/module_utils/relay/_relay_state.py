@@ -90,7 +90,7 @@ def check_socket_path(file: str) -> str:
 
 # -- registrations --------------------------------------------------------------------------------
 def register_box(name: str, box_id: str, provider: str, engine: str, options: dict[str, Any] | None = None,
-                 channel: str | None = None) -> str:
+                 channel: str | None = None, egress: dict[str, Any] | None = None) -> str:
     """Record a box and make its socket directory; returns the directory to bind into the box."""
     ensure_home()
     check_socket_path(box_socket(box_id))
@@ -102,6 +102,8 @@ def register_box(name: str, box_id: str, provider: str, engine: str, options: di
               "registered_at": time.time(), "options": options or {}}
     if channel:
         record["channel"] = channel  # the provider's relay_channel: socket, tunnel or poll
+    if egress is not None:
+        record["egress"] = egress  # the box's egress policy (_egress_policy.EgressPolicy.record), for the gateway
     write_json(path("boxes", f"{box_id}.json"), record)
     return directory
 
@@ -178,22 +180,23 @@ def remove_entry(directory: int, name: str) -> None:
                 raise  # replaced again in between, every time: the caller says so
 
 
-def bind_box_socket(box_id: str) -> socket.socket:
-    """A unix socket bound at sock/<id>/relay.sock with mode 0666 (the box user connects through the
-    bind mount), whatever the box left at that name. Bound and given its mode in sock/, which no box
-    sees, then renamed into the box's directory under its descriptor."""
-    check_socket_path(box_socket(box_id))
-    staging = f".{_component(box_id)}.new"  # shorter than <id>/relay.sock: fits where that does
+def bind_box_socket(box_id: str, name: str = SOCKET_NAME) -> socket.socket:
+    """A unix socket bound at sock/<id>/<name> (relay.sock; the egress gateway's gateway.sock) with mode
+    0666 (the box user connects through the bind mount), whatever the box left at that name. Bound and
+    given its mode in sock/, which no box sees, then renamed into the box's directory under its descriptor."""
+    check_socket_path(os.path.join(box_socket_dir(box_id), name))
+    # Shorter than <id>/<name>: fits where that does; one staging name per socket name (made side by side).
+    staging = f".{_component(box_id)}.new" if name == SOCKET_NAME else f".{_component(box_id)}.{name[:3]}"
     with box_dir(box_id) as directory, _sock_dir() as parent:
         with contextlib.suppress(FileNotFoundError):
-            remove_entry(directory, SOCKET_NAME)
+            remove_entry(directory, name)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(staging, dir_fd=parent)  # a relay that died between bind and rename
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             listener.bind(path("sock", staging))
             os.chmod(staging, 0o666, dir_fd=parent)  # in sock/: nothing there is the box's to swap
-            os.rename(staging, SOCKET_NAME, src_dir_fd=parent, dst_dir_fd=directory)
+            os.rename(staging, name, src_dir_fd=parent, dst_dir_fd=directory)
         except BaseException:
             listener.close()
             with contextlib.suppress(OSError):
@@ -252,21 +255,31 @@ def save_pending(rows: list[dict[str, Any]]) -> None:
 
 # -- audit log ------------------------------------------------------------------------------------
 def audit(entry: dict[str, Any]) -> None:
-    """Append one line to audit.jsonl. One write of one line with O_APPEND: lines never interleave."""
+    """Append one line to audit.jsonl."""
+    append_line(path("audit.jsonl"), entry)
+
+
+def append_line(file: str, entry: dict[str, Any]) -> None:
+    """One JSON line (with the time) appended to `file` (0600): one write with O_APPEND, lines never interleave."""
     line = (json.dumps({"time": now_iso(), **entry}, sort_keys=True, separators=(",", ":")) + "\n").encode("utf-8")
-    descriptor = os.open(path("audit.jsonl"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    descriptor = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         os.write(descriptor, line)
     finally:
         os.close(descriptor)
 
 
-def read_audit() -> list[dict[str, Any]]:
+def read_lines(file: str) -> list[dict[str, Any]]:
+    """The JSON lines of an audit log; [] when there is none."""
     try:
-        with open(path("audit.jsonl"), encoding="utf-8") as handle:
+        with open(file, encoding="utf-8") as handle:
             return [json.loads(line) for line in handle if line.strip()]
     except FileNotFoundError:
         return []
+
+
+def read_audit() -> list[dict[str, Any]]:
+    return read_lines(path("audit.jsonl"))
 
 
 # -- talking to the running relay -----------------------------------------------------------------

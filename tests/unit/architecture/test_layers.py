@@ -88,6 +88,7 @@ RANKS: dict[str, dict[str, int]] = {
     },
     "module_utils/egress": {
         "_egress_policy": PURE,
+        "_egress_gateway": HOST,
     },
     "module_utils/providers": {
         "_snapshot_store": PROVIDER,

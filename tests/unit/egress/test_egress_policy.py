@@ -48,7 +48,9 @@ def test_egress_allow_adds_names_and_wildcards_to_the_default_list() -> None:
     assert policy.decide("pypi.org").allowed  # added to, not replaced
     assert parse_policy(None, "a.example, *.b.example  c.example").allow == ("a.example", "*.b.example", "c.example")
     assert EgressPolicy.from_record(policy.record()) == policy
-    assert EgressPolicy.from_record({}) == EgressPolicy()  # a box registered before egress was recorded
+    for broken in ({}, "open", {"egress": None}, {"egress": "open", "egress_allow": "bad_host"}):
+        with pytest.raises(EgressError):
+            EgressPolicy.from_record(broken)
 
 
 @pytest.mark.parametrize(("egress", "says"), [
