@@ -87,6 +87,7 @@ RANKS: dict[str, dict[str, int]] = {
         "_relay_server": WORKFLOW,
     },
     "module_utils/egress": {
+        "_egress_forwarder": PURE,
         "_egress_policy": PURE,
         "_egress_gateway": HOST,
     },

@@ -4,126 +4,22 @@ others through AGENTBOX_GATEWAY_RESOLVE, the host user's override). Nothing leav
 
 from __future__ import annotations
 
-import asyncio
 import http.client
 import http.server
 import json
 import os
 import resource
-import shutil
 import socket
 import stat
-import tempfile
-import threading
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ansible_collections.agentbox.box.plugins.module_utils.egress import _egress_gateway
-from ansible_collections.agentbox.box.plugins.module_utils.egress._egress_gateway import Gateway
-from ansible_collections.agentbox.box.plugins.module_utils.egress._egress_policy import EgressPolicy, parse_policy
+from ansible_collections.agentbox.box.plugins.module_utils.egress._egress_policy import parse_policy
 from ansible_collections.agentbox.box.plugins.module_utils.relay import _relay_state
-
-CHUNK = 64 * 1024
-
-
-class Registry(http.server.BaseHTTPRequestHandler):
-    """The stand-in upstream: /bytes/N streams N bytes, /echo answers with what it received, POST counts."""
-
-    seen: list[dict[str, Any]] = []
-
-    def do_GET(self) -> None:
-        self.seen.append({"path": self.path, "headers": dict(self.headers.items())})
-        if self.path.startswith("/bytes/"):
-            size = int(self.path.rsplit("/", 1)[1])
-            self.send_response(200)
-            self.send_header("Content-Length", str(size))
-            self.end_headers()
-            block = b"x" * CHUNK
-            while size:
-                size -= self.wfile.write(block[: min(size, CHUNK)])
-            return
-        body = json.dumps(self.seen[-1]).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_POST(self) -> None:
-        left, count = int(self.headers["Content-Length"]), 0
-        while left:
-            chunk = self.rfile.read(min(left, CHUNK))
-            left -= len(chunk)
-            count += len(chunk)
-        self.seen.append({"path": self.path, "posted": count})
-        body = str(count).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-class Running:
-    """A gateway on its own event loop in a thread, and the stand-in registry."""
-
-    def __init__(self, home: Path, port: int) -> None:
-        self.home = home
-        self.port = port
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        environ = {"AGENTBOX_GATEWAY_RESOLVE": "pypi.org=127.0.0.1,registry.npmjs.org=127.0.0.1,"
-                                               "files.pythonhosted.org=127.0.0.1"}
-        self.gateway = self.call(lambda: Gateway(environ, box_connections=4))
-
-    def call(self, function: Callable[[], Any]) -> Any:
-        async def run() -> Any:
-            return function()
-
-        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(10)
-
-    def run(self, coroutine: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(30)
-
-    def box(self, name: str, policy: EgressPolicy, box_connections: int | None = None) -> str:
-        """A box's socket: a listener the gateway serves as box `name`."""
-        path = str(self.home / f"{name}.sock")
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(path)
-        if box_connections:
-            self.gateway.box_connections = box_connections
-        self.call(lambda: self.gateway.serve(f"id-{name}", name, policy, listener))
-        return path
-
-    def stop(self) -> None:
-        async def close() -> None:
-            self.gateway.close()
-            await asyncio.gather(*self.gateway.connections, return_exceptions=True)
-
-        self.run(close())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
-
-
-@pytest.fixture
-def running(monkeypatch: pytest.MonkeyPatch) -> Iterator[Running]:
-    home = Path(tempfile.mkdtemp(prefix="egw-", dir="/tmp"))  # short: socket paths are bounded
-    monkeypatch.setenv("HOME", str(home))
-    Registry.seen = []
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Registry)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    made = Running(home, server.server_address[1])
-    yield made
-    made.stop()
-    server.shutdown()
-    server.server_close()
-    shutil.rmtree(home)
+from tests.unit.egress.egress_support import CHUNK, Registry, Running, wait_audit
 
 
 def connect(path: str, timeout: float = 30.0) -> socket.socket:
@@ -164,20 +60,6 @@ def proxy_request(path: str, method: str, url: str, body: Any = None, headers: d
     connection.sock = connect(path)
     connection.request(method, url, body=body, headers=headers or {})
     return connection.getresponse()
-
-
-def audit() -> list[dict[str, Any]]:
-    return _egress_gateway.read_audit()
-
-
-def wait_audit(count: int) -> list[dict[str, Any]]:
-    """The audit line is written as the connection ends, just after the box has its answer."""
-    for _ in range(500):
-        lines = audit()
-        if len(lines) >= count:
-            return lines
-        threading.Event().wait(0.01)
-    return audit()
 
 
 def test_an_allowed_host_is_reached_through_a_connect_tunnel_and_audited(running: Running) -> None:
