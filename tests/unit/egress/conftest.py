@@ -1,4 +1,4 @@
-"""The egress tests' fixture: a gateway on its own loop, a stand-in registry on 127.0.0.1, a short HOME."""
+"""The egress tests' fixtures: a short HOME, a stand-in registry on 127.0.0.1, a gateway on its own loop."""
 
 from __future__ import annotations
 
@@ -15,17 +15,26 @@ from tests.unit.egress.egress_support import Registry, Running
 
 
 @pytest.fixture
-def running(monkeypatch: pytest.MonkeyPatch) -> Iterator[Running]:
+def short_home(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     home = Path(tempfile.mkdtemp(prefix="egw-", dir="/tmp"))  # short: socket paths are bounded
     monkeypatch.setenv("HOME", str(home))
+    yield home
+    shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture
+def registry_port() -> Iterator[int]:
+    """The stand-in registry's port on 127.0.0.1."""
     Registry.seen = []
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Registry)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    made = Running(home, server.server_address[1])
-    yield made
-    made.stop()
+    yield server.server_address[1]
     server.shutdown()
     server.server_close()
-    shutil.rmtree(home)
 
 
+@pytest.fixture
+def running(short_home: Path, registry_port: int) -> Iterator[Running]:
+    made = Running(short_home, registry_port)
+    yield made
+    made.stop()

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import http.server
+import inspect
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ansible_collections.agentbox.box.plugins.module_utils.egress import _egress_gateway
+from ansible_collections.agentbox.box.plugins.module_utils.egress import _egress_forwarder, _egress_gateway
 from ansible_collections.agentbox.box.plugins.module_utils.egress._egress_gateway import Gateway
 from ansible_collections.agentbox.box.plugins.module_utils.egress._egress_policy import EgressPolicy
 
@@ -108,3 +112,22 @@ def wait_audit(count: int) -> list[dict[str, Any]]:
             return lines
         threading.Event().wait(0.01)
     return _egress_gateway.read_audit()
+
+
+class Forwarder:
+    def __init__(self, socket_path: str) -> None:
+        source = inspect.getsource(_egress_forwarder)
+        self.process = subprocess.Popen([sys.executable, "-c", source, "--port", "0", "--socket", socket_path],
+                                        stdout=subprocess.PIPE, text=True)
+        line = self.process.stdout.readline() if self.process.stdout else ""
+        assert line.startswith("agentbox egress forwarder on 127.0.0.1:"), line
+        self.port = int(line.split(" -> ")[0].rsplit(":", 1)[1])
+        self.environ = {**os.environ, **_egress_forwarder.box_environment(self.port)}
+
+    def curl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["curl", "-sS", "--max-time", "30", *args], env=self.environ, capture_output=True,
+                              text=True, check=False)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(10)

@@ -4,10 +4,6 @@ the stand-in registry on 127.0.0.1; with no gateway they get an answer saying ho
 
 from __future__ import annotations
 
-import inspect
-import os
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -17,26 +13,7 @@ import pytest
 
 from ansible_collections.agentbox.box.plugins.module_utils.egress import _egress_forwarder
 from ansible_collections.agentbox.box.plugins.module_utils.egress._egress_policy import parse_policy
-from tests.unit.egress.egress_support import Registry, Running, wait_audit
-
-
-class Forwarder:
-    def __init__(self, socket_path: str) -> None:
-        source = inspect.getsource(_egress_forwarder)
-        self.process = subprocess.Popen([sys.executable, "-c", source, "--port", "0", "--socket", socket_path],
-                                        stdout=subprocess.PIPE, text=True)
-        line = self.process.stdout.readline() if self.process.stdout else ""
-        assert line.startswith("agentbox egress forwarder on 127.0.0.1:"), line
-        self.port = int(line.split(" -> ")[0].rsplit(":", 1)[1])
-        self.environ = {**os.environ, **_egress_forwarder.box_environment(self.port)}
-
-    def curl(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["curl", "-sS", "--max-time", "30", *args], env=self.environ, capture_output=True,
-                              text=True, check=False)
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(10)
+from tests.unit.egress.egress_support import Forwarder, Registry, Running, wait_audit
 
 
 @pytest.fixture
