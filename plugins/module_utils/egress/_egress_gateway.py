@@ -22,6 +22,7 @@ backpressure, never a whole body in memory.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import ipaddress
@@ -45,6 +46,9 @@ CONNECT_TIMEOUT = 10.0
 IDLE_TIMEOUT = 900.0  # a connection on which nothing moved either way this long is closed
 CHUNK = 64 * 1024
 BOX_CONNECTIONS = 64
+BOX_LOOKUPS = 4  # name lookups of one box at once
+RESOLVER_THREADS = 16
+LOOKUP_TIMEOUT = 10.0
 # Headers that belong to one hop (RFC 9110 7.6.1) and the proxy's own: never sent on.
 HOP_HEADERS = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authorization", "proxy-authenticate",
                          "te", "trailer", "upgrade"})
@@ -187,12 +191,14 @@ def parse_head(data: bytes) -> Head:
 
 
 def forwarded_head(head: Head) -> bytes:
-    """A plain request as the upstream gets it: origin form, one hop's headers dropped, Connection: close."""
+    """A plain request as the upstream gets it: origin form, one hop's headers dropped, Connection: close.
+    Host is the host that was checked, whatever the box wrote there: another name in it would reach
+    another site behind the same address (a CDN's)."""
     named = {value.strip().lower() for key, value in head.headers if key.lower() == "connection"
              for value in value.split(",")}  # fmt: skip
-    kept = [(key, value) for key, value in head.headers if key.lower() not in HOP_HEADERS | named]
-    if not any(key.lower() == "host" for key, _ in kept):
-        kept.insert(0, ("Host", head.host if head.port == 80 else f"{head.host}:{head.port}"))
+    kept = [(key, value) for key, value in head.headers if key.lower() not in HOP_HEADERS | named | {"host"}]
+    name = f"[{head.host}]" if ":" in head.host else head.host
+    kept.insert(0, ("Host", name if head.port == 80 else f"{name}:{head.port}"))
     lines = [f"{head.method} {head.target} {head.version}", *(f"{k}: {v}" for k, v in kept), "Connection: close"]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
@@ -216,6 +222,7 @@ class BoxGate:
     policy: EgressPolicy
     listener: socket.socket
     slots: asyncio.Semaphore
+    lookups: asyncio.Semaphore  # the box's name lookups at once, on the gateway's own resolver threads
     task: asyncio.Task | None = None
     record: Any = None  # the registration's egress record the policy came from
 
@@ -230,6 +237,9 @@ class Gateway:
         self.box_connections = box_connections or (int(given) if given.isdigit() and int(given) > 0 else BOX_CONNECTIONS)
         self.boxes: dict[str, BoxGate] = {}
         self.connections: set[asyncio.Task] = set()
+        # Lookups block a thread each: on threads of their own, never the loop's default executor, which the
+        # relay's operations use; each box gets BOX_LOOKUPS of them at once.
+        self.resolver = concurrent.futures.ThreadPoolExecutor(RESOLVER_THREADS, thread_name_prefix="egress-dns")
 
     # -- boxes --------------------------------------------------------------------------------------
     async def sync(self, registrations: Mapping[str, Mapping[str, Any]]) -> None:
@@ -258,7 +268,8 @@ class Gateway:
         """Accept the box's connections on `listener` (bound, listening or not)."""
         listener.listen(self.box_connections)
         listener.setblocking(False)
-        gate = BoxGate(box_id, name, policy, listener, asyncio.Semaphore(self.box_connections))
+        gate = BoxGate(box_id, name, policy, listener, asyncio.Semaphore(self.box_connections),
+                       asyncio.Semaphore(BOX_LOOKUPS))
         gate.task = asyncio.ensure_future(self._accept(gate))
         self.boxes[box_id] = gate
         return gate
@@ -275,6 +286,7 @@ class Gateway:
             self.close_box(box_id)
         for task in list(self.connections):
             task.cancel()
+        self.resolver.shutdown(wait=False, cancel_futures=True)
 
     async def _accept(self, gate: BoxGate) -> None:
         """A connection is taken from the box's queue only when one of its slots is free."""
@@ -329,7 +341,7 @@ class Gateway:
         entry.update(host=head.host, port=head.port)
         decision, addresses = gate.policy.decide(head.host), []
         if decision.allowed:
-            decision, addresses = await self._addresses(head, decision)
+            decision, addresses = await self._addresses(gate, head, decision)
         if not decision.allowed:
             message = denial_message(gate.name, head.host, head.port, decision)
             phrase = f"agentbox egress: {head.host}:{head.port} not allowed (see egress_allow)"
@@ -357,14 +369,16 @@ class Gateway:
         finally:
             upstream_writer.close()
 
-    async def _addresses(self, head: Head, decision: Decision) -> tuple[Decision, list[str]]:
+    async def _addresses(self, gate: BoxGate, head: Head, decision: Decision) -> tuple[Decision, list[str]]:
         """The addresses to connect to: the override, or the name's addresses from DNS; only public ones
         unless the user named the host (egress_allow) or overrode it."""
         if head.host in self.overrides:
             return decision, [self.overrides[head.host]]
         try:
-            infos = await asyncio.get_running_loop().getaddrinfo(head.host, head.port, type=socket.SOCK_STREAM)
-        except OSError:
+            async with gate.lookups:
+                infos = await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(
+                    self.resolver, socket.getaddrinfo, head.host, head.port, 0, socket.SOCK_STREAM), LOOKUP_TIMEOUT)
+        except (OSError, TimeoutError):
             return decision, []  # answered as not reached
         addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
         if decision.named:

@@ -81,14 +81,14 @@ def test_a_plain_http_request_is_sent_on_in_origin_form_without_the_proxys_heade
     box = running.box("b", parse_policy())
     answer = proxy_request(box, "GET", f"http://registry.npmjs.org:{running.port}/left-pad?v=1",
                            headers={"Proxy-Authorization": "Basic c2VjcmV0", "Proxy-Connection": "keep-alive",
-                                    "Connection": "X-Drop", "X-Drop": "1", "X-Keep": "2"})
+                                    "Connection": "X-Drop", "X-Drop": "1", "X-Keep": "2", "Host": "evil.example"})
     assert answer.status == 200
     seen = json.loads(answer.read())
     assert seen["path"] == "/left-pad?v=1"
     names = {name.lower() for name in seen["headers"]}
     assert "proxy-authorization" not in names and "proxy-connection" not in names and "x-drop" not in names
     assert seen["headers"]["X-Keep"] == "2" and seen["headers"]["Connection"] == "close"
-    assert seen["headers"]["Host"] == f"registry.npmjs.org:{running.port}"
+    assert seen["headers"]["Host"] == f"registry.npmjs.org:{running.port}"  # the checked host, not the box's
     # An upload is streamed on as it comes (8 MiB in pieces).
     pieces = (b"y" * CHUNK for _ in range(128))
     posted = proxy_request(box, "POST", f"http://files.pythonhosted.org:{running.port}/upload", body=pieces,
