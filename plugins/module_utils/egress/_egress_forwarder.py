@@ -67,7 +67,7 @@ async def carry(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, sock
         back = asyncio.ensure_future(pump(up_reader, writer))
         try:
             # The gateway's end ends the connection; the client's end only half-closes toward it.
-            done, _ = await asyncio.wait({out, back}, return_when=asyncio.FIRST_COMPLETED)
+            done = (await asyncio.wait({out, back}, return_when=asyncio.FIRST_COMPLETED))[0]
             if back not in done and out.exception() is None:
                 await asyncio.wait({back})
         finally:
@@ -82,20 +82,20 @@ async def carry(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, sock
 async def serve(port: int, socket_path: str, host: str = "127.0.0.1") -> None:
     server = await asyncio.start_server(lambda r, w: carry(r, w, socket_path), host, port, limit=CHUNK)
     bound = server.sockets[0].getsockname()[1]
-    print(f"agentbox egress forwarder on {host}:{bound} -> {socket_path}", flush=True)
+    sys.stdout.write(f"agentbox egress forwarder on {host}:{bound} -> {socket_path}\n")
+    sys.stdout.flush()
     async with server:
         await server.serve_forever()
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="agentbox-egress-forwarder")
     parser.add_argument("--port", type=int, default=PORT)
     parser.add_argument("--socket", default=GATEWAY_SOCKET)
     args = parser.parse_args(argv)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(args.port, args.socket))
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    main(sys.argv[1:])

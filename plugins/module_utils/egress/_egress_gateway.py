@@ -98,7 +98,7 @@ def resolve_overrides(text: str | None) -> dict[str, str]:
     for item in (text or "").replace(" ", ",").split(","):
         if not item:
             continue
-        name, _, address = item.partition("=")
+        name, _equals, address = item.partition("=")
         host = request_host(name)
         try:
             if host is None:
@@ -136,10 +136,10 @@ def raise_descriptor_limit() -> None:
 def split_host_port(text: str, default_port: int | None) -> tuple[str, int]:
     """`host:port`, `[v6]:port` or (with a default port) a bare host."""
     if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
+        host, _bracket, rest = text[1:].partition("]")
         port_text = rest[1:] if rest.startswith(":") else ""
     elif text.count(":") == 1:
-        host, _, port_text = text.partition(":")
+        host, _colon, port_text = text.partition(":")
     else:
         host, port_text = text, ""
     if not port_text:
@@ -428,7 +428,7 @@ class Gateway:
         try:
             # The upstream's end ends the connection; the box's end only half-closes (its request is sent, the
             # answer still comes). A failure either way ends both.
-            done, _ = await asyncio.wait({out, back}, return_when=asyncio.FIRST_COMPLETED)
+            done = (await asyncio.wait({out, back}, return_when=asyncio.FIRST_COMPLETED))[0]
             if back not in done and out.exception() is None:
                 await asyncio.wait({back})
         finally:

@@ -159,7 +159,7 @@ def normalize_pattern(entry: Any) -> str:
         hint = f"*.{tail}" if tail and host_name(tail) else "*.example.com"
         raise EgressError(f"egress_allow: {shown!r}: a wildcard is only `*.` at the start of a name: write {hint}")
     if _ip(raw) is None and raw.count(":") == 1:
-        name, _, port = raw.partition(":")
+        name, _colon, port = raw.partition(":")
         if port.isdigit() and host_name(name):
             raise EgressError(f"egress_allow: {shown!r} names a port: write {host_name(name)} (any port of an "
                               "allowed host is allowed)")
