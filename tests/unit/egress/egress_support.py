@@ -106,7 +106,7 @@ class Running:
 
 def wait_audit(count: int) -> list[dict[str, Any]]:
     """The audit line is written as the connection ends, just after the box has its answer."""
-    for _ in range(500):
+    for _attempt in range(500):
         lines = _egress_gateway.read_audit()
         if len(lines) >= count:
             return lines

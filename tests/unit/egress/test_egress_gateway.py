@@ -90,7 +90,7 @@ def test_a_plain_http_request_is_sent_on_in_origin_form_without_the_proxys_heade
     assert seen["headers"]["X-Keep"] == "2" and seen["headers"]["Connection"] == "close"
     assert seen["headers"]["Host"] == f"registry.npmjs.org:{running.port}"  # the checked host, not the box's
     # An upload is streamed on as it comes (8 MiB in pieces).
-    pieces = (b"y" * CHUNK for _ in range(128))
+    pieces = (b"y" * CHUNK for _piece in range(128))
     posted = proxy_request(box, "POST", f"http://files.pythonhosted.org:{running.port}/upload", body=pieces,
                            headers={"Content-Length": str(128 * CHUNK)})
     assert posted.status == 200 and posted.read() == str(128 * CHUNK).encode()
@@ -167,7 +167,7 @@ def test_each_box_is_the_socket_it_came_in_on(running: Running) -> None:
 def test_a_box_over_its_connection_cap_waits_and_other_boxes_do_not(running: Running) -> None:
     flooding = running.box("flood", parse_policy(), box_connections=2)
     calm = running.box("calm", parse_policy(), box_connections=2)
-    held = [tunnel(flooding, f"pypi.org:{running.port}") for _ in range(2)]
+    held = [tunnel(flooding, f"pypi.org:{running.port}") for _slot in range(2)]
     assert all(head.startswith(b"HTTP/1.1 200 ") for _client, head in held)
     waiting = connect(flooding, timeout=0.5)  # queued in the box's own listen queue
     waiting.sendall(f"CONNECT pypi.org:{running.port} HTTP/1.1\r\n\r\n".encode())
@@ -175,7 +175,7 @@ def test_a_box_over_its_connection_cap_waits_and_other_boxes_do_not(running: Run
         waiting.recv(1)  # not taken while both of the box's slots are held
     # Many more connections from the flooding box: its queue fills, its own connects wait.
     queued = []
-    for _ in range(50):
+    for _extra in range(50):
         extra = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         extra.setblocking(False)
         try:

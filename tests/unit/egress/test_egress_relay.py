@@ -40,8 +40,9 @@ def wait_for_socket(path: Path) -> None:
         time.sleep(0.05)
 
 
-def test_the_relay_serves_the_gateway_and_a_stopped_relay_is_named_not_bypassed(relay: Path,
-                                                                               registry_port: int) -> None:
+def test_the_relay_serves_the_gateway_and_a_stopped_relay_is_named_not_bypassed(
+    relay: Path, registry_port: int
+) -> None:
     wait_for_socket(relay)
     forwarder = Forwarder(str(relay))
     try:
