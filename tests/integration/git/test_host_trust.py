@@ -19,6 +19,7 @@ import docker
 import pytest
 
 from tests.conftest import GIT_ENV, chown_tree, git, make_repo, run_module
+from tests.integration.box.conftest import box_task
 
 pytestmark = pytest.mark.integration
 
@@ -36,10 +37,11 @@ def engine() -> docker.DockerClient:
 
 @pytest.fixture
 def boxes(engine: docker.DockerClient) -> Iterator[list[str]]:
+    """Boxes a test makes; whatever is left is destroyed (in-process: a clean-up, not a check)."""
     names: list[str] = []
     yield names
     for name in names:
-        run_module("agentbox_box", {"name": name, "state": "absent", "delete_branch": True})
+        box_task({"name": name, "state": "absent", "delete_branch": True})
         for leftover in engine.containers.list(all=True, filters={"name": f"agentbox-{name}"}):
             leftover.remove(force=True, v=True)
 
@@ -150,7 +152,7 @@ def test_a_hostile_box_cannot_plant_anything_the_host_runs(engine, boxes, tmp_pa
     # Root (sudo) in a second box: remount its view read-write, unmount it, write beneath.
     escaper = box_name("esc")
     boxes.append(escaper)
-    assert run_module("agentbox_box", {"name": escaper, "workspace": str(repo)}).get("failed") is not True
+    assert box_task({"name": escaper, "workspace": str(repo)}).get("failed") is not True
     escape = engine.containers.get(f"agentbox-{escaper}").exec_run(
         ["bash", "-c", ROOT_ESCAPE, "escape", gitdir, str(markers)], user="root"
     )
@@ -171,18 +173,16 @@ def test_a_hostile_box_cannot_plant_anything_the_host_runs(engine, boxes, tmp_pa
     (repo / "b.txt").write_text("host edit left uncommitted\n")
     second = box_name("atk2")
     boxes.append(second)
-    assert run_module("agentbox_box", {"name": second, "workspace": str(repo)}).get("failed") is not True
+    assert box_task({"name": second, "workspace": str(repo)}).get("failed") is not True
     checkpoint = f"ck-{secrets.token_hex(3)}"
+    # The checkpoint goes with its box (a destroy removes the checkpoints the box took): here, or in `boxes`.
     taken = run_module("agentbox_checkpoint", {"box": name, "name": checkpoint})
     assert taken.get("failed") is not True, taken
-    try:
-        fetched = run_module("agentbox_worktree", {"box": name, "state": "fetched"})
-        assert fetched.get("failed") is not True, fetched
-        for box in (name, second, escaper):
-            gone = run_module("agentbox_box", {"name": box, "state": "absent"})
-            assert gone.get("failed") is not True, gone
-    finally:
-        run_module("agentbox_checkpoint", {"box": name, "name": checkpoint, "state": "absent"})
+    fetched = run_module("agentbox_worktree", {"box": name, "state": "fetched"})
+    assert fetched.get("failed") is not True, fetched
+    for box in (name, second, escaper):
+        gone = box_task({"name": box, "state": "absent"})
+        assert gone.get("failed") is not True, gone
 
     assert not any(markers.iterdir()), sorted(p.name for p in markers.iterdir())
     assert git(repo, "rev-parse", "main").strip() == host_main
@@ -201,7 +201,7 @@ def test_the_agent_commits_amends_and_rebases_and_the_host_fetches_it(engine, bo
     chown_tree(repo)
     name = box_name("ag")
     boxes.append(name)
-    assert run_module("agentbox_box", {"name": name, "workspace": str(repo)}).get("failed") is not True
+    assert box_task({"name": name, "workspace": str(repo)}).get("failed") is not True
     ident = "-c user.email=agent@example.invalid -c user.name=agent"
     rc, out = in_box(engine, name, f"""
         set -e
@@ -225,7 +225,7 @@ def test_the_agent_commits_amends_and_rebases_and_the_host_fetches_it(engine, bo
     rc, out = in_box(engine, name, f"cd /workspace && git {ident} commit -q --amend -m 'amended again'")
     assert rc == 0, out
     # Destroy brings the last commits in before the box goes.
-    gone = run_module("agentbox_box", {"name": name, "state": "absent"})
+    gone = box_task({"name": name, "state": "absent"})
     assert gone.get("failed") is not True, gone
     assert git(repo, "log", "-1", "--format=%s", f"agentbox/{name}").strip() == "amended again"
 
@@ -241,7 +241,7 @@ def test_root_owned_repository_under_a_private_directory(engine, boxes, tmp_path
     owners = {str(p): (p.stat().st_uid, stat.S_IMODE(p.stat().st_mode)) for p in (repo / ".git").rglob("*")}
     name = box_name("root")
     boxes.append(name)
-    made = run_module("agentbox_box", {"name": name, "workspace": str(repo)})
+    made = box_task({"name": name, "workspace": str(repo)})
     assert made.get("failed") is not True, made
     assert not made["seed"]["warnings"], made["seed"]["warnings"]
     rc, out = in_box(engine, name, "cd /workspace && echo x > x && git add x && "
@@ -284,19 +284,16 @@ def test_the_collections_host_git_ignores_repository_planted_config(engine, boxe
 
     name = box_name("cfg")
     boxes.append(name)
-    made = run_module("agentbox_box", {"name": name, "workspace": str(repo)})
+    made = box_task({"name": name, "workspace": str(repo)})
     assert made.get("failed") is not True, made
     assert made["seed"]["modified"] == 1
     rc, out = in_box(engine, name, "cd /workspace && git -c user.email=a@b -c user.name=a commit -qam boxed")
     assert rc == 0, out
-    checkpoint = f"ck-{secrets.token_hex(3)}"
-    try:
-        assert run_module("agentbox_checkpoint", {"box": name, "name": checkpoint}).get("failed") is not True
-        assert run_module("agentbox_worktree", {"box": name, "state": "fetched"}).get("failed") is not True
-        assert run_module("agentbox_box", {"name": name, "state": "stopped"}).get("failed") is not True
-        assert run_module("agentbox_box", {"name": name, "state": "absent"}).get("failed") is not True
-    finally:
-        run_module("agentbox_checkpoint", {"box": name, "name": checkpoint, "state": "absent"})
+    checkpoint = f"ck-{secrets.token_hex(3)}"  # it goes with the box (here, or in `boxes`)
+    assert run_module("agentbox_checkpoint", {"box": name, "name": checkpoint}).get("failed") is not True
+    assert run_module("agentbox_worktree", {"box": name, "state": "fetched"}).get("failed") is not True
+    assert box_task({"name": name, "state": "stopped"}).get("failed") is not True
+    assert box_task({"name": name, "state": "absent"}).get("failed") is not True
     assert sorted(p.name for p in markers.iterdir()) == []
     assert git(repo, "log", "-1", "--format=%s", f"agentbox/{name}").strip() == "boxed"
 
@@ -309,7 +306,7 @@ def test_a_commit_with_dotgit_entries_never_enters_the_host(engine, boxes, tmp_p
     chown_tree(repo)
     name = box_name("dg")
     boxes.append(name)
-    assert run_module("agentbox_box", {"name": name, "workspace": str(repo)}).get("failed") is not True
+    assert box_task({"name": name, "workspace": str(repo)}).get("failed") is not True
     before = git(repo, "rev-parse", f"agentbox/{name}").strip()
     rc, out = in_box(engine, name, f"""
         set -e
