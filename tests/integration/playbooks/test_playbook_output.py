@@ -60,6 +60,13 @@ class Player:
         self.made.append(box)
         return self.ok("create_box.yml", f"workspace={workspace}", f"box={box}", *extra)
 
+    def make(self, workspace: Path, box: str) -> None:
+        """A box for a test about what comes after its create: the task create_box.yml runs, in-process
+        (box_task), in this HOME."""
+        self.made.append(box)
+        made = box_task({"name": box, "workspace": str(workspace)}, env={"HOME": str(self.home)})
+        assert not made["failed"], made
+
 
 def flat(output: str) -> str:
     """Ansible's YAML callback folds long messages: compare with whitespace runs made single spaces."""
@@ -191,7 +198,7 @@ def test_delete_branch_of_a_box_already_destroyed(player: Player, tmp_path: Path
     repo = make_repo(tmp_path / "ws")
     chown_tree(repo)
     box = name("nc-gone")
-    player.create(repo, box)
+    player.make(repo, box)
     out = flat(player.ok("destroy_box.yml", f"box={box}"))
     assert f"destroyed {box}" in out and "branches deleted: none" in out
     assert git(repo, "branch", "--list", f"agentbox/{box}").strip() == f"agentbox/{box}"
@@ -210,7 +217,7 @@ def test_delete_branch_of_a_destroyed_box_from_outside_its_workspace(player: Pla
     repo = make_repo(tmp_path / "ws")
     chown_tree(repo)
     box = name("nc-out")
-    player.create(repo, box)
+    player.make(repo, box)
     assert f"destroyed {box}" in flat(player.ok("destroy_box.yml", f"box={box}"))
     elsewhere = make_repo(tmp_path / "elsewhere")
     out = flat(player.ok("destroy_box.yml", f"box={box}", "delete_branch=true", cwd=elsewhere))
