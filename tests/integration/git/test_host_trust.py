@@ -18,6 +18,9 @@ from pathlib import Path
 import docker
 import pytest
 
+from ansible_collections.agentbox.box.plugins.module_utils.checkpoint import _checkpoint
+from ansible_collections.agentbox.box.plugins.module_utils.core import _naming
+from ansible_collections.agentbox.box.plugins.module_utils.providers._registry import get_provider
 from tests.conftest import GIT_ENV, chown_tree, git, make_repo, run_module
 from tests.integration.box.conftest import box_task
 
@@ -44,6 +47,19 @@ def boxes(engine: docker.DockerClient) -> Iterator[list[str]]:
         box_task({"name": name, "state": "absent", "delete_branch": True})
         for leftover in engine.containers.list(all=True, filters={"name": f"agentbox-{name}"}):
             leftover.remove(force=True, v=True)
+
+
+@pytest.fixture
+def checkpoints() -> Iterator[list[tuple[Path, str]]]:
+    """(workspace, name) of checkpoints a test takes: removed at the end, in-process (a clean-up, not a check;
+    a checkpoint the user took stays when its box goes)."""
+    taken: list[tuple[Path, str]] = []
+    yield taken
+    provider = get_provider("docker")
+    for workspace, name in taken:
+        found = _checkpoint.find_checkpoint(provider, _naming.project_id(_naming.workspace_path(str(workspace))), name)
+        if found is not None:
+            _checkpoint.remove(provider, found)
 
 
 def box_name(prefix: str) -> str:
@@ -125,7 +141,7 @@ true
 """
 
 
-def test_a_hostile_box_cannot_plant_anything_the_host_runs(engine, boxes, tmp_path):
+def test_a_hostile_box_cannot_plant_anything_the_host_runs(engine, boxes, checkpoints, tmp_path):
     repo = make_repo(tmp_path / "ws", {"a.txt": "a\n", "b.txt": "b\n"})
     git(repo, "worktree", "add", "-q", str(tmp_path / "host-wt"), "-b", "feature")
     chown_tree(tmp_path)
@@ -175,7 +191,7 @@ def test_a_hostile_box_cannot_plant_anything_the_host_runs(engine, boxes, tmp_pa
     boxes.append(second)
     assert box_task({"name": second, "workspace": str(repo)}).get("failed") is not True
     checkpoint = f"ck-{secrets.token_hex(3)}"
-    # The checkpoint goes with its box (a destroy removes the checkpoints the box took): here, or in `boxes`.
+    checkpoints.append((repo, checkpoint))
     taken = run_module("agentbox_checkpoint", {"box": name, "name": checkpoint})
     assert taken.get("failed") is not True, taken
     fetched = run_module("agentbox_worktree", {"box": name, "state": "fetched"})
@@ -256,7 +272,7 @@ def test_root_owned_repository_under_a_private_directory(engine, boxes, tmp_path
     assert git(repo, "log", "-1", "--format=%s", f"agentbox/{name}").strip() == "boxed"
 
 
-def test_the_collections_host_git_ignores_repository_planted_config(engine, boxes, tmp_path):
+def test_the_collections_host_git_ignores_repository_planted_config(engine, boxes, checkpoints, tmp_path):
     """Defence in depth: a repository whose own config plants hooks, an fsmonitor, a filter and a
     pager (whoever wrote them) runs none of them when the collection's host git reads it."""
     repo = make_repo(tmp_path / "ws", {"a.txt": "a\n", "b.txt": "b\n"})
@@ -289,7 +305,8 @@ def test_the_collections_host_git_ignores_repository_planted_config(engine, boxe
     assert made["seed"]["modified"] == 1
     rc, out = in_box(engine, name, "cd /workspace && git -c user.email=a@b -c user.name=a commit -qam boxed")
     assert rc == 0, out
-    checkpoint = f"ck-{secrets.token_hex(3)}"  # it goes with the box (here, or in `boxes`)
+    checkpoint = f"ck-{secrets.token_hex(3)}"
+    checkpoints.append((repo, checkpoint))
     assert run_module("agentbox_checkpoint", {"box": name, "name": checkpoint}).get("failed") is not True
     assert run_module("agentbox_worktree", {"box": name, "state": "fetched"}).get("failed") is not True
     assert box_task({"name": name, "state": "stopped"}).get("failed") is not True
