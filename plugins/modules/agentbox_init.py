@@ -102,7 +102,7 @@ fill_in:
   returned: always
   type: str
 issues:
-  description: The validator's warnings on the proposed file (C(<file>:<line>: warning: ...)).
+  description: "The validator's warnings on the proposed file, each C(<file>:<line>: warning: ...)."
   returned: always
   type: list
   elements: str
