@@ -159,7 +159,7 @@ class _Scan:
         inputs = ["package.json"] + ([lock] if lock and not lock.startswith("bun") else [])
         self.plan.found.append(f"{manager} ({lock or 'package.json, no lock file'}){self._where(folder)}")
         task = self.add_task(folder, "node", manager, install, inputs, "node_modules/.agentbox-installed",
-                             [f"{manager}: {install.split(' --no-fund')[0]} ({lock or 'no lock file'})."], several)
+                             [f"{manager}: {install.split(' --no-fund', maxsplit=1)[0]} ({lock or 'no lock file'})."], several)
         test = str(scripts.get("test", ""))
         if test and "no test specified" not in test:
             self.add_test(folder, f"{manager} test")
@@ -264,8 +264,8 @@ class _Scan:
         sources = [_read(os.path.join(path, name)) for name in _listdir(path) if name.endswith(".go")
                    and not name.endswith("_test.go")]
         main = [source for source in sources if re.search(r"(?m)^package main\b", source)]
-        listen = next((found for source in main for found in [re.search(r"Listen(?:AndServe)?\w*\(\s*\"[\w.]*:(\d{2,5})\"",
-                                                                          source)] if found), None)
+        pattern = re.compile(r"Listen(?:AndServe)?\w*\(\s*\"[\w.]*:(\d{2,5})\"")
+        listen = next((found for found in map(pattern.search, main) if found), None)
         if listen:
             port = int(listen.group(1))
             self.plan.found.append(f"a Go server (port {port}){self._where(folder)}")
