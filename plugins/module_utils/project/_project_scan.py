@@ -239,6 +239,8 @@ class _Scan:
                 if command:
                     break
         if command:
+            if runner in ("uv run ", "poetry run "):  # where the install task put the tool
+                command = f"{_PATH_LOCAL_BIN}\n{command}"
             self.plan.found.append(f"{what} (port {port}){self._where(folder)}")
             self.add_service(folder, "web", command, port, [f"The dev server: {what}."], [task])
 

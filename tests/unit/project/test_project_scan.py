@@ -128,8 +128,8 @@ def test_django_and_fastapi_dev_servers(tmp_path: Path) -> None:
     api = project(tmp_path / "f", {"pyproject.toml": "[project]\nname='a'\n", "uv.lock": "",
                                    "main.py": "from fastapi import FastAPI\napi = FastAPI()\n"})
     _plan, data = rendered(api)
-    assert data["services"]["web"]["command"] == (
-        "exec uv run python -m uvicorn main:api --host 127.0.0.1 --port 8000")
+    assert data["services"]["web"]["command"] == ('export PATH="$HOME/.local/bin:$PATH"\n'
+                                                  "exec uv run python -m uvicorn main:api --host 127.0.0.1 --port 8000\n")
 
 
 def test_cargo_and_go_with_a_server(tmp_path: Path) -> None:
