@@ -79,3 +79,17 @@ def test_the_playbook_shows_the_diff_in_check_mode_and_writes_nothing(tmp_path: 
     assert f"+++ after: {root}/agentbox.yaml" in ran.stdout and "+    command: exec npm run dev" in ran.stdout
     assert f"would write: {root}/agentbox.yaml" in ran.stdout and "--check: no box made" not in ran.stdout
     assert not (root / "agentbox.yaml").exists()
+
+
+def test_the_playbook_on_an_unclassifiable_workspace_writes_a_minimal_file_and_makes_no_box(tmp_path: Path) -> None:
+    root = workspace(tmp_path, {"notes.txt": "nothing to build\n"})
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1", "PWD": str(root)}
+    ran = subprocess.run([str(REPO / ".venv/bin/ansible-playbook"), str(REPO / "playbooks/init.yml"),
+                          "-e", "checkpoint=true"], cwd=root, env=env, capture_output=True, text=True, check=False)
+    printed = " ".join(ran.stdout.split())
+    assert f"wrote: {root}/agentbox.yaml" in printed
+    assert "fill in: could not tell how to install or run this project: fill in tasks.install" in printed
+    assert "# tasks:\n#   install:" in (root / "agentbox.yaml").read_text()  # the commented example
+    # checkpoint=true stops before any box is made, and says why.
+    assert ran.returncode != 0 and "agentbox.yaml has no install task to keep in a checkpoint" in printed
+    assert "Create the set-up box" not in ran.stdout
