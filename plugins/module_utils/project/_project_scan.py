@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import tomllib
 from typing import Any
 
@@ -113,7 +114,7 @@ class _Scan:
                                        port=port, expose=expose, needs=needs, stop_timeout_ms=stop_timeout_ms))
 
     def add_test(self, folder: str, command: str) -> None:
-        self.plan.tests.append(f"cd {folder} && {command}" if folder else command)
+        self.plan.tests.append(f"cd {shlex.quote(folder)} && {command}" if folder else command)
 
     # ----------------------------------------------------------------------------------------- per folder
 
