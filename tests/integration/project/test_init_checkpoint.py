@@ -63,7 +63,8 @@ def test_init_with_checkpoint_installs_once_and_new_boxes_start_with_it_done(wor
     printed = " ".join(ran.stdout.split())
     assert ran.returncode == 0, ran.stdout[-4000:] + ran.stderr[-2000:]
     assert "found: npm (package-lock.json); package.json scripts.dev (port 3000)" in printed
-    assert "checkpoint: init (the project's default" in printed and f"box: {setup} destroyed" in printed
+    assert "checkpoint: init, now the project default" in printed, ran.stdout[-3000:]
+    assert f"box: {setup} destroyed" in printed, ran.stdout[-3000:]
     assert (workspace / "agentbox.yaml").is_file()
 
     info = run_module("agentbox_checkpoint_info", {"workspace": str(workspace)})
