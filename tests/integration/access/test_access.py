@@ -315,8 +315,7 @@ def test_ssh_alias_and_web_url_of_a_box_restored_from_a_checkpoint(home: Path, r
         assert re.search(r"web: +(http://[^\s']+)", made.stdout).group(1) == f"http://127.0.0.1:{port}/", made.stdout
         assert run_module("agentbox_box_info", {"name": restored})["box"]["web_url"] == f"http://127.0.0.1:{port}/"
     finally:
-        for name in (restored, source):  # the checkpoint's image goes once no box runs from it
-            run_module("agentbox_box", {"name": name, "state": "absent"})
+        destroy_quietly([restored, source])  # the checkpoint's image goes once no box runs from it
         removed = run_module("agentbox_checkpoint", {"workspace": str(repo), "name": checkpoint, "state": "absent"})
         assert not removed["failed"], removed.get("msg")
 
