@@ -57,15 +57,19 @@ def home(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 @pytest.fixture
 def boxes() -> Iterator[list[str]]:
-    """Names of the test's boxes, destroyed after it."""
-    names: list[str] = []
+    names: list[str] = []  # the test's boxes, destroyed after it
     yield names
     destroy_quietly(names)
 
 
+def move_to(name: str, state: str, provider: DockerProvider | None = None) -> dict[str, Any]:
+    """Set-up, not under test: the box to `state` in-process (_box.set_state, as agentbox_box); its facts."""
+    provider = provider or DockerProvider()
+    return _box.set_state(provider, provider.find(name), state).to_dict()
+
+
 def destroy_quietly(names: list[str]) -> None:
-    """The clean-up, not under test: in this process, not an Ansible start per box (what destroy does to the
-    aliases is proved where a test asks for it)."""
+    """Clean-up, not under test: in-process, no Ansible start per box (tests that assert a destroy use the module)."""
     provider = DockerProvider()
     for name in names:
         facts = provider.find(name)
@@ -81,8 +85,7 @@ class SharedBox:
 
 @pytest.fixture(scope="module")
 def shared_home() -> Iterator[Path]:
-    """The HOME of the module's shared boxes (their aliases live in its ~/.agentbox)."""
-    path = new_home()
+    path = new_home()  # the HOME of the module's shared boxes (their aliases live in its ~/.agentbox)
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
@@ -199,9 +202,9 @@ def test_ssh_alias_local_box(home: Path, repo_factory, boxes: list[str]) -> None
     assert as_root.returncode == 255 and "Permission denied" in as_root.stderr, as_root.stderr
 
     # The alias follows a stop and a start (the keys lived on the box's tmpfs).
-    for state in ("stopped", "started"):
-        moved = run_module("agentbox_box", {"name": name, "state": state})
-        assert not moved["failed"], moved.get("msg")
+    assert move_to(name, "stopped")["state"] == "stopped"
+    moved = run_module("agentbox_box", {"name": name, "state": "started"})
+    assert not moved["failed"], moved.get("msg")
     again = ssh(home, alias, "git -C /workspace rev-parse --abbrev-ref HEAD")
     assert again.returncode == 0 and again.stdout.strip() == f"agentbox/{name}", again.stderr
 
@@ -237,8 +240,8 @@ def test_attach_uri_resume_and_include(home: Path, repo_factory, boxes: list[str
     repo = repo_factory("ws")
     name = f"att-{secrets.token_hex(3)}"
     create(repo, name, boxes)
-    paused = run_module("agentbox_box", {"name": name, "state": "paused"})
-    assert paused.get("box", {}).get("state") == "paused", paused
+    paused = move_to(name, "paused")
+    assert paused["state"] == "paused", paused
 
     # A hand-written ~/.ssh/config: only the Include line is added, once, at the top.
     user_config = home / ".ssh" / "config"
@@ -544,9 +547,10 @@ def test_ssh_alias_and_named_shells_of_a_box_on_a_remote_engine(
         subprocess.run([*scp, f"{alias}:/workspace/in.txt", str(home / "out.txt")], check=True, timeout=60)
         assert (home / "out.txt").read_text() == "through the engine\n"
 
-        for state in ("stopped", "started"):
-            moved = run_module("agentbox_box", {**common, "state": state})
-            assert not moved["failed"], moved.get("msg")
+        remote = DockerProvider(engine=engine.alias, ssh_options={}, isolation="none")
+        assert move_to(name, "stopped", remote)["state"] == "stopped"
+        moved = run_module("agentbox_box", {**common, "state": "started"})
+        assert not moved["failed"], moved.get("msg")
         again = ssh(home, alias, "git -C /workspace rev-parse --abbrev-ref HEAD")
         assert again.returncode == 0 and again.stdout.strip() == f"agentbox/{name}", again.stderr
 
@@ -635,8 +639,7 @@ def test_forward_local_and_web_url_after_start(at_shared_home: Path, served_box:
     forwarded = run_module("agentbox_forward", {"name": name})
     assert forwarded["url"] == served_box.web_url and forwarded["changed"] is False
     try:
-        stopped = run_module("agentbox_box", {"name": name, "state": "stopped"})
-        assert stopped["box"]["state"] == "stopped"
+        assert move_to(name, "stopped")["state"] == "stopped"
         not_running = run_module("agentbox_forward", {"name": name})
         assert not_running["failed"] and "is stopped" in not_running["msg"]
         # After a start the published port is new: box_state.yml prints the URL as it is now.
@@ -693,13 +696,13 @@ def test_ssh_wake_of_a_stopped_box_says_its_new_web_url(at_shared_home: Path, un
     argv = ["ssh", "-F", str(config), "-o", "BatchMode=yes", alias, "id -un"]
 
     # A paused box keeps its ports: resumed, no URL said.
-    assert run_module("agentbox_box", {"name": name, "state": "paused"})["box"]["state"] == "paused"
+    assert move_to(name, "paused")["state"] == "paused"
     resumed = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
     assert resumed.returncode == 0 and resumed.stdout == "vscode\n", resumed.stderr
     assert "was paused" in resumed.stderr and " web " not in resumed.stderr, resumed.stderr
 
-    stopped = run_module("agentbox_box", {"name": name, "state": "stopped"})
-    assert stopped["box"]["state"] == "stopped" and not stopped["box"]["web_url"], stopped
+    stopped = move_to(name, "stopped")
+    assert stopped["state"] == "stopped" and not stopped["web_url"], stopped
     woke = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)  # a guard, not a timing
     assert woke.returncode == 0 and woke.stdout == "vscode\n", woke.stderr
     assert "was stopped" in woke.stderr, woke.stderr
@@ -749,8 +752,8 @@ def test_editor_servers_and_extensions_are_each_box_s_own(home: Path, repo_facto
         f" && echo ext > ~/.vscode-server/extensions/planted-{first} && echo ext > ~/.cursor-server/extensions/planted-{first}"
     wrote = ssh(home, alias, planted)
     assert wrote.returncode == 0, wrote.stderr
-    for state in ("stopped", "started"):
-        assert not run_module("agentbox_box", {"name": first, "state": state})["failed"]
+    assert move_to(first, "stopped")["state"] == "stopped"
+    assert not run_module("agentbox_box", {"name": first, "state": "started"})["failed"]
     kept = ssh(home, alias, f"cat ~/.vscode-server/marker ~/.vscode-server/extensions/planted-{first}")
     assert kept.stdout.split() == ["server", "ext"], kept.stdout + kept.stderr
     seen = subprocess.run(["docker", "exec", f"agentbox-{second}", "sh", "-c",
@@ -770,7 +773,7 @@ def test_attach_starts_a_stopped_box_and_runs_only_the_editor_asked_for(
     """A stopped box is started first; `ide=print` runs no editor even with `code` and `cursor` installed;
     `ide=cursor` runs `cursor --folder-uri <Dev Containers URI of the box>`."""
     name = unbooted_box.name
-    assert run_module("agentbox_box", {"name": name, "state": "stopped"})["box"]["state"] == "stopped"
+    assert move_to(name, "stopped")["state"] == "stopped"
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
