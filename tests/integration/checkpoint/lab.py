@@ -118,13 +118,6 @@ class Lab:
         assert not result.get("failed"), result.get("msg")
         return result
 
-    def remove_left_checkpoint(self, workspace: Path, name: str) -> None:
-        """Remove checkpoint `name` of the workspace's project if it is still there (a test that
-        failed half-way), so a shared project is left as it was."""
-        project = _naming.project_id(str(workspace))
-        if (self.home / ".agentbox" / "checkpoints" / project / name).exists():
-            self.checkpoint(name=name, state="absent", workspace=str(workspace))
-
     # -- in the box -------------------------------------------------------------------------
     def sh(self, box: str, script: str, user: str = "vscode") -> str:
         container = self.client.containers.get(_naming.container_name(box))

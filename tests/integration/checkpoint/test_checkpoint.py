@@ -1,17 +1,11 @@
-"""Checkpoints on the real engine: capture, restore, the project default, removal, bad input, prune,
-and playbooks/checkpoint.yml (lab.py: the modules run as Ansible runs them, under a temp HOME).
-The chain and flattening are in test_checkpoint_chain.py, secrets and `env` in test_checkpoint_secrets.py.
+"""Checkpoints on the real engine: capture, restore, the project default, removal, bad input, prune
+(lab.py: the modules run as Ansible runs them, under a temp HOME). The chain and flattening are in
+test_checkpoint_chain.py; secrets, `env` and playbooks/checkpoint.yml in test_checkpoint_secrets.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -20,19 +14,9 @@ from ansible_collections.agentbox.box.plugins.module_utils.core import _naming
 from ansible_collections.agentbox.box.plugins.module_utils.core._provider import BoxFacts
 from ansible_collections.agentbox.box.plugins.module_utils.providers.daytona._daytona import DaytonaProvider
 from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._docker import DockerProvider
-from tests.integration.checkpoint.lab import IMAGE, REPO, Lab, image_exists, open_lab
+from tests.integration.checkpoint.lab import IMAGE, Lab, image_exists
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def plain(client: Any) -> Iterator[dict[str, Any]]:
-    """A box of a workspace of its own, for the tests that only checkpoint it: each removes what it
-    took (and the default it set), so the project has no checkpoint between them."""
-    with open_lab(client) as lab:
-        workspace = lab.workspace()
-        box = lab.ok_box("pln", workspace)["box"]["name"]
-        yield {"lab": lab, "workspace": workspace, "box": box}
 
 
 def test_warm_state_survives_restore_and_source_is_untouched(lab: Lab) -> None:
@@ -159,20 +143,10 @@ def test_warm_state_survives_restore_and_source_is_untouched(lab: Lab) -> None:
     assert lab.git(workspace, "rev-parse", f"agentbox/{source}") == checkpoint["commit"]
 
 
-def test_the_default_checkpoint_belongs_to_one_provider_and_engine(
-    plain: dict[str, Any], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    lab, workspace, box = plain["lab"], plain["workspace"], plain["box"]
+def test_the_default_checkpoint_belongs_to_one_provider_and_engine(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
+    workspace = lab.workspace()
     project = _naming.project_id(str(workspace))
-    try:
-        check_the_default_belongs_to_one_provider_and_engine(lab, monkeypatch, workspace, project, box)
-    finally:  # the shared project is left without this test's checkpoint and default, failed or not
-        lab.remove_left_checkpoint(workspace, "warm")
-
-
-def check_the_default_belongs_to_one_provider_and_engine(
-    lab: Lab, monkeypatch: pytest.MonkeyPatch, workspace: Path, project: str, box: str
-) -> None:
+    box = lab.ok_box("dflt", workspace)["box"]["name"]
     saved = lab.ok_checkpoint(box=box, name="warm", set_default=True)["checkpoint"]
     assert saved["default"] is True
     monkeypatch.setenv("HOME", str(lab.home))
@@ -284,57 +258,3 @@ def test_absent_bad_input_check_mode_defaults_and_prune(lab: Lab) -> None:
     pruned = lab.ok_checkpoint(prune=True, workspace=str(workspace))
     assert [r["image"] for r in pruned["removed"]["removed"]] == [orphan]
     assert not image_exists(lab.client, orphan) and image_exists(lab.client, first["image"])
-
-
-def test_checkpoint_playbook(plain: dict[str, Any]) -> None:
-    lab, workspace = plain["lab"], plain["workspace"]
-    try:
-        check_the_checkpoint_playbook(lab, plain["box"])
-    finally:  # the shared project is left without this test's checkpoint and default, failed or not
-        lab.remove_left_checkpoint(workspace, "pb-flat")
-
-
-def check_the_checkpoint_playbook(lab: Lab, box: str) -> None:
-    env = {**os.environ, "HOME": str(lab.home)}
-    # The controller's own Python (it has the docker SDK); discovery would look under the temp HOME.
-    playbook = [
-        str(REPO / ".venv" / "bin" / "ansible-playbook"),
-        "-i",
-        "localhost,",
-        "-e",
-        f"ansible_python_interpreter={sys.executable}",
-    ]
-    done = subprocess.run(
-        [
-            *playbook,
-            "playbooks/checkpoint.yml",
-            "-e",
-            f"box={box}",
-            "-e",
-            "checkpoint=pb-flat",
-            "-e",
-            "merged=true",
-            "-e",
-            "set_default=true",
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert "checkpoint: pb-flat (flattened, project default)" in done.stdout
-    listed = lab.module("agentbox_checkpoint_info", {"box": box})
-    assert [c["name"] for c in listed["checkpoints"]] == ["pb-flat"] and listed["default"] == "pb-flat"
-    missing = subprocess.run(
-        [*playbook, "playbooks/checkpoint.yml"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert missing.returncode != 0 and "-e box=NAME" in missing.stdout

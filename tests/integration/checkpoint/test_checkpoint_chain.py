@@ -26,12 +26,14 @@ def assert_same_config(image_config: dict[str, Any], container_config: dict[str,
 
 def test_three_layered_in_a_chain_then_the_fourth_is_flattened_and_max_layers_and_cleanup_false(lab: Lab) -> None:
     """One chain proves both: gen1 is taken with cleanup=false and max_layers=1 (one layer is allowed),
-    and from the box restored from it a second checkpoint with max_layers=1 is flattened."""
+    and of the box restored from it a checkpoint with max_layers=1 would be flattened, while gen2, with
+    the default max_layers, is layered and runs the default cleanup there."""
     workspace = lab.workspace()
     box = lab.ok_box("g0", workspace)["box"]["name"]
     note = f"session-{secrets.token_hex(6)}"
     lab.sh(box, f"echo {note} > /var/tmp/session-note", user="root")  # the in-box cleanup empties /var/tmp
     names: list[str] = []
+    boxes = [box]
     for generation in range(1, 5):
         lab.sh(
             box,
@@ -44,12 +46,17 @@ def test_three_layered_in_a_chain_then_the_fourth_is_flattened_and_max_layers_an
         if generation < 4:
             assert saved["type"] == "layered" and saved["layers"] == generation
             box = lab.ok_box(f"g{generation}", workspace, checkpoint=saved["name"])["box"]["name"]
+            boxes.append(box)
         if generation == 1:
             assert lab.sh(box, "cat /var/tmp/session-note") == f"{note}\n"  # captured as it was: no cleanup ran
             # The restored box already stacks one checkpoint layer: with max_layers=1 the next one is flattened.
-            second = lab.ok_checkpoint(box=box, name="ml2", max_layers=1)["checkpoint"]
+            # Planned in check mode: the capture takes the plan's type, layers and parents as they are, and
+            # gen4 below is a real flattened capture of a restored box.
+            second = lab.ok_checkpoint(box=box, name="ml2", max_layers=1, _check=True)["checkpoint"]
             assert second["type"] == "flattened" and second["layers"] == 0 and second["parents"] == ["gen1"]
-            assert "session-note" not in lab.sh(box, "ls -A /var/tmp")  # the default cleanup ran this time
+        if generation == 2:
+            # gen2 was taken of the box restored from gen1 with the default cleanup (011cf34: it ran there).
+            assert "session-note" not in lab.sh(boxes[1], "ls -A /var/tmp")
     assert saved["type"] == "flattened" and saved["layers"] == 0
 
     flat = lab.client.images.get(saved["image"])
