@@ -233,3 +233,16 @@ def test_a_box_name_taken_by_another_project_is_refused(fake_docker: FakeProvide
     taken = create(other, "b1", boot=False)
     assert taken["failed"] and "already used by another project" in taken["msg"], taken
     assert git(other, "for-each-ref", "refs/heads/agentbox/") == ""
+
+
+def test_an_engine_that_does_not_answer_is_named_with_what_to_do(home: Path, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The real Docker provider, pointed at a box engine socket where nothing listens: its own script and
+    isolation=none are named. (A create with isolation=none also looks for the name on the box engine, so the
+    user's engine down is proven in the integration layer, with a box engine that answers.)"""
+    repo = repo_at(tmp_path / "ws")
+    monkeypatch.setenv("AGENTBOX_ENGINE", "unix:///nonexistent.sock")
+    down = create(repo, "b1")
+    assert down["failed"] and "box engine at unix:///nonexistent.sock does not answer" in down["msg"], down
+    assert "ensure-box-engine.sh" in down["msg"] and "isolation=none" in down["msg"]
+    assert git(repo, "for-each-ref", "refs/heads/agentbox/") == ""
