@@ -53,3 +53,16 @@ def test_check_mode_on_a_paused_box_reports_the_resume_and_makes_none(fake_docke
         assert result["failed"] is False and result["changed"] is False, result
         assert result["box"]["state"] == "paused" and result["box"]["agent"] is None
     assert fake_docker.find(box).state == "paused"
+
+
+def test_check_mode_without_credentials_warns_where_it_looked_and_starts_nothing(fake_docker: FakeProvider, box: str,
+                                                                                 home: Path) -> None:  # fmt: skip
+    fake_docker.resume(box)
+    planned = run_module_inprocess("agentbox_agent", {"box": box}, check_mode=True)
+    assert planned["failed"] is False and planned["changed"] is True and planned["credentials"] == [], planned
+    [warning] = planned["warnings"]
+    assert "no credentials for claude found" in warning and f"{home}/.claude/.credentials.json" in warning
+    assert "environment ANTHROPIC_*/CLAUDE_CODE_*" in warning and "playbooks/agent_login.yml" in warning
+    assert planned["box"]["agent"] is None  # nothing started
+    # A task's warnings are its own: the next run starts with none.
+    assert run_module_inprocess("agentbox_agent", {"box": box, "state": "query"})["warnings"] == []

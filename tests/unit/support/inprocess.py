@@ -6,7 +6,8 @@ would send (ansible-core's own `patch_module_args`, the JSON `ANSIBLE_MODULE_ARG
 `_ansible_check_mode` and `_ansible_diff`), validates them against the module's argument spec,
 and the module answers with exit_json or fail_json, whose JSON is read back from stdout. What
 `tests/conftest.py::run_module` gets from an `ansible localhost -m` process, without the process:
-a result dict with `failed`, `msg`, `changed`, the module's return keys and its `warnings`.
+a result dict with `failed`, `msg`, `changed`, the module's return keys and its `warnings` (each the text
+Ansible prints after "[WARNING]: ").
 
 The action plugins of agentbox_box, agentbox_agent and agentbox_relay validate the same argument
 spec (BOX_ARGUMENT_SPEC, AGENT_ARGUMENT_SPEC, RELAY_ARGUMENT_SPEC and its approve/deny rule) and
@@ -25,6 +26,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from unittest import mock
 
+from ansible.module_utils import _internal as ansible_internal
 from ansible.module_utils.common import warnings as ansible_warnings
 from ansible.module_utils.testing import patch_module_args
 
@@ -41,9 +43,11 @@ def run_module_inprocess(module: str, args: dict[str, Any], *, check_mode: bool 
     main: Callable[[], None] = importlib.import_module(f"{MODULES}.{module}").main
     internal = {"_ansible_check_mode": check_mode, "_ansible_diff": diff, "_ansible_module_name": f"agentbox.box.{module}"}
     out = io.StringIO()
-    # A module process starts with no warnings and deprecations; here they are process-wide dicts.
+    # As in a module process on a target: not the controller (which would print a module's warnings on the
+    # spot instead of returning them), and no warnings or deprecations yet (process-wide dicts here).
     with (
         patch_module_args({**args, **internal}),
+        mock.patch.object(ansible_internal, "is_controller", False),
         mock.patch.dict(vars(ansible_warnings)["_global_warnings"], clear=True),
         mock.patch.dict(vars(ansible_warnings)["_global_deprecations"], clear=True),
         contextlib.redirect_stdout(out),
@@ -60,7 +64,8 @@ def run_module_inprocess(module: str, args: dict[str, Any], *, check_mode: bool 
     except (ValueError, IndexError) as exc:
         raise AssertionError(f"no JSON result from {module} (exit {code}):\n{text}") from exc
     result["failed"] = bool(result.get("failed")) or code != 0
-    result.setdefault("warnings", [])
+    # What the controller prints after "[WARNING]: " for each (the module sends them as events).
+    result["warnings"] = [w["event"]["msg"] if isinstance(w, dict) else w for w in result.get("warnings", [])]
     return result
 
 
