@@ -121,7 +121,9 @@ def test_cap_pauses_exactly_the_idle_ones_longest_first_then_stops_after_hours(f
                              "none": "running"}  # fmt: skip
 
 
-def test_autopause_playbook_runs_the_policy_and_bad_input_fails_first(fleet: dict) -> None:
+def test_autopause_playbook_plans_the_policy_and_a_way_in_wakes_a_paused_box(fleet: dict) -> None:
+    """The playbook in check mode plans on the real clock and pauses nothing; a task through the connection plugin
+    wakes a box the policy paused. (A bad setting fails before any box is read: tests/unit/idle/test_idle_modules.py.)"""
     base = [
         str(REPO / ".venv/bin/ansible-playbook"),
         "playbooks/autopause.yml",
@@ -137,9 +139,7 @@ def test_autopause_playbook_runs_the_policy_and_bad_input_fails_first(fleet: dic
         assert f"{fleet['names'][role]}: pause: idle " in checked.stdout, checked.stdout
     for role in ("working", "waiting", "none"):
         assert f"{fleet['names'][role]}: keep: " in checked.stdout, checked.stdout
-    bad = run_module_direct("agentbox_idle", {"workspace": fleet["workspace"], "max_running": -1})
-    assert bad["failed"] and "max_running must be" in bad["msg"]
-    assert all(states(fleet)[role] == "running" for role in ROLES)
+    assert all(states(fleet)[role] == "running" for role in ROLES)  # check mode paused nothing
 
     # A way in wakes a box the policy put to sleep: a task through the connection plugin resumes it.
     paused = run_module_direct("agentbox_idle", {"workspace": fleet["workspace"], "max_running": 2, "idle_minutes": 1,
