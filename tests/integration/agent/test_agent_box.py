@@ -11,7 +11,7 @@ module's World and fixtures, as test_agent_boxd.py does).
   `working` and then does nothing) is `stalled` after `stalled_minutes`, and the idle policy pauses it.
 - Bad input: an unknown agent, a CLI missing from the image, no credentials, a paused box.
 
-The boxes are removed at the end by agentbox_box's own main (tests/integration/image/conftest.py), not by
+The boxes are removed at the end by agentbox_box's own main (tests/conftest.py (run_module_direct)), not by
 destroy_box.yml: that playbook is proven elsewhere. Every playbook runs with a temporary HOME (no credentials
 of the machine running the tests can leak in), whose idle-policy file has the relay read the boxes every second (the default is every 30 s; the rest of the
 suite switches the relay's policy off).
@@ -34,8 +34,7 @@ from typing import Any
 import docker
 import pytest
 
-from tests.conftest import chown_tree, git, make_repo
-from tests.integration.image.conftest import run_module_direct
+from tests.conftest import chown_tree, git, make_repo, run_module_direct
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[3]

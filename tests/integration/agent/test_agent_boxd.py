@@ -30,8 +30,8 @@ import docker
 import pytest
 
 from tests.boxd_emulator import running_emulator
+from tests.conftest import run_module_direct
 from tests.integration.agent import test_agent_box as shared
-from tests.integration.image.conftest import run_module_direct
 
 pytestmark = pytest.mark.integration
 

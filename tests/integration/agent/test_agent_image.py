@@ -19,8 +19,7 @@ from typing import Any
 import docker
 import pytest
 
-from tests.conftest import chown_tree
-from tests.integration.image.conftest import run_module_direct
+from tests.conftest import chown_tree, run_module_direct
 
 REPO = Path(__file__).resolve().parents[3]
 ANSIBLE_PLAYBOOK = str(REPO / ".venv" / "bin" / "ansible-playbook")

@@ -3,7 +3,7 @@ across a project's boxes, and playbooks/fleet_status.yml over three boxes with d
 (numbers checked against git on the host), its HTML page rendered by headless Chromium.
 
 The fleet is made, worked on and removed for the module without Ansible (the agentbox_box module's own main,
-tests/integration/image/conftest.py, and `docker exec` as the box user): the tests are about the inventory,
+tests/conftest.py (run_module_direct), and `docker exec` as the box user): the tests are about the inventory,
 the connection and fleet_status.yml, which run through Ansible.
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.image.conftest import run_module_direct
+from tests.conftest import run_module_direct
 from tests.integration.support.fleet_page import chromium_binary
 
 pytestmark = pytest.mark.integration

@@ -7,7 +7,7 @@ scripts/ansible-user-config.sh writes into a temp HOME. Then the page is loaded 
 1400 and 800 px with a measuring script added to a copy (tests/integration/support/fleet_page.py): one row
 per box with git's numbers, nothing wider than the window, every branch name on one line.
 
-The boxes are made and removed by the agentbox_box module's own main (tests/integration/image/conftest.py),
+The boxes are made and removed by the agentbox_box module's own main (tests/conftest.py (run_module_direct)),
 not through Ansible: the tests are about the installed collection's playbook. The run by FQCN is made once
 (`by_fqcn`): its table and its page are read by both tests.
 """
@@ -25,8 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, chown_tree, git, make_repo
-from tests.integration.image.conftest import run_module_direct
+from tests.conftest import REPO, chown_tree, git, make_repo, run_module_direct
 from tests.integration.support.fleet_page import measure_page
 
 pytestmark = pytest.mark.integration

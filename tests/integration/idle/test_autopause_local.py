@@ -3,7 +3,7 @@ working, waiting, idle for 2 and 10 minutes and none; time is injected (the stat
 test-only `now`), never slept. Scoped to the test's own workspace, so no other box is looked at.
 
 The five boxes are made once for the module; each test gets them back running with their states as made
-(`fleet`). The boxes are made and the module is run by its own main (tests/integration/image/conftest.py);
+(`fleet`). The boxes are made and the module is run by its own main (tests/conftest.py (run_module_direct));
 autopause.yml and the connection plugin go through Ansible."""
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from tests.conftest import REPO, chown_tree, make_repo
-from tests.integration.image.conftest import run_module_direct
+from tests.conftest import REPO, chown_tree, make_repo, run_module_direct
 
 pytestmark = pytest.mark.integration
 

@@ -25,7 +25,7 @@ from typing import Any
 import docker
 import pytest
 
-from tests.integration.image.conftest import run_module_direct
+from tests.conftest import run_module_direct
 
 REPO = Path(__file__).resolve().parents[3]
 if str(REPO / ".collections") not in sys.path:

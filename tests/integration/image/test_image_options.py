@@ -17,7 +17,7 @@ from typing import Any
 import docker
 import pytest
 
-from tests.integration.image.conftest import run_module_direct
+from tests.conftest import run_module_direct
 
 pytestmark = pytest.mark.integration
 BASE = "debian:bookworm"  # the box image's base: on the engine wherever the box image was built
