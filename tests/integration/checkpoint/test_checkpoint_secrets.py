@@ -56,7 +56,7 @@ def sealed(client: Any) -> Iterator[dict[str, Any]]:
                                        "-e", "set_default=true")  # fmt: skip
         assert playbook.returncode == 0, playbook.stdout[-3000:] + playbook.stderr[-2000:]
         listed = lab.module("agentbox_checkpoint_info", {"box": box})
-        flattened = next(c for c in listed["checkpoints"] if c["name"] == "pb-flat")
+        flattened = {c["name"]: c for c in listed["checkpoints"]}["pb-flat"]
         kinds: dict[str, dict[str, Any]] = {}
         for saved in (layered, flattened):
             inspect = subprocess.run(["docker", "image", "inspect", saved["image"]], capture_output=True, check=True).stdout

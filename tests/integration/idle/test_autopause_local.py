@@ -142,7 +142,7 @@ def test_autopause_playbook_plans_the_policy_and_a_way_in_wakes_a_paused_box(fle
 
     # A way in wakes a box the policy put to sleep: a task through the connection plugin resumes it.
     paused = run_module_direct("agentbox_idle", {"workspace": fleet["workspace"], "max_running": 2, "idle_minutes": 1,
-                                          "state_file": fleet["state_file"]})  # fmt: skip
+                                                 "state_file": fleet["state_file"]})  # fmt: skip
     assert paused.get("failed") is not True and states(fleet)["idle10"] == "paused", paused
     woke = subprocess.run(
         [str(REPO / ".venv/bin/ansible"), "all", "-i", f"{fleet['names']['idle10']},", "-c", "agentbox.box.box",

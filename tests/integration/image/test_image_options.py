@@ -118,7 +118,7 @@ def test_default_options_keep_the_fingerprint_of_the_files_alone(repository: str
     defaults = run_module_direct("agentbox_image", {"dockerfile": "FROM debian:bookworm\n", "tag": repository}, check_mode=True)
     assert defaults["fingerprint"] == compute_fingerprint(context_from_parts("FROM debian:bookworm\n"))
     vnc = run_module_direct("agentbox_image", {"dockerfile": "FROM debian:bookworm\n", "tag": repository, "vnc": True},
-                     check_mode=True)
+                            check_mode=True)
     assert vnc["fingerprint"] != defaults["fingerprint"]
 
 

@@ -29,5 +29,5 @@ def test_box_info_lists_a_project_and_finds_one_box(fake_docker: FakeProvider, h
     assert missing["failed"] is False and missing["box"] == {} and missing["boxes"] == [], missing
     invalid = run_module_inprocess("agentbox_box_info", {"name": "Bad Box"})
     assert invalid["failed"] is True and "invalid box name" in invalid["msg"], invalid
-    assert {facts.name: facts.state for facts in fake_docker.list_boxes()} == {"b1": "running", "b2": "running",
-                                                                              "c1": "running"}  # fmt: skip
+    states = {facts.name: facts.state for facts in fake_docker.list_boxes()}
+    assert states == {"b1": "running", "b2": "running", "c1": "running"}

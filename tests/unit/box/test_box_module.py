@@ -235,8 +235,9 @@ def test_a_box_name_taken_by_another_project_is_refused(fake_docker: FakeProvide
     assert git(other, "for-each-ref", "refs/heads/agentbox/") == ""
 
 
-def test_an_engine_that_does_not_answer_is_named_with_what_to_do(home: Path, tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_an_engine_that_does_not_answer_is_named_with_what_to_do(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The real Docker provider, pointed at a box engine socket where nothing listens: its own script and
     isolation=none are named. (A create with isolation=none also looks for the name on the box engine, so the
     user's engine down is proven in the integration layer, with a box engine that answers.)"""

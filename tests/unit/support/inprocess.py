@@ -43,6 +43,7 @@ def run_module_inprocess(module: str, args: dict[str, Any], *, check_mode: bool 
     main: Callable[[], None] = importlib.import_module(f"{MODULES}.{module}").main
     internal = {"_ansible_check_mode": check_mode, "_ansible_diff": diff, "_ansible_module_name": f"agentbox.box.{module}"}
     out = io.StringIO()
+    code: object = None
     # As in a module process on a target: not the controller (which would print a module's warnings on the
     # spot instead of returning them), and no warnings or deprecations yet (process-wide dicts here).
     with (
@@ -75,4 +76,3 @@ def provider_as(name: str, provider: Provider) -> Iterator[Provider]:
     of tests/unit/support), whatever its other options: the module's own code runs unchanged on it."""
     with mock.patch.dict(_registry.FACTORIES, {name: lambda **_options: provider}):
         yield provider
-
