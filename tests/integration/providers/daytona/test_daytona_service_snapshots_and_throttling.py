@@ -54,6 +54,11 @@ def test_a_capture_whose_answer_is_lost_waits_for_its_snapshot(emu: Emu, snapsho
     provider = emu.provider()
     name = snapshotted[0]  # a box with /workspace/kept.txt, captured again here
     image = snapshot_name("c" * 16, "lost")
+    # The box is shared: the emulator's auto-stop may have stopped it while other tests ran. This test is about a
+    # running box's capture, so it starts from one.
+    if provider.find(name).state != "running":
+        provider.start(name)
+    assert provider.find(name).state == "running"
     try:
         emu.admin.set_config(transition_seconds=2)  # captures (and the rest) take a while
         emu.admin.add_fault(method="POST", path=r"^/api/sandbox/[^/]+/snapshot$", action="drop_after", times=1)
