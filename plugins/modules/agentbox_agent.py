@@ -173,24 +173,20 @@ transcript:
 """
 
 
-from ansible.module_utils.basic import AnsibleModule
-
 from ansible_collections.agentbox.box.plugins.module_utils.providers._module import (
+    PROVIDER_ARGUMENT_SPEC,
     provider_from_params,
-    run_provider_module,
+    run_task_module,
 )
 from ansible_collections.agentbox.box.plugins.module_utils.tasks._agent_task import AGENT_ARGUMENT_SPEC, run_agent_task
 
 
-def _run(module: AnsibleModule) -> dict:
-    result, warnings = run_agent_task(module.params, provider_from_params(module.params), module.check_mode)
-    for warning in warnings:
-        module.warn(warning)
-    return result
+def _run_agent_task(params: dict, check_mode: bool) -> tuple[dict, list[str]]:
+    return run_agent_task(params, provider_from_params(params), check_mode)
 
 
 def main() -> None:
-    run_provider_module(AGENT_ARGUMENT_SPEC, _run)
+    run_task_module({**AGENT_ARGUMENT_SPEC, **PROVIDER_ARGUMENT_SPEC}, _run_agent_task)
 
 
 if __name__ == "__main__":

@@ -402,22 +402,12 @@ recovered:
   type: dict
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.agentbox.box.plugins.module_utils.providers._module import run_module
+from ansible_collections.agentbox.box.plugins.module_utils.providers._module import run_task_module
 from ansible_collections.agentbox.box.plugins.module_utils.tasks._box_task import BOX_ARGUMENT_SPEC, run_box_task
 
 
-def _task(module: AnsibleModule) -> dict:
-    result, warnings = run_box_task(module.params, module.check_mode)
-    for warning in warnings:
-        module.warn(warning)
-    return result
-
-
 def main() -> None:
-    module = AnsibleModule(argument_spec=BOX_ARGUMENT_SPEC, supports_check_mode=True)
-    run_module(module, _task)
+    run_task_module(BOX_ARGUMENT_SPEC, run_box_task)
 
 
 if __name__ == "__main__":

@@ -108,22 +108,12 @@ issues:
   elements: str
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.agentbox.box.plugins.module_utils.providers._module import run_module
+from ansible_collections.agentbox.box.plugins.module_utils.providers._module import run_task_module
 from ansible_collections.agentbox.box.plugins.module_utils.tasks._init_task import INIT_ARGUMENT_SPEC, run_init_task
 
 
-def _run(module: AnsibleModule) -> dict:
-    result, warnings = run_init_task(module.params, module.check_mode)
-    for warning in warnings:
-        module.warn(warning)
-    return result
-
-
 def main() -> None:
-    module = AnsibleModule(argument_spec=INIT_ARGUMENT_SPEC, supports_check_mode=True)
-    run_module(module, _run)
+    run_task_module(INIT_ARGUMENT_SPEC, run_init_task)
 
 
 if __name__ == "__main__":

@@ -63,6 +63,24 @@ def run_module(module: Any, run: Callable[[Any], dict[str, Any]]) -> None:
     module.exit_json(**result)
 
 
+def run_task_module(
+    argument_spec: dict[str, Any],
+    task: Callable[[dict[str, Any], bool], tuple[dict[str, Any], list[str]]],
+    **constraints: Any,
+) -> None:
+    """main() of a module whose work is a task of module_utils/tasks: task(params, check_mode) returns
+    its result and its warnings; check mode supported; answered by run_module."""
+    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True, **constraints)
+
+    def answer(module: Any) -> dict[str, Any]:
+        result, warnings = task(module.params, module.check_mode)
+        for warning in warnings:
+            module.warn(warning)
+        return result
+
+    run_module(module, answer)
+
+
 def fail_on_errors(module: Any, what: str, errors: list[str], result: dict[str, Any]) -> dict[str, Any]:
     """`result`, or a failure naming each box's error ("<what> failed for a: ...; b: ...") that still
     carries `result`: one box that failed does not hide what was done to the others."""

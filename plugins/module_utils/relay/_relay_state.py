@@ -185,8 +185,9 @@ def bind_box_socket(box_id: str, name: str = SOCKET_NAME) -> socket.socket:
     0666 (the box user connects through the bind mount), whatever the box left at that name. Bound and
     given its mode in sock/, which no box sees, then renamed into the box's directory under its descriptor."""
     check_socket_path(os.path.join(box_socket_dir(box_id), name))
-    # Shorter than <id>/<name>: fits where that does; one staging name per socket name (made side by side).
-    staging = f".{_component(box_id)}.new" if name == SOCKET_NAME else f".{_component(box_id)}.{name[:3]}"
+    # Shorter than <id>/<name>, so it fits where that does; the name's first three letters keep the
+    # staging names of one box's sockets apart (relay.sock and gateway.sock are made side by side).
+    staging = f".{_component(box_id)}.{name[:3]}"
     with box_dir(box_id) as directory, _sock_dir() as parent:
         with contextlib.suppress(FileNotFoundError):
             remove_entry(directory, name)

@@ -84,3 +84,28 @@ def test_init_with_checkpoint_installs_once_and_new_boxes_start_with_it_done(wor
     direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # 127.0.0.1, never through a proxy
     with direct.open(made["box"]["web_url"], timeout=30) as answer:  # the box's web port 80 -> 3000
         assert answer.read() == b"hello from the box\n"
+
+
+def test_init_with_a_failing_install_keeps_the_box_and_prints_its_log_made_safe(workspace: Path) -> None:
+    """The install fails in the box (npm ci runs the root package's preinstall script, which prints
+    terminal control sequences and exits 7): nothing is checkpointed, the box is kept, and the failure
+    prints the box's log lines with every control character turned into '?' (the box's text is the box's:
+    it must not drive the host's terminal)."""
+    hostile = {**PACKAGE, "scripts": {**PACKAGE["scripts"],
+                                      "preinstall": "printf 'evil\\033]0;owned\\007 \\033[2Jcleared\\n'; exit 7"}}
+    (workspace / "package.json").write_text(json.dumps(hostile))
+    setup = f"init-{secrets.token_hex(3)}"
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1", "PWD": str(workspace)}
+    ran = subprocess.run([str(REPO / ".venv/bin/ansible-playbook"), "-i", "localhost,", "-e",
+                          f"ansible_python_interpreter={sys.executable}", str(REPO / "playbooks/init.yml"),
+                          "-e", "checkpoint=true", "-e", f"box={setup}", "-e", "install_timeout=300"],
+                         cwd=workspace, env=env, capture_output=True, text=True, timeout=900, check=False)
+    printed = " ".join(ran.stdout.split())
+    assert ran.returncode != 0, ran.stdout[-3000:]
+    assert f"the install did not finish in box {setup}; nothing was checkpointed" in printed, ran.stdout[-3000:]
+    assert "evil?]0;owned? ?[2Jcleared" in printed, ran.stdout[-3000:]
+    for control in ("\x1b", "\x07", "\\u001b", "\\u0007"):  # neither raw nor escaped in the printed result
+        assert control not in ran.stdout, ran.stdout[-3000:]
+    assert run_module("agentbox_checkpoint_info", {"workspace": str(workspace)})["checkpoints"] == []
+    kept = [box["name"] for box in run_module("agentbox_box_info", {"workspace": str(workspace)})["boxes"]]
+    assert kept == [setup]  # kept to look at; the fixture destroys it
