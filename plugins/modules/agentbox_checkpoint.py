@@ -102,9 +102,24 @@ options:
       - With O(prune=true), prune the checkpoint images of every project on the engine, not only the workspace's.
     type: bool
     default: false
+  copy_to:
+    description:
+      - Copy the checkpoint to another remote engine (C(user@host[:port]) or an alias of C(~/.ssh/config)), where new
+        boxes of the project can then start from it (C(checkpoint=NAME) with that O(engine)). With O(box), the
+        checkpoint this task captures is copied; without it, the existing checkpoint O(name).
+      - Remote engines only (O(provider=docker_ssh) here and there), since a local engine's checkpoint holds a worktree
+        of this machine's repository. An image already there with the same id is not sent again.
+      - The manifest stays with the engine the checkpoint was taken on; the copy is found by its image's labels.
+        Removing the copy (O(state=absent) with that O(engine)) removes only its image.
+    type: str
+  copy_compress:
+    description: Gzip the image on its way (through this machine) to O(copy_to); V(false) on a fast link saves CPU.
+    type: bool
+    default: true
 notes:
   - Capture, removal and prune need the V(docker) or V(docker_ssh) provider. A checkpoint lives on the engine it
-    was taken on; new boxes start from it there (see M(agentbox.box.agentbox_box)).
+    was taken on; new boxes start from it there (see M(agentbox.box.agentbox_box)), and on the remote engines
+    it was copied to with O(copy_to).
 """
 
 EXAMPLES = r"""
@@ -162,12 +177,21 @@ checkpoint:
     size: {description: Image size in bytes., type: int}
     default: {description: Whether it is the project's default., type: bool}
     timings: {description: Seconds spent in the cleanup and in the capture itself., type: dict}
+copied:
+  description:
+    - "What O(copy_to) did: C(path) (V(copied), or V(present) when the engine already had it), C(engine), C(image),
+      C(image_id), C(image_bytes), C(bytes_sent), C(seconds)."
+    - In check mode only C(engine) and C(image).
+  returned: with O(copy_to)
+  type: dict
 removed:
   description: What was removed (O(state=absent)) or what prune removed / would remove (O(prune=true)).
   returned: when something was removed
   type: dict
 """
 
+
+from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -177,6 +201,7 @@ from ansible_collections.agentbox.box.plugins.module_utils.providers._module imp
     provider_from_params,
     run_provider_module,
 )
+from ansible_collections.agentbox.box.plugins.module_utils.providers._registry import SSH_ENGINE_PROVIDERS
 
 
 def _summary(checkpoint: dict | None) -> dict:
@@ -212,6 +237,9 @@ def _run(module: AnsibleModule) -> dict:
                 "agentbox.box.agentbox_box first (agentbox_box_info lists the boxes)"
             )
     result: dict = {"changed": False, "box": facts.to_dict() if facts else {}}
+    if params["copy_to"] and (params["provider"] not in SSH_ENGINE_PROVIDERS or params["state"] != "present" or params["prune"]):
+        module.fail_json(msg="copy_to copies a checkpoint between remote engines: give provider=docker_ssh with the "
+                             "engine it is on, state=present, and box (capture, then copy) or name (copy an existing one)")
 
     if params["prune"]:
         if params["all_projects"] and params["workspace"]:
@@ -260,8 +288,11 @@ def _run(module: AnsibleModule) -> dict:
             result["removed"] = _checkpoint.remove(provider, found)
         return result
 
+    if facts is None and params["copy_to"] and params["name"]:
+        return _copy(module, provider, project, result)
     if facts is None:
-        module.fail_json(msg="'box' is required with state=present: the box to checkpoint")
+        module.fail_json(msg="'box' is required with state=present: the box to checkpoint (or name with copy_to, "
+                             "to copy an existing checkpoint)")
     plan = _checkpoint.plan_capture(
         provider,
         facts,
@@ -295,6 +326,38 @@ def _run(module: AnsibleModule) -> dict:
         result["checkpoint"] = checkpoint
         result["box"] = (provider.find(facts.name) or facts).to_dict()
     result["diff"] = {"before": _summary(before), "after": _summary(result["checkpoint"])}
+    if params["copy_to"]:
+        if module.check_mode:
+            result["copied"] = {"engine": params["copy_to"], "image": plan.image}
+        else:
+            result["copied"] = _checkpoint.copy_to(
+                provider, _checkpoint.find_checkpoint(provider, project, plan.name), _destination(params),
+                compress=params["copy_compress"],
+            )  # fmt: skip
+    return result
+
+
+def _destination(params: dict) -> Any:
+    """The provider of the engine O(copy_to) names, with the task's SSH settings."""
+    return provider_from_params({**params, "engine": params["copy_to"]})  # the same provider: a remote engine
+
+
+def _copy(module: AnsibleModule, provider: Any, project: str, result: dict) -> dict:
+    """copy_to without a box: the existing checkpoint O(name) goes to another engine."""
+    params = module.params
+    name = _checkpoint_records.parse_reference(params["name"], project)
+    found = _checkpoint.find_checkpoint(provider, project, name)
+    if found is None:
+        raise _checkpoint.CheckpointError(f"no checkpoint {name!r} in this project (on engine {provider.engine}) to "
+                                          "copy: agentbox.box.agentbox_checkpoint_info lists them")
+    destination = _destination(params)
+    result["checkpoint"] = found.to_dict()
+    if module.check_mode:
+        result["copied"] = {"engine": destination.engine, "image": found.image}
+        result["changed"] = not destination.image_exists(found.image)
+        return result
+    result["copied"] = _checkpoint.copy_to(provider, found, destination, compress=params["copy_compress"])
+    result["changed"] = result["copied"]["path"] == "copied"
     return result
 
 
@@ -312,6 +375,8 @@ def main() -> None:
         "prune": {"type": "bool", "default": False},
         "all_projects": {"type": "bool", "default": False},
         "keep": {"type": "bool", "default": False},
+        "copy_to": {"type": "str"},
+        "copy_compress": {"type": "bool", "default": True},
     }
     run_provider_module(options, _run, mutually_exclusive=[("prune", "name"), ("prune", "box")])
 

@@ -103,6 +103,15 @@ def remove(provider: Provider, checkpoint: Checkpoint) -> dict[str, Any]:
     return removed
 
 
+def copy_to(provider: Provider, checkpoint: Checkpoint, destination: Provider, *, compress: bool = True) -> dict[str, Any]:
+    """Copy `checkpoint` to the engine of `destination`; Docker engines only (a cloud's snapshots stay there)."""
+    store = provider.checkpoint_store()
+    if not hasattr(store, "copy_to"):
+        raise CheckpointError(f"copy_to is for checkpoints on Docker engines; {provider.name} keeps its snapshots "
+                              "on its own service")
+    return store.copy_to(checkpoint, destination, compress=compress)
+
+
 def is_kept(checkpoint: Checkpoint, kept: set[str]) -> bool:
     """Whether `checkpoint` is the user's to keep: one the user took always, one a box took itself (through the
     relay, `made_by` box) once the user kept it (`kept`: kept_checkpoints). One that is not goes when its box is

@@ -449,6 +449,9 @@ class ImageStore:
                     "Destroy the boxes that run on it first (agentbox_box_info lists them)"
                 ) from exc
             removed["image"] = checkpoint.image
+        if foreign(provider, read_manifest(checkpoint.project, checkpoint.name)):
+            # A copy of another engine's checkpoint (copy_to): its manifest and refs are that engine's.
+            return removed
         for worktree in checkpoint.record.get("worktrees") or []:
             git_dir = worktree.get("git_dir")
             if git_dir and os.path.isdir(git_dir):
@@ -463,6 +466,23 @@ class ImageStore:
             set_project_default(checkpoint.project, None, provider=provider)
             removed["default_cleared"] = True
         return removed
+
+    def copy_to(self, checkpoint: Checkpoint, destination: Provider, *, compress: bool = True) -> dict[str, Any]:
+        """Copy the checkpoint's image to another remote engine, where boxes can start from it (the image's
+        labels carry its record; the manifest stays this engine's). What copy_image reports."""
+        if checkpoint.broken:
+            raise CheckpointError(f"checkpoint {checkpoint.name!r} is broken (its image is gone from engine "
+                                  f"{self.provider.engine}): nothing to copy")
+        if not (self.provider.transfers_images and destination.transfers_images):
+            # A local engine's checkpoint holds a worktree of this machine's repository, a remote one a clone.
+            raise CheckpointError(
+                "copy_to copies a checkpoint between remote engines (provider docker_ssh on both sides): a "
+                "checkpoint of the local engine cannot start boxes elsewhere; take one on the remote engine")
+        if destination.engine == self.provider.engine:
+            raise CheckpointError(f"copy_to names the checkpoint's own engine {destination.engine}: name another")
+        from . import _image_transfer  # only copies need it
+
+        return _image_transfer.copy_image(self.provider, destination, checkpoint.image, compress=compress).to_dict()
 
     def prune(self, check_mode: bool = False, project: str | None = None) -> dict[str, Any]:
         """Remove agentbox-ckpt-* images (and dangling checkpoint images) no box and no manifest refers to.

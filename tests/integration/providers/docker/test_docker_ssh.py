@@ -405,28 +405,73 @@ def test_module_end_to_end_with_user_at_host_port(fleet, tmp_path):
     assert engine.agentbox_objects() == []
 
 
-def test_checkpoint_image_copied_between_engines(fleet, tmp_path):
-    source = DockerProvider(engine=fleet.engines[0].alias, ssh_options={}, isolation="none")
-    destination = DockerProvider(engine=fleet.engines[1].destination, ssh_options={}, isolation="none")
-    name = f"abx-ckpt-{secrets.token_hex(2)}"
-    image = f"agentbox-ckpt-test{secrets.token_hex(4)}:first"
-    created = _box.create_box(source, _box.CreateRequest(name=name, workspace=str(tmp_path), seed=False, boot=False, image=IMAGE))
+def test_checkpoint_copied_to_another_engine_starts_boxes_there(fleet, tmp_path):
+    """agentbox_checkpoint copy_to: a checkpoint taken on one remote engine is copied to the other (the image
+    with its labels and id; a second copy sends nothing), a box there starts from it warm, and removing the
+    copy removes only its image: the checkpoint and its manifest stay with the engine it was taken on."""
+    first, second = fleet.engines[0], fleet.engines[1]
+    home = tmp_path / "home"  # the checkpoint manifests go here, not to the real ~/.agentbox
+    home.mkdir()
+    env = {**fleet.env, "HOME": str(home)}
+    repo = make_repo(tmp_path / "ws", {"app.py": "print('v1')\n"})
+    on_first = {"provider": "docker_ssh", "engine": first.alias, "isolation": "none"}
+    on_second = {"provider": "docker_ssh", "engine": second.destination, "isolation": "none"}
+    tag = secrets.token_hex(2)
+    source, restored = f"abx-cps-{tag}", f"abx-cpr-{tag}"
+    image = ""
     try:
-        run(source, name, "sh", "-c", "echo warm state > /home/vscode/warm.txt")
-        committed = source.commit(name, image, {"io.agentbox.kind": "checkpoint", "io.agentbox.box": name})
-        report = _image_transfer.copy_image(source, destination, image, compress=False)
-        assert report.path == "copied" and report.source == fleet.engines[0].alias
-        assert report.image_id == committed["id"] and report.image_bytes >= committed["size"] > 0
-        assert report.seconds > 0 and report.bytes_sent == report.image_bytes
-        assert destination.image_labels(image)["io.agentbox.kind"] == "checkpoint"
-        again = _image_transfer.copy_image(source, destination, image)
-        assert again.path == "present"
+        created = run_module("agentbox_box", {**on_first, "name": source, "workspace": str(repo), "image": IMAGE,
+                                              "boot": False}, env=env)  # fmt: skip
+        assert not created["failed"], created.get("msg")
+        warm = secrets.token_hex(16)
+        run(DockerProvider(engine=first.alias, ssh_options={}, isolation="none"), source, "sh", "-c",
+            f"printf '{warm}' > /home/vscode/warm.txt")  # fmt: skip
+        saved = run_module("agentbox_checkpoint", {**on_first, "box": source, "cleanup": False}, env=env)
+        assert not saved["failed"], saved.get("msg")
+        name, image = saved["checkpoint"]["name"], saved["checkpoint"]["image"]
+
+        copy = {**on_first, "name": name, "workspace": str(repo), "copy_to": second.destination, "copy_compress": False}
+        planned = run_module("agentbox_checkpoint", copy, check_mode=True, env=env)
+        assert not planned["failed"] and planned["changed"] is True, planned.get("msg")
+        assert second.shell(f"docker image inspect {image}", check=False).returncode != 0  # check mode copied nothing
+        copied = run_module("agentbox_checkpoint", copy, env=env)
+        assert not copied["failed"] and copied["changed"] is True, copied.get("msg")
+        report = copied["copied"]
+        assert report["path"] == "copied" and report["source"] == first.alias and report["engine"] == second.destination
+        assert report["image_id"] == saved["checkpoint"]["image_id"]
+        assert report["image_bytes"] >= saved["checkpoint"]["size"] > 0 and report["bytes_sent"] == report["image_bytes"]
+        labels = json.loads(second.shell(f"docker image inspect {image}").stdout)[0]["Config"]["Labels"]
+        assert labels["io.agentbox.kind"] == "checkpoint" and labels["io.agentbox.checkpoint"] == name
+        again = run_module("agentbox_checkpoint", copy, env=env)
+        assert not again["failed"] and again["changed"] is False and again["copied"]["path"] == "present"
+
+        from_copy = run_module("agentbox_box", {**on_second, "name": restored, "workspace": str(repo), "image": IMAGE,
+                                                "checkpoint": name, "boot": False}, env=env)  # fmt: skip
+        assert not from_copy["failed"], from_copy.get("msg")
+        assert from_copy["box"]["checkpoint"] == name
+        assert run(DockerProvider(engine=second.destination, ssh_options={}, isolation="none"), restored,
+                   "cat", "/home/vscode/warm.txt") == warm  # fmt: skip
+        run_module("agentbox_box", {**on_second, "name": restored, "state": "absent", "delete_branch": True}, env=env)
+
+        gone = run_module("agentbox_checkpoint", {**on_second, "name": name, "workspace": str(repo), "state": "absent"},
+                          env=env)  # fmt: skip
+        assert not gone["failed"] and gone["removed"]["image"] == image, gone.get("msg")
+        assert gone["removed"]["manifest"] is None  # the manifest is the first engine's
+        assert second.shell(f"docker image inspect {image}", check=False).returncode != 0
+        info = run_module("agentbox_checkpoint_info", {**on_first, "workspace": str(repo)}, env=env)
+        assert [(c["name"], c["broken"]) for c in info["checkpoints"]] == [(name, False)], info
+        refused = run_module("agentbox_checkpoint", {"name": name, "workspace": str(repo), "copy_to": second.destination},
+                             env=env)  # fmt: skip
+        assert refused["failed"] and "between remote engines" in refused["msg"]
     finally:
-        _box.destroy_box(source, created.facts)
-        for provider in (source, destination):
-            if provider.image_exists(image):
-                provider.client.images.remove(image, force=True)
-    assert not destination.image_exists(image) and fleet.engines[0].agentbox_objects() == []
+        for box, where in ((restored, on_second), (source, on_first)):
+            run_module("agentbox_box", {**where, "name": box, "state": "absent", "delete_branch": True}, env=env)
+        if image:
+            run_module("agentbox_checkpoint", {**on_first, "name": image, "workspace": str(repo), "state": "absent"},
+                       env=env)  # fmt: skip
+            second.shell(f"docker image rm -f {image}", check=False)
+    for engine in fleet.engines:
+        assert engine.agentbox_objects() == []
 
 
 def test_fleet_playbook_spreads_boxes_over_engines(fleet, tmp_path):
