@@ -495,13 +495,30 @@ def test_fleet_playbook_spreads_boxes_over_engines(fleet, tmp_path):
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
         return done
 
+    orphan = f"{_naming.checkpoint_image(_naming.project_id(str(repo)), 'orphan-' + secrets.token_hex(2))}"
     try:
         playbook()
         on_first = {b.name for b in DockerProvider(engine=fleet.engines[0].alias, ssh_options={}, isolation="none").list_boxes()}
         on_second = {b.name for b in DockerProvider(engine=fleet.engines[1].destination, ssh_options={}, isolation="none").list_boxes()}
         assert on_first == {f"{prefix}-01", f"{prefix}-03"}
         assert on_second == {f"{prefix}-02", f"{prefix}-04"}
+
+        # The same inventory prunes each engine: a checkpoint image of this project that nothing refers to,
+        # on the second engine only, is listed there with --check, then removed there.
+        fleet.engines[1].shell(f"docker tag {IMAGE} {orphan}")
+        for check, verb in ((["--check"], "would remove"), ([], "removed")):
+            pruned = subprocess.run(
+                [str(REPO / ".venv/bin/ansible-playbook"), "-i", str(inventory), "playbooks/prune_checkpoints.yml",
+                 "-e", f"workspace={repo}", *check],
+                cwd=REPO, env=env, capture_output=True, text=True, check=False,
+            )  # fmt: skip
+            printed = " ".join(pruned.stdout.split())
+            assert pruned.returncode == 0, pruned.stdout[-3000:] + pruned.stderr[-2000:]
+            assert f"engine {fleet.engines[0].alias}: {verb}: nothing (this project only" in printed, printed[-2000:]
+            assert f"engine second: {verb}: {orphan} (this project only" in printed, printed[-2000:]
+        assert fleet.engines[1].shell(f"docker image inspect {orphan}", check=False).returncode != 0
     finally:
+        fleet.engines[1].shell(f"docker image rm {orphan}", check=False)
         playbook("-e", "state=absent")
     for engine in fleet.engines:
         assert engine.agentbox_objects() == []
