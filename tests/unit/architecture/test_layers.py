@@ -133,6 +133,7 @@ RANKS: dict[str, dict[str, int]] = {
     "module_utils/box": {
         "_box": WORKFLOW,
         "_rollback": WORKFLOW,
+        "_prepare": WORKFLOW,
     },
     "module_utils/agent": {
         "_agent_record": HOST,

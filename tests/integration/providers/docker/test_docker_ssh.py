@@ -686,3 +686,49 @@ def test_checkpoint_capture_and_restore_on_a_remote_engine_through_the_modules(f
         if ckpt_name:
             run_module("agentbox_checkpoint", {**common, "name": ckpt_name, "workspace": str(repo), "state": "absent"},
                        env=env)  # fmt: skip
+
+
+def test_prepare_streams_the_image_to_an_engine_once_and_records_it(fleet, tmp_path):
+    """prepare.yml on a remote engine: --check says the image would be streamed and records nothing; the run
+    streams it (the engine then holds the local image's id) and records it in ~/.agentbox/prepared.json; a
+    second run sends nothing and keeps the first time it was made ready. On the local engine a missing image
+    is refused with how to build it, and nothing is recorded for it."""
+    engine = fleet.engines[1]
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**os.environ, **fleet.env, "HOME": str(home), "ANSIBLE_NOCOLOR": "1"}
+    tag = f"agentbox-test-prep-{secrets.token_hex(3)}:v1"
+
+    def prepare(*extra: str) -> tuple[int, str]:
+        done = subprocess.run([str(REPO / ".venv/bin/ansible-playbook"), "playbooks/prepare.yml", "-e", f"image={tag}",
+                               *extra], cwd=REPO, env=env, capture_output=True, text=True, check=False)  # fmt: skip
+        return done.returncode, " ".join((done.stdout + done.stderr).split())
+
+    on_engine = ("-e", "provider=docker_ssh", "-e", f"engine={engine.destination}", "-e", "isolation=none")
+    where = f"docker_ssh:{engine.destination}"
+    record = home / ".agentbox" / "prepared.json"
+    try:
+        image_id = _import_tiny_image(tag, b"prepared\n")
+        code, printed = prepare(*on_engine, "--check")
+        assert code == 0 and f"{where}: image {tag} would be streamed there" in printed, printed[-2000:]
+        assert not record.exists() and engine.shell(f"docker image inspect {tag}", check=False).returncode != 0
+
+        code, printed = prepare(*on_engine)
+        assert code == 0 and f"{where}: image {tag} streamed there (" in printed, printed[-2000:]
+        assert json.loads(engine.shell(f"docker image inspect {tag}").stdout)[0]["Id"] == image_id
+        first = json.loads(record.read_text())[where]
+        assert first["image"] == tag and first["prepared_at"] == first["checked_at"]
+        assert stat.S_IMODE(record.stat().st_mode) == 0o600
+
+        code, printed = prepare(*on_engine)
+        assert code == 0 and f"{where}: image {tag} was already there" in printed, printed[-2000:]
+        again = json.loads(record.read_text())[where]
+        assert again["prepared_at"] == first["prepared_at"]
+
+        missing = f"agentbox-test-none-{secrets.token_hex(3)}:v1"
+        code, printed = prepare("-e", f"image={missing}")
+        assert code != 0 and f"image {missing} is not on engine local" in printed and "build_image.yml" in printed
+        assert set(json.loads(record.read_text())) == {where}
+    finally:
+        engine.shell(f"docker image rm -f {tag}", check=False)
+        subprocess.run(["docker", "image", "rm", "-f", tag], capture_output=True, check=False)
