@@ -91,7 +91,7 @@ box:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.agentbox.box.plugins.module_utils.access import _access
+from ansible_collections.agentbox.box.plugins.module_utils.access import _access, _forwards
 from ansible_collections.agentbox.box.plugins.module_utils.box import _box
 from ansible_collections.agentbox.box.plugins.module_utils.core import _naming
 from ansible_collections.agentbox.box.plugins.module_utils.providers._module import (
@@ -111,6 +111,11 @@ def _task(module: AnsibleModule) -> dict:
     if not 0 < params["ttl"] <= MAX_TTL:
         raise ValueError(f"ttl must be 1-{MAX_TTL} seconds")
     provider = provider_from_params(params)
+    if params["state"] == "absent":  # the box may be gone already: its forward goes all the same
+        live = _forwards.live_forward(provider, name, port)
+        if live and not module.check_mode:
+            _forwards.remove(provider.name, provider.engine, name, port)
+        return {"changed": bool(live), "removed": [live] if live else []}
     facts = provider.find(name)
     if facts is None:
         raise ValueError(
@@ -129,20 +134,22 @@ def _task(module: AnsibleModule) -> dict:
         result["url"] = provider.preview_url(name, port, expires_in=params["ttl"])  # a read: check mode too
         return result
     published = facts.ports.get(str(port))
-    if not published:
-        raise ValueError(
-            f"box {name!r} does not publish port {port} (it publishes {', '.join(sorted(facts.ports)) or 'none'}): "
-            "ports are published when the box is created (agentbox_box ports: [...])"
-        )
-    if provider.port_urls == "published":  # on this machine's 127.0.0.1 already
+    if published and provider.port_urls == "published":  # on this machine's 127.0.0.1 already
         result.update(url=f"http://127.0.0.1:{published}/", local_port=published)
+        return result
+    live = _forwards.live_forward(provider, name, port)
+    if live and params["local_port"] in (0, live["local_port"]):
+        result.update(url=live["url"], local_port=live["local_port"], pid=live["pid"])
         return result
     result["changed"] = True
     if module.check_mode:
         result["url"] = None
         return result
-    pid, local_port = provider.forward_port(name, published, params["local_port"])
-    result.update(url=f"http://127.0.0.1:{local_port}/", local_port=local_port, pid=pid)
+    if live:  # asked on another local port: the new one replaces it
+        _forwards.remove(provider.name, provider.engine, name, port)
+    # A port published on a remote engine: the SSH forward to it; any other: a relay into the box per connection.
+    record = _forwards.start(provider, name, port, params["local_port"], published or None)
+    result.update(url=record["url"], local_port=record["local_port"], pid=record["pid"])
     return result
 
 
@@ -152,6 +159,7 @@ def main() -> None:
         "port": {"type": "int", "default": 80},
         "local_port": {"type": "int", "default": 0},
         "ttl": {"type": "int", "default": 3600},
+        "state": {"type": "str", "default": "present", "choices": ["present", "absent"]},
     }
     run_provider_module(options, _task)
 
