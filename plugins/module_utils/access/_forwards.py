@@ -16,6 +16,7 @@ import contextlib
 import inspect
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -113,6 +114,9 @@ def start(provider: Provider, box: str, port: int, local_port: int, published: i
 
 def start_forwarder(box: str, relay_argv: list[str], local_port: int) -> tuple[int, int]:
     """_port_relay's forwarder, detached (its own session, outliving this process): (pid, local port)."""
+    if not shutil.which(relay_argv[0]):
+        raise ProviderError(f"{relay_argv[0]} is not on this machine: a forward of box {box!r} runs it for each "
+                            "connection; install it (the docker CLI: apt-get install docker.io)")  # fmt: skip
     source = inspect.getsource(_port_relay)
     argv = [sys.executable, "-c", source, "--box", box, "--port", str(local_port), "--", *relay_argv]
     process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,

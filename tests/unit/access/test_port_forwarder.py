@@ -92,6 +92,11 @@ def test_a_local_port_in_use_is_refused_with_the_reason() -> None:
             _forwards.start_forwarder("unit", ["true"], taken.getsockname()[1])
 
 
+def test_a_forward_whose_relay_program_is_missing_is_refused_before_it_starts() -> None:
+    with pytest.raises(Exception, match=r"no-such-docker-cli is not on this machine: .* install it"):
+        _forwards.start_forwarder("unit", ["no-such-docker-cli", "exec"], 0)
+
+
 def test_the_forwarders_pid_is_recognised_until_it_ends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A record whose pid ended (or whose pid another process has now) is not a live forward."""
     monkeypatch.setenv("HOME", str(tmp_path))
