@@ -115,7 +115,7 @@ def test_a_port_not_published_at_create_is_forwarded_from_the_boxs_loopback(at_h
         again = run_module("agentbox_forward", {"name": name, "port": PORT})
         assert not again["failed"] and again["changed"] is False, again
         assert (again["url"], again["pid"]) == (url.group(1), pid)
-        assert f"127.0.0.1:{url.group(2)}=>{PORT} (forward, pid {pid})" in listed(name)
+        assert f"127.0.0.1:{url.group(2)}=>{PORT}(pid={pid})" in listed(name)
 
         # state=absent ends it: the process, the port on this machine and the line in the list.
         assert f"removed the forward of port {PORT} (pid {pid})" in forward(name, "-e", "state=absent")
