@@ -10,6 +10,8 @@ version_added: 0.1.0
 description:
   - Turns a list of box facts (as returned by M(agentbox.box.agentbox_box_info)) into the table that
     C(playbooks/list_boxes.yml) prints - box, state, branch, workspace, ports, age, agent (name:state).
+  - The ports column lists the published ports (C(127.0.0.1:49153->80)), then the box's forwards on this machine
+    (C(127.0.0.1:41235=>5173(pid=4242)), the C(forwards) of M(agentbox.box.agentbox_box_info)).
 positional: _input
 options:
   _input:
@@ -48,11 +50,15 @@ def _age(created: str, now: float) -> str:
     return f"{seconds}s"
 
 
-def _ports(ports: dict) -> str:
+def _ports(ports: dict, forwards: list | None = None) -> str:
     # In container port order, numerically (80 before 6080), in the form create_box.yml prints too
-    # (and `docker ps`): engine address -> box port.
+    # (and `docker ps`): engine address -> box port; then agentbox_forward's forwards on this machine (=>), no
+    # space in a cell (the table is read by splitting on spaces).
     ordered = sorted((ports or {}).items(), key=lambda item: (len(str(item[0])), str(item[0])))
-    return ",".join(f"127.0.0.1:{host}->{container}" for container, host in ordered) or "-"
+    published = [f"127.0.0.1:{host}->{container}" for container, host in ordered]
+    forwarded = [f"127.0.0.1:{item.get('local_port')}=>{item.get('port')}(pid={item.get('pid')})"
+                 for item in forwards or [] if isinstance(item, dict)]  # fmt: skip
+    return ",".join(published + forwarded) or "-"
 
 
 def _agent(agent: dict | None) -> str:
@@ -72,7 +78,7 @@ def box_table(boxes: list[dict], now: float | None = None) -> str:
             + (" (unisolated)" if (box.get("labels") or {}).get("isolation") == "none" else ""),
             box.get("branch") or "-",
             box.get("workspace") or "-",
-            _ports(box.get("ports")),
+            _ports(box.get("ports"), box.get("forwards")),
             _age(box.get("created", ""), now),
             _agent(box.get("agent")),
         )

@@ -59,7 +59,10 @@ box:
   returned: always
   type: dict
 boxes:
-  description: "Facts of every matching box, sorted by name (see M(agentbox.box.agentbox_box) for the keys)."
+  description: >-
+    Facts of every matching box, sorted by name (see M(agentbox.box.agentbox_box) for the keys), each with
+    C(forwards): the live forwards M(agentbox.box.agentbox_forward) started on this machine (C(port), C(local_port),
+    C(pid), C(url)).
   returned: always
   type: list
   elements: dict
@@ -69,6 +72,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.agentbox.box.plugins.module_utils.access import _forwards
 from ansible_collections.agentbox.box.plugins.module_utils.agent._agent import STALLED_MINUTES, agents_of, judged
 from ansible_collections.agentbox.box.plugins.module_utils.core import _naming
 from ansible_collections.agentbox.box.plugins.module_utils.providers._module import (
@@ -86,6 +90,9 @@ def _run(params: dict) -> dict:
     else:
         found = provider.list_boxes(project=_naming.project_of(params["project"], params["workspace"]))
     boxes = [facts.to_dict() for facts in found]
+    for box in boxes:  # the forwards agentbox_forward started on this machine, still alive
+        box["forwards"] = [{key: record[key] for key in ("port", "local_port", "pid", "url")}
+                           for record in _forwards.forwards_of(provider.name, provider.engine, box["name"])]  # fmt: skip
     if params["agent_state"]:
         agents = agents_of(provider, [box["name"] for box in boxes if box["state"] == "running"])
         now = time.time()

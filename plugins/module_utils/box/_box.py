@@ -15,6 +15,7 @@ import dataclasses
 import json
 from typing import TYPE_CHECKING, Any
 
+from ..access import _forwards
 from ..agent import _agent
 from ..core import _journal, _naming, _preflight
 from ..core._boot import BOOT_COMMAND, boot_box, boot_box_then  # below the providers, which run it after a restart
@@ -442,6 +443,7 @@ def destroy_box(
     from ..access import _access
 
     _access.box_removed(facts.name, facts.engine)
+    _forwards.remove(provider.name, provider.engine, facts.name)  # their processes end with the box
     if not keep_checkpoints and facts.project:
         from ..checkpoint import _checkpoint
 
@@ -523,6 +525,7 @@ def set_state(provider: Provider, facts: BoxFacts, state: str, boot: bool = True
             return started
         return facts
     if state == "stopped":
+        _forwards.remove(provider.name, provider.engine, facts.name)  # a forward to a stopped box serves nothing
         if facts.state == "stopped":
             return facts
         if facts.state == "paused":

@@ -375,6 +375,13 @@ class Provider(abc.ABC):
         127.0.0.1 (`local_port`, or a free one). Returns (pid of the forward, local port)."""
         raise ProviderError(f"the {self.name!r} provider forwards no ports", box=name, operation="port forward")
 
+    def port_relay_argv(self, name: str, port: int) -> list[str]:
+        """A command for this machine whose standard input and output are a TCP connection to the box's own
+        127.0.0.1:`port` (through the engine, never a container's IP): agentbox_forward runs one per connection
+        of a port the box did not publish at create."""
+        raise ProviderError(f"the {self.name!r} provider forwards no ports but its preview URLs", box=name,
+                            operation="port forward")  # fmt: skip
+
     def reopen_environment(self) -> dict[str, str]:
         """Environment variables (never a secret) another process needs to reach the same engine, with
         reopen_options: what this process was told outside its options (a DOCKER_HOST)."""

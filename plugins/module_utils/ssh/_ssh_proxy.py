@@ -31,19 +31,23 @@ def control_dir() -> str:
     return os.path.join(_host_files.agentbox_dir(), "cm")
 
 
-def local_proxy_argv(box: str, docker_host: str | None = None) -> list[str]:
-    """`docker exec ... sshd -i` on this machine's engine (`docker_host`, else DOCKER_HOST)."""
+def local_proxy_argv(box: str, docker_host: str | None = None, command: list[str] | None = None) -> list[str]:
+    """`docker exec ... sshd -i` on this machine's engine (`docker_host`, else DOCKER_HOST); `command`
+    instead of `sshd -i` (agentbox_forward's relay to a port of the box)."""
     docker = shutil.which("docker") or "docker"
     argv = [docker]
     docker_host = docker_host or os.environ.get("DOCKER_HOST")
     if docker_host:
         argv += ["-H", docker_host]
-    return [*argv, "exec", "-i", "-u", "root", container_name(box), SSHD, "-i"]
+    return [*argv, "exec", "-i", "-u", "root", container_name(box), *(command or [SSHD, "-i"])]
 
 
-def engine_proxy_argv(box: str, engine: str, ssh_options: dict[str, Any], docker_host: str | None = None) -> list[str]:
+def engine_proxy_argv(
+    box: str, engine: str, ssh_options: dict[str, Any], docker_host: str | None = None, command: list[str] | None = None
+) -> list[str]:
     """`ssh <engine> docker exec ... sshd -i` with what the collection uses to reach the engine
-    (`docker_host`: the daemon's socket there, its box engine's; None for the CLI's default)."""
+    (`docker_host`: the daemon's socket there, its box engine's; None for the CLI's default); `command`
+    instead of `sshd -i`, as local_proxy_argv."""
     from . import _ssh  # the SSH transport is loaded only for boxes on remote engines
 
     destination = _ssh.resolve_destination(
@@ -76,6 +80,6 @@ def engine_proxy_argv(box: str, engine: str, ssh_options: dict[str, Any], docker
         # One SSH session per engine, kept 10 minutes: every later box connection skips its handshake.
         argv += ["-o", "ControlMaster=auto", "-o", "ControlPath=" + control, "-o", "ControlPersist=600"]
     argv.append(destination.host)
-    command = ["exec", "-i", "-u", "root", container_name(box), SSHD, "-i"]
-    argv.append(" ".join([docker, *(shlex.quote(word) for word in command)]))
+    words = ["exec", "-i", "-u", "root", container_name(box), *(command or [SSHD, "-i"])]
+    argv.append(" ".join([docker, *(shlex.quote(word) for word in words)]))
     return argv  # quoted once for the config (_config_quote): %C reaches the inner ssh as %C

@@ -12,7 +12,6 @@ import os
 import re
 import secrets
 import shutil
-import signal
 import stat
 import subprocess
 import tempfile
@@ -25,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from ansible_collections.agentbox.box.plugins.module_utils.access import _forwards
 from ansible_collections.agentbox.box.plugins.module_utils.box import _box
 from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._docker import DockerProvider
 from tests.conftest import REPO, make_repo, run_module
@@ -228,6 +228,14 @@ def wait_for_http(url: str, timeout: float = 20) -> str:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.3)
+
+
+def wait_gone(pid: int) -> None:
+    """Polls until a forward's process ended (a state, with a deadline)."""
+    deadline = time.monotonic() + 20
+    while _forwards.process_start_time(pid):
+        assert time.monotonic() < deadline, f"forward process {pid} still runs"
+        time.sleep(0.1)
 
 
 def playbook(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -554,27 +562,23 @@ def test_ssh_alias_and_named_shells_of_a_box_on_a_remote_engine(
         again = ssh(home, alias, "git -C /workspace rev-parse --abbrev-ref HEAD")
         assert again.returncode == 0 and again.stdout.strip() == f"agentbox/{name}", again.stderr
 
-        # forward.yml: the box's port on this machine's 127.0.0.1, through the engine.
+        # forward.yml: the box's ports on this machine's 127.0.0.1, through the engine: 8123 published at create
+        # (an SSH forward to it), 9999 not (a relay into the box's loopback per connection, over the same SSH).
         token = secrets.token_hex(8)
         served = ssh(home, alias, f"mkdir -p /tmp/www && echo {token} > /tmp/www/token && cd /tmp/www && "
-                     "(nohup python3 -m http.server 8123 >/dev/null 2>&1 &) && echo serving")  # fmt: skip
+                     "(nohup python3 -m http.server 8123 >/dev/null 2>&1 &) && "
+                     "(nohup python3 -m http.server 9999 --bind 127.0.0.1 >/dev/null 2>&1 &) && echo serving")  # fmt: skip
         assert served.stdout.strip() == "serving", served.stderr
-        forwarded = playbook(
-            "playbooks/forward.yml", "-e", f"box={name}", "-e", "port=8123", "-e", "provider=docker_ssh",
-            "-e", f"engine={engine.alias}",
-        )  # fmt: skip
-        assert forwarded.returncode == 0, forwarded.stdout + forwarded.stderr
-        url = re.search(r"url: +(http://127\.0\.0\.1:\d+/)", forwarded.stdout).group(1)
-        pid = int(re.search(r"kill (\d+)", forwarded.stdout).group(1))
-        try:
+        pids = []
+        for port in (8123, 9999):
+            forwarded = playbook(
+                "playbooks/forward.yml", "-e", f"box={name}", "-e", f"port={port}", "-e", "provider=docker_ssh",
+                "-e", f"engine={engine.alias}",
+            )  # fmt: skip
+            assert forwarded.returncode == 0, forwarded.stdout + forwarded.stderr
+            url = re.search(r"url: +(http://127\.0\.0\.1:\d+/)", forwarded.stdout).group(1)
+            pids.append(int(re.search(r"forward: pid (\d+)", forwarded.stdout).group(1)))
             assert wait_for_http(url + "token") == token
-        finally:
-            os.kill(pid, signal.SIGTERM)
-        unpublished = playbook(
-            "playbooks/forward.yml", "-e", f"box={name}", "-e", "port=9999", "-e", "provider=docker_ssh",
-            "-e", f"engine={engine.alias}",
-        )  # fmt: skip
-        assert unpublished.returncode != 0 and "does not publish port 9999" in unpublished.stdout
 
         # ide=ssh and any box off the local engine: the Remote-SSH URI.
         way_in = run_module("agentbox_access", {**common, "ide": "vscode"})
@@ -600,6 +604,8 @@ def test_ssh_alias_and_named_shells_of_a_box_on_a_remote_engine(
         assert not gone["failed"], gone.get("msg")
     assert f"agentbox-{name}" not in (home / ".agentbox" / "ssh_config").read_text()
     assert engine.agentbox_objects() == []
+    for pid in pids:  # the forwards ended with the box
+        wait_gone(pid)
 
 
 def test_named_shells(at_shared_home: Path, served_box: SharedBox) -> None:

@@ -30,6 +30,7 @@ BAD_FORWARDS = [
     ({"ttl": 86401}, "ttl must be 1-86400 seconds"),
     ({"name": "Bad Box"}, "invalid box name"),
     ({"name": "nobox"}, "no box called 'nobox'"),
+    ({"state": "gone"}, "value of state must be one of: present, absent"),
     ({}, "box 'fw' is paused: start it (playbooks/box_state.yml -e state=started)"),
 ]
 

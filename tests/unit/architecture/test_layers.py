@@ -73,7 +73,9 @@ RANKS: dict[str, dict[str, int]] = {
     },
     "module_utils/access": {
         "_editor_volumes": PURE,
+        "_port_relay": PURE,
         "_access": WORKFLOW,
+        "_forwards": WORKFLOW,
     },
     "module_utils/relay": {
         "_relay_protocol": PURE,

@@ -23,6 +23,7 @@ def test_every_column_aligned(tmp_path: Path) -> None:
     boxes = [
         {"name": "alpha", "state": "running", "provider": "docker", "engine": "local", "branch": "agentbox/alpha",
          "workspace": "/src/app", "ports": {"80": 49153, "6080": 49154}, "created": created(42),
+         "forwards": [{"port": 5173, "local_port": 41235, "pid": 4242, "url": "http://127.0.0.1:41235/"}],
          "agent": {"name": "claude", "session": "claude", "state": "working", "since": "2026-11-30T10:00:00Z"}},
         {"name": "b", "state": "paused", "provider": "docker_ssh", "engine": "builder1", "branch": "",
          "workspace": "", "ports": {}, "created": created(3 * 3600 + 5)},
@@ -34,7 +35,8 @@ def test_every_column_aligned(tmp_path: Path) -> None:
     assert lines[0].split() == ["BOX", "STATE", "PROVIDER", "BRANCH", "WORKSPACE", "PORTS", "AGE", "AGENT"]
     rows = {line.split()[0]: line.split() for line in lines[1:]}
     assert rows["alpha"] == ["alpha", "running", "docker", "agentbox/alpha", "/src/app",
-                             "127.0.0.1:49153->80,127.0.0.1:49154->6080", "42s", "claude:working"]  # fmt: skip
+                             "127.0.0.1:49153->80,127.0.0.1:49154->6080,127.0.0.1:41235=>5173(pid=4242)", "42s",
+                             "claude:working"]  # fmt: skip
     assert rows["b"] == ["b", "paused", "docker_ssh@builder1", "-", "-", "-", "3h", "-"]
     assert rows["c-long-name"] == ["c-long-name", "stopped", "daytona", "agentbox/c-long-name", "/src/other", "-", "2d",
                                    "-"]  # fmt: skip

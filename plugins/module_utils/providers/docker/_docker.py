@@ -317,6 +317,16 @@ class DockerProvider(Provider):
 
         return _ssh.start_forward_daemon(self._engine, published, local_port or 0, **self._ssh_options)
 
+    def port_relay_argv(self, name: str, port: int) -> list[str]:
+        from ...access._port_relay import BOX_RELAY
+        from ...ssh import _ssh_proxy
+
+        relay = ["python3", "-c", BOX_RELAY, str(port)]
+        if self._engine != "local":  # over the engine's shared SSH connection, as `ssh agentbox-<box>`
+            ensure_private_dir(_ssh_proxy.control_dir())
+            return _ssh_proxy.engine_proxy_argv(name, self._engine, self._ssh_options, self._engine_socket(), relay)
+        return _ssh_proxy.local_proxy_argv(name, self._docker_host, relay)
+
     def discard(self) -> None:
         self.close()
         forget_client(self._engine, self._docker_host or self._remote_socket)
