@@ -53,7 +53,7 @@ image:
   returned: always
   type: str
 path:
-  description: V(present) (already there), V(copied) (streamed now), V(would copy) (check mode).
+  description: V(present) (already there), V(streamed) (streamed there now), V(pulled) (pulled there), V(would copy) (check mode).
   returned: always
   type: str
 transfer:

@@ -30,7 +30,7 @@ def prepared() -> dict[str, Any]:
 
 def prepare(provider: Provider, image: str, check_mode: bool = False) -> dict[str, Any]:
     """Make `image` ready on the provider's engine. Returns {changed, where, image, path, transfer}:
-    path `present` (already there), `copied` (streamed to a remote engine; `would copy` in check mode)."""
+    path `present` (already there), `streamed` or `pulled` (brought to a remote engine now), `would copy` (check mode)."""
     where = f"{provider.name}:{provider.engine}"
     present = provider.image_exists(image)
     if not present and not provider.transfers_images:
@@ -42,9 +42,10 @@ def prepare(provider: Provider, image: str, check_mode: bool = False) -> dict[st
                               "path": "present" if present else "would copy", "transfer": {}}  # fmt: skip
     if check_mode:
         return result
-    if not present:
+    if provider.transfers_images:  # also when present: another image under that name there is replaced
         result["transfer"] = provider.bring_image(image)
-        result["path"] = result["transfer"].get("path", "copied")
+        result["path"] = result["transfer"].get("path", "streamed")
+        result["changed"] = result["path"] != "present"
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
     def change(old: str | None) -> str:
