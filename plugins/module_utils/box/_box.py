@@ -267,6 +267,8 @@ def _create_claimed(
         before = [_gitlayer.prepare_command(spec.bind_paths)] if spec.bind_paths else []
         if request.egress is not None:
             before.append(_egress_forwarder.setup_command())  # before anything in the box reaches out
+        elif restore is not None:
+            before.append(_egress_forwarder.clear_command())
         if request.boot:
             before.append(early_boot_command())
         # The SSH access's box side rides in an exec the create makes anyway: the boot's, else a

@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import inspect
+import shlex
 import sys
 
 PORT = 3128  # the forwarder's port on the box's loopback
@@ -44,9 +46,6 @@ def setup_command(port: int = PORT, socket_path: str = GATEWAY_SOCKET) -> str:
     programs that do not take the container's environment (apt, sudo, SSH logins), then the forwarder,
     detached (a running one keeps the port: a second start fails to bind and ends). Nothing here goes
     into the image: the box's own files, written by exec (docs/egress.md)."""
-    import inspect  # pylint: disable=import-outside-toplevel  (host side only)
-    import shlex  # pylint: disable=import-outside-toplevel
-
     source = inspect.getsource(sys.modules[__name__])
     proxy = f"http://127.0.0.1:{port}"
     names = " ".join(sorted(box_environment(port)))
@@ -59,6 +58,12 @@ def setup_command(port: int = PORT, socket_path: str = GATEWAY_SOCKET) -> str:
     lines.append(f"(setsid python3 -c {shlex.quote(source)} --port {port} --socket {shlex.quote(socket_path)} "
                  f">{LOG} 2>&1 </dev/null &)")
     return "\n".join(lines)
+
+
+def clear_command() -> str:
+    """Root shell line that removes those settings: a box without a policy made from a checkpoint of a box
+    with one (the checkpoint holds its files) must not point its programs at a forwarder it does not run."""
+    return f"rm -f {APT_FILE} {SUDO_FILE} {PROFILE_FILE}"
 
 
 def unreachable(problem: str, socket_path: str) -> bytes:
