@@ -99,9 +99,9 @@ def test_pip_installs_from_pypi_through_the_gateway_and_again_after_a_restart(
     assert ("files.pythonhosted.org", "allowed", "default allow list") in allowed
     line = next(line for line in host.audit(box["name"]) if line["host"] == "files.pythonhosted.org")
     assert line["port"] == 443 and line["bytes_in"] > 10_000 and line["box_id"] == box["id"]
-    # apt as root through sudo (which drops the variables) and SSH logins read the box's own proxy settings.
+    # sudo (which drops the variables), apt as root and SSH logins (a fresh environment) read the box's own settings.
     rc, out = in_box(box, "sudo sh -c 'echo $https_proxy'; apt-config dump Acquire::https::Proxy; "
-                          "bash -lc 'echo $HTTP_PROXY' </dev/null")
+                          "env -i bash -lc 'echo $HTTP_PROXY' </dev/null")
     assert out.split("\n")[0] == "http://127.0.0.1:3128", out
     assert 'Acquire::https::Proxy "http://127.0.0.1:3128";' in out and out.rstrip().endswith("http://127.0.0.1:3128")
     # A stop ends the forwarder with every process: a start brings it back.
