@@ -10,6 +10,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -244,6 +245,39 @@ def run_module(module: str, args: dict, *, check_mode: bool = False, env: dict |
     payload["failed"] = "FAILED!" in head or "UNREACHABLE!" in head
     payload["_stderr"] = result.stderr
     return payload
+
+
+# A test about what a module does (not how a playbook reaches it) runs the module's own `main` in a
+# fresh Python with its arguments in a file, as Ansible does on the target (AnsiballZ), without the
+# 1-2 s of an ansible start; at least one test of each module still goes through Ansible.
+def run_module_direct(module: str, args: dict[str, Any], *, check_mode: bool = False,
+                      env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The module's JSON result, with `failed` always there (True or False), as tests.conftest.run_module
+    returns it; its warnings are in `warnings` (Ansible would print them on stderr)."""
+    payload = {"ANSIBLE_MODULE_ARGS": {**args, "_ansible_check_mode": check_mode, "_ansible_diff": True}}
+    fd, args_file = tempfile.mkstemp(prefix="agentbox-module-args-", suffix=".json")
+    with os.fdopen(fd, "w") as handle:
+        json.dump(payload, handle)
+    pythonpath = os.pathsep.join(p for p in (str(REPO / ".collections"), os.environ.get("PYTHONPATH")) if p)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", f"ansible_collections.agentbox.box.plugins.modules.{module}", args_file],
+            env={**os.environ, "PYTHONPATH": pythonpath, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=1800,
+            cwd=REPO,
+            check=False,
+        )
+    finally:
+        os.unlink(args_file)
+    try:
+        result = json.loads(done.stdout)
+    except ValueError:
+        raise AssertionError(f"{module} did not answer JSON (rc={done.returncode}):\n{done.stdout[-3000:]}\n"
+                             f"{done.stderr[-3000:]}") from None  # fmt: skip
+    result["failed"] = bool(result.get("failed"))
+    return result
 
 
 def make_repo(path: Path, files: dict[str, str | bytes] | None = None) -> Path:

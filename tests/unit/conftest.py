@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.support.fake_provider import FakeProvider
+from tests.unit.support.inprocess import provider_as
 
 
 @pytest.fixture
@@ -42,3 +43,11 @@ def remote_fake(tmp_path: Path, home: Path) -> Iterator[FakeProvider]:
     yield provider
     for name in list(provider.boxes):
         provider.destroy(name)
+
+
+@pytest.fixture
+def fake_docker(fake: FakeProvider) -> Iterator[FakeProvider]:
+    """The fake provider standing in for the local engine (provider: docker, the modules' default) for
+    modules run in-process (tests/unit/support/inprocess.py)."""
+    with provider_as("docker", fake):
+        yield fake

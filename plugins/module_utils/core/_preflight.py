@@ -128,3 +128,13 @@ def check_project_file(workspace: str) -> None:
             f"{path} is invalid ({errors} error{'s' if errors != 1 else ''}); fix it (check it with "
             "agentbox-ctl validate) and create the box again:\n" + "\n".join(issue.render(path) for issue in issues)
         )
+
+
+def project_text_issues(text: str, path: str) -> tuple[bool, list[str]] | None:
+    """The supervisor's validator on `text` as the agentbox.yaml at `path`, before anything is written:
+    (valid, every issue as `<file>:<line>: <severity>: ...`); None where the collection's roles are not installed."""
+    ctl = _ctl()
+    if ctl is None:
+        return None
+    config, issues = ctl.parse_config(text, path)
+    return config is not None, [issue.render(path) for issue in issues]

@@ -6,6 +6,7 @@ never touched; OpenSSH reads the aliases through `-F <HOME>/.agentbox/ssh_config
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -18,34 +19,112 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, run_module
+from ansible_collections.agentbox.box.plugins.module_utils.box import _box
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._docker import DockerProvider
+from tests.conftest import REPO, make_repo, run_module
+from tests.integration.support.engines import FLEET_IMAGE, EngineFleet
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def home(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def new_home() -> Path:
     """A temporary HOME with an ed25519 key; short, so ssh control sockets fit in sun_path."""
     path = Path(tempfile.mkdtemp(prefix="abh-", dir="/tmp"))
     (path / ".ssh").mkdir(mode=0o700)
     keygen(path / ".ssh" / "id_ed25519")
+    return path
+
+
+def enter_home(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
     monkeypatch.setenv("HOME", str(path))
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
     monkeypatch.delenv("AGENTBOX_SSH_KEY", raising=False)
+
+
+@pytest.fixture
+def home(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    path = new_home()
+    enter_home(monkeypatch, path)
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
 def boxes() -> Iterator[list[str]]:
-    names: list[str] = []
+    names: list[str] = []  # the test's boxes, destroyed after it
     yield names
+    destroy_quietly(names)
+
+
+def move_to(name: str, state: str, provider: DockerProvider | None = None) -> dict[str, Any]:
+    """Set-up, not under test: the box to `state` in-process (_box.set_state, as agentbox_box); its facts."""
+    provider = provider or DockerProvider()
+    return _box.set_state(provider, provider.find(name), state).to_dict()
+
+
+def destroy_quietly(names: list[str]) -> None:
+    """Clean-up, not under test: in-process, no Ansible start per box (tests that assert a destroy use the module)."""
+    provider = DockerProvider()
     for name in names:
-        run_module("agentbox_box", {"name": name, "state": "absent"})
+        facts = provider.find(name)
+        if facts is not None:
+            _box.destroy_box(provider, facts, fetch=False)
+
+
+@dataclasses.dataclass
+class SharedBox:
+    name: str
+    web_url: str  # as the box's last create or start reported it
+
+
+@pytest.fixture(scope="module")
+def shared_home() -> Iterator[Path]:
+    path = new_home()  # the HOME of the module's shared boxes (their aliases live in its ~/.agentbox)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def at_shared_home(shared_home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    enter_home(monkeypatch, shared_home)
+    return shared_home
+
+
+@contextmanager
+def module_box(home: Path, prefix: str, **args: Any) -> Iterator[SharedBox]:
+    root = Path(tempfile.mkdtemp(prefix="abw-", dir="/tmp"))
+    root.chmod(0o755)
+    name = f"{prefix}-{secrets.token_hex(3)}"
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            enter_home(patch, home)
+            made = run_module("agentbox_box", {"name": name, "workspace": str(make_repo(root / "ws")), **args})
+        assert not made["failed"], made.get("msg")
+        yield SharedBox(name, made["box"]["web_url"])
+    finally:
+        destroy_quietly([name])
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def served_box(shared_home: Path) -> Iterator[SharedBox]:
+    """A running box publishing port 8123, used in turn by tests that each leave it running, with nothing
+    listening on 8123 and no named shell (take `at_shared_home` with it)."""
+    with module_box(shared_home, "srv", ports=[8123]) as box:
+        yield box
+
+
+@pytest.fixture(scope="module")
+def unbooted_box(shared_home: Path) -> Iterator[SharedBox]:
+    """A box made with boot=False, used in turn by tests that each leave it running."""
+    with module_box(shared_home, "unb", boot=False) as box:
+        yield box
 
 
 def keygen(path: Path) -> None:
@@ -102,11 +181,8 @@ def test_ssh_alias_local_box(home: Path, repo_factory, boxes: list[str]) -> None
     legacy = ssh(home, alias, "cmp in.bin legacy.bin && echo SAME")
     assert legacy.stdout.strip() == "SAME", legacy.stderr
     synced = home / "synced"
-    subprocess.run(
-        ["rsync", "-a", "-e", f"ssh -F {config} -o BatchMode=yes", f"{alias}:/workspace/", f"{synced}/"],
-        check=True,
-        timeout=60,
-    )
+    subprocess.run(["rsync", "-a", "-e", f"ssh -F {config} -o BatchMode=yes", f"{alias}:/workspace/", f"{synced}/"],
+                   check=True, timeout=60)  # fmt: skip
     assert (synced / "in.bin").read_bytes() == payload.read_bytes() and (synced / "README.md").exists()
 
     # A second user's key is refused (the same entry, their own key only), and so is root.
@@ -126,9 +202,9 @@ def test_ssh_alias_local_box(home: Path, repo_factory, boxes: list[str]) -> None
     assert as_root.returncode == 255 and "Permission denied" in as_root.stderr, as_root.stderr
 
     # The alias follows a stop and a start (the keys lived on the box's tmpfs).
-    for state in ("stopped", "started"):
-        moved = run_module("agentbox_box", {"name": name, "state": state})
-        assert not moved["failed"], moved.get("msg")
+    assert move_to(name, "stopped")["state"] == "stopped"
+    moved = run_module("agentbox_box", {"name": name, "state": "started"})
+    assert not moved["failed"], moved.get("msg")
     again = ssh(home, alias, "git -C /workspace rev-parse --abbrev-ref HEAD")
     assert again.returncode == 0 and again.stdout.strip() == f"agentbox/{name}", again.stderr
 
@@ -155,23 +231,17 @@ def wait_for_http(url: str, timeout: float = 20) -> str:
 
 
 def playbook(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(REPO / ".venv/bin/ansible-playbook"), *args],
-        cwd=REPO,
-        env={**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1", **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    return subprocess.run([str(REPO / ".venv/bin/ansible-playbook"), *args], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+                               **(env or {})}, timeout=300, check=False)  # fmt: skip
 
 
 def test_attach_uri_resume_and_include(home: Path, repo_factory, boxes: list[str], tmp_path: Path) -> None:
     repo = repo_factory("ws")
     name = f"att-{secrets.token_hex(3)}"
     create(repo, name, boxes)
-    paused = run_module("agentbox_box", {"name": name, "state": "paused"})
-    assert paused.get("box", {}).get("state") == "paused", paused
+    paused = move_to(name, "paused")
+    assert paused["state"] == "paused", paused
 
     # A hand-written ~/.ssh/config: only the Include line is added, once, at the top.
     user_config = home / ".ssh" / "config"
@@ -191,12 +261,9 @@ def test_attach_uri_resume_and_include(home: Path, repo_factory, boxes: list[str
     assert prefix == "vscode-remote://attached-container" and rest.endswith("/workspace")
     target = json.loads(bytes.fromhex(rest.removesuffix("/workspace")))
     assert target["containerName"] == f"/agentbox-{name}"
-    inspected = subprocess.run(
-        ["docker", "inspect", "--format", "{{.Name}} {{.State.Status}}", target["containerName"].lstrip("/")],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
+    inspected = subprocess.run(["docker", "inspect", "--format", "{{.Name}} {{.State.Status}}",
+                                target["containerName"].lstrip("/")], capture_output=True, text=True, check=True)  # fmt: skip
+    inspected = inspected.stdout.split()
     assert inspected == [f"/agentbox-{name}", "running"]
 
     assert summary_line(done.stdout, "ssh") == f"ssh agentbox-{name}"  # the Include line is there now
@@ -251,8 +318,7 @@ def test_ssh_alias_and_web_url_of_a_box_restored_from_a_checkpoint(home: Path, r
         assert re.search(r"web: +(http://[^\s']+)", made.stdout).group(1) == f"http://127.0.0.1:{port}/", made.stdout
         assert run_module("agentbox_box_info", {"name": restored})["box"]["web_url"] == f"http://127.0.0.1:{port}/"
     finally:
-        for name in (restored, source):  # the checkpoint's image goes once no box runs from it
-            run_module("agentbox_box", {"name": name, "state": "absent"})
+        destroy_quietly([restored, source])  # the checkpoint's image goes once no box runs from it
         removed = run_module("agentbox_checkpoint", {"workspace": str(repo), "name": checkpoint, "state": "absent"})
         assert not removed["failed"], removed.get("msg")
 
@@ -448,28 +514,20 @@ def test_access_rides_in_the_boot_exec_and_its_failure_is_a_warning(
     ), attached["warnings_access"]
 
 
-@pytest.fixture(scope="module")
-def engine_fleet() -> Iterator[object]:
-    from tests.integration.support.engines import EngineFleet
-
-    with EngineFleet(count=1, tmpfs_size="3g") as fleet:
-        from ansible_collections.agentbox.box.plugins.module_utils.providers.docker import _image_transfer
-        from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._docker import DockerProvider
-
-        provider = DockerProvider(engine=fleet.engines[0].alias, ssh_options={}, isolation="none")
-        _image_transfer.ensure_image(provider, "agentbox/box:latest", compress=False)
-        yield fleet
-
-
-def test_ssh_alias_box_on_remote_engine(home: Path, repo_factory, engine_fleet, monkeypatch) -> None:
+def test_ssh_alias_and_named_shells_of_a_box_on_a_remote_engine(
+    home: Path, repo_factory, engine_fleet: EngineFleet
+) -> None:
+    """A box on an engine over SSH (the worker's shared engine, tests/integration/conftest.py): its alias
+    reaches it through the engine (ssh, scp, after a stop and start), forward.yml brings its port here,
+    ide=vscode gives the Remote-SSH URI; shell.yml's tasks go through the box connection, the session is
+    vscode's in /workspace and reachable over the alias, listed and ended; destroy removes the alias."""
     engine = engine_fleet.engines[0]
-    for key, value in engine_fleet.env.items():
-        monkeypatch.setenv(key, value)
     repo = repo_factory("ws")
     name = f"rem-{secrets.token_hex(3)}"
     common = {"name": name, "provider": "docker_ssh", "engine": engine.alias, "isolation": "none"}
+    where = ("-e", f"box={name}", "-e", "provider=docker_ssh", "-e", f"engine={engine.alias}")
     try:
-        created = run_module("agentbox_box", {**common, "workspace": str(repo), "ports": [8123]})
+        created = run_module("agentbox_box", {**common, "workspace": str(repo), "ports": [8123], "image": FLEET_IMAGE})
         assert not created["failed"], created.get("msg")
         alias = created["access"]["alias"]
         assert created["access"]["warnings"] == []
@@ -489,9 +547,10 @@ def test_ssh_alias_box_on_remote_engine(home: Path, repo_factory, engine_fleet, 
         subprocess.run([*scp, f"{alias}:/workspace/in.txt", str(home / "out.txt")], check=True, timeout=60)
         assert (home / "out.txt").read_text() == "through the engine\n"
 
-        for state in ("stopped", "started"):
-            moved = run_module("agentbox_box", {**common, "state": state})
-            assert not moved["failed"], moved.get("msg")
+        remote = DockerProvider(engine=engine.alias, ssh_options={}, isolation="none")
+        assert move_to(name, "stopped", remote)["state"] == "stopped"
+        moved = run_module("agentbox_box", {**common, "state": "started"})
+        assert not moved["failed"], moved.get("msg")
         again = ssh(home, alias, "git -C /workspace rev-parse --abbrev-ref HEAD")
         assert again.returncode == 0 and again.stdout.strip() == f"agentbox/{name}", again.stderr
 
@@ -520,6 +579,22 @@ def test_ssh_alias_box_on_remote_engine(home: Path, repo_factory, engine_fleet, 
         # ide=ssh and any box off the local engine: the Remote-SSH URI.
         way_in = run_module("agentbox_access", {**common, "ide": "vscode"})
         assert way_in["uri"] == f"vscode-remote://ssh-remote+{alias}/workspace"
+
+        # Named shells on the remote box.
+        made = playbook("playbooks/shell.yml", *where, "-e", "name=build")
+        assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-2000:]
+        assert f"agentbox-{name} tmux attach -t shell-build" in " ".join(made.stdout.split()), made.stdout
+        probe = ssh(home, alias, "tmux display-message -p -t shell-build '#{pane_current_path}'; "
+                    "readlink -f /workspace; ps -o user= -p $(tmux display-message -p -t shell-build '#{pane_pid}')")  # fmt: skip
+        assert probe.returncode == 0, probe.stderr
+        pane_path, workspace_target, owner = probe.stdout.split()
+        assert pane_path in ("/workspace", workspace_target) and owner == "vscode", probe.stdout
+        listed = playbook("playbooks/shell.yml", *where, "-e", "state=list")
+        assert listed.returncode == 0 and f"shells in {name}: shell-build" in listed.stdout, listed.stdout
+        ended = playbook("playbooks/shell.yml", *where, "-e", "name=build", "-e", "state=absent")
+        assert ended.returncode == 0, ended.stdout[-3000:] + ended.stderr[-2000:]
+        listed = playbook("playbooks/shell.yml", *where, "-e", "state=list")
+        assert f"shells in {name}: none" in listed.stdout, listed.stdout
     finally:
         gone = run_module("agentbox_box", {**common, "state": "absent"})
         assert not gone["failed"], gone.get("msg")
@@ -527,10 +602,8 @@ def test_ssh_alias_box_on_remote_engine(home: Path, repo_factory, engine_fleet, 
     assert engine.agentbox_objects() == []
 
 
-def test_named_shells(home: Path, repo_factory, boxes: list[str]) -> None:
-    repo = repo_factory("ws")
-    name = f"sh-{secrets.token_hex(3)}"
-    create(repo, name, boxes)
+def test_named_shells(at_shared_home: Path, served_box: SharedBox) -> None:
+    home, name = at_shared_home, served_box.name
     made = playbook("playbooks/shell.yml", "-e", f"box={name}", "-e", "name=build")
     assert made.returncode == 0, made.stdout + made.stderr
     flat = " ".join(made.stdout.split())  # the YAML callback folds long lines
@@ -561,63 +634,29 @@ def test_named_shells(home: Path, repo_factory, boxes: list[str]) -> None:
     assert bad.returncode != 0 and "letters, digits" in bad.stdout
 
 
-def test_named_shells_on_a_remote_engine(home: Path, repo_factory, engine_fleet, monkeypatch) -> None:
-    """shell.yml on a box on an engine over SSH: the tasks go through the box connection, the session is
-    vscode's in /workspace and reachable over the alias, listed and ended."""
-    engine = engine_fleet.engines[0]
-    for key, value in engine_fleet.env.items():
-        monkeypatch.setenv(key, value)
-    repo = repo_factory("ws")
-    name = f"rsh-{secrets.token_hex(3)}"
-    common = {"name": name, "provider": "docker_ssh", "engine": engine.alias, "isolation": "none"}
-    where = ("-e", f"box={name}", "-e", "provider=docker_ssh", "-e", f"engine={engine.alias}")
-    try:
-        created = run_module("agentbox_box", {**common, "workspace": str(repo)})
-        assert not created["failed"], created.get("msg")
-        made = playbook("playbooks/shell.yml", *where, "-e", "name=build")
-        assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-2000:]
-        assert f"agentbox-{name} tmux attach -t shell-build" in " ".join(made.stdout.split()), made.stdout
-        probe = ssh(home, f"agentbox-{name}", "tmux display-message -p -t shell-build '#{pane_current_path}'; "
-                    "readlink -f /workspace; ps -o user= -p $(tmux display-message -p -t shell-build '#{pane_pid}')")  # fmt: skip
-        assert probe.returncode == 0, probe.stderr
-        pane_path, workspace_target, owner = probe.stdout.split()
-        assert pane_path in ("/workspace", workspace_target) and owner == "vscode", probe.stdout
-        listed = playbook("playbooks/shell.yml", *where, "-e", "state=list")
-        assert listed.returncode == 0 and f"shells in {name}: shell-build" in listed.stdout, listed.stdout
-        ended = playbook("playbooks/shell.yml", *where, "-e", "name=build", "-e", "state=absent")
-        assert ended.returncode == 0, ended.stdout[-3000:] + ended.stderr[-2000:]
-        listed = playbook("playbooks/shell.yml", *where, "-e", "state=list")
-        assert f"shells in {name}: none" in listed.stdout, listed.stdout
-    finally:
-        gone = run_module("agentbox_box", {**common, "state": "absent"})
-        assert not gone["failed"], gone.get("msg")
-
-
-def test_forward_local_and_web_url_after_start(home: Path, repo_factory, boxes: list[str]) -> None:
-    repo = repo_factory("ws")
-    name = f"fw-{secrets.token_hex(3)}"
-    created = create(repo, name, boxes)
+def test_forward_local_and_web_url_after_start(at_shared_home: Path, served_box: SharedBox) -> None:
+    name = served_box.name
     forwarded = run_module("agentbox_forward", {"name": name})
-    assert forwarded["url"] == created["box"]["web_url"] and forwarded["changed"] is False
-    stopped = run_module("agentbox_box", {"name": name, "state": "stopped"})
-    assert stopped["box"]["state"] == "stopped"
-    not_running = run_module("agentbox_forward", {"name": name})
-    assert not_running["failed"] and "is stopped" in not_running["msg"]
-    # After a start the published port is new: box_state.yml prints the URL as it is now.
-    started = playbook("playbooks/box_state.yml", "-e", f"box={name}", "-e", "state=started")
-    assert started.returncode == 0, started.stdout + started.stderr
+    assert forwarded["url"] == served_box.web_url and forwarded["changed"] is False
+    try:
+        assert move_to(name, "stopped")["state"] == "stopped"
+        not_running = run_module("agentbox_forward", {"name": name})
+        assert not_running["failed"] and "is stopped" in not_running["msg"]
+        # After a start the published port is new: box_state.yml prints the URL as it is now.
+        started = playbook("playbooks/box_state.yml", "-e", f"box={name}", "-e", "state=started")
+        assert started.returncode == 0, started.stdout + started.stderr
+    except BaseException:
+        run_module("agentbox_box", {"name": name, "state": "started"})  # the shared box as the next test expects
+        raise
     now = run_module("agentbox_forward", {"name": name})["url"]
+    served_box.web_url = now
     assert f"web: {now}" in started.stdout
 
 
-def test_forward_says_when_nothing_listens_in_the_box(home: Path, repo_factory, boxes: list[str]) -> None:
+def test_forward_says_when_nothing_listens_in_the_box(at_shared_home: Path, served_box: SharedBox) -> None:
     """forward.yml asks the box before it prints a URL: the web port's forwarder with no service behind it
     (it would answer 503), a published port with no server; once a server listens, no note and the URL works."""
-    repo = repo_factory("ws")
-    name = f"fwn-{secrets.token_hex(3)}"
-    boxes.append(name)
-    made = run_module("agentbox_box", {"name": name, "workspace": str(repo), "ports": [8123]})
-    assert not made["failed"], made.get("msg")
+    name = served_box.name
 
     def forward(port: int) -> str:
         done = playbook("playbooks/forward.yml", "-e", f"box={name}", "-e", f"port={port}")
@@ -631,8 +670,11 @@ def test_forward_says_when_nothing_listens_in_the_box(home: Path, repo_factory, 
     subprocess.run(["docker", "exec", "-u", "vscode", f"agentbox-{name}", "sh", "-c",
                     f"mkdir -p /tmp/www && echo {token} > /tmp/www/token && cd /tmp/www && "
                     "(nohup python3 -m http.server 8123 >/dev/null 2>&1 &)"], check=True)  # fmt: skip
-    url = wait_until_served(lambda: forward(8123), "listens:")
-    assert wait_for_http(url + "token") == token
+    try:
+        url = wait_until_served(lambda: forward(8123), "listens:")
+        assert wait_for_http(url + "token") == token
+    finally:  # the shared box as the next test expects: nothing listening on 8123
+        subprocess.run(["docker", "exec", f"agentbox-{name}", "pkill", "-f", "http.server 8123"], check=False)
 
 
 def wait_until_served(forward: Callable[[], str], note: str) -> str:
@@ -645,26 +687,22 @@ def wait_until_served(forward: Callable[[], str], note: str) -> str:
         assert time.monotonic() < deadline, said
 
 
-def test_ssh_wake_of_a_stopped_box_says_its_new_web_url(home: Path, repo_factory, boxes: list[str]) -> None:
+def test_ssh_wake_of_a_stopped_box_says_its_new_web_url(at_shared_home: Path, unbooted_box: SharedBox) -> None:
     """`ssh agentbox-<box>` starts a stopped box (the ProxyCommand's wake); the start publishes a new web port,
     and the wake says the new URL on stderr (ssh shows it), the one the box's facts report."""
-    repo = repo_factory("ws")
-    name = f"wku-{secrets.token_hex(3)}"
-    boxes.append(name)
-    made = run_module("agentbox_box", {"name": name, "workspace": str(repo), "boot": False})
-    assert not made["failed"], made.get("msg")
+    home, name = at_shared_home, unbooted_box.name
     alias = f"agentbox-{name}"
     config = home / ".agentbox" / "ssh_config"
     argv = ["ssh", "-F", str(config), "-o", "BatchMode=yes", alias, "id -un"]
 
     # A paused box keeps its ports: resumed, no URL said.
-    assert run_module("agentbox_box", {"name": name, "state": "paused"})["box"]["state"] == "paused"
+    assert move_to(name, "paused")["state"] == "paused"
     resumed = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
     assert resumed.returncode == 0 and resumed.stdout == "vscode\n", resumed.stderr
     assert "was paused" in resumed.stderr and " web " not in resumed.stderr, resumed.stderr
 
-    stopped = run_module("agentbox_box", {"name": name, "state": "stopped"})
-    assert stopped["box"]["state"] == "stopped" and not stopped["box"]["web_url"], stopped
+    stopped = move_to(name, "stopped")
+    assert stopped["state"] == "stopped" and not stopped["web_url"], stopped
     woke = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)  # a guard, not a timing
     assert woke.returncode == 0 and woke.stdout == "vscode\n", woke.stderr
     assert "was stopped" in woke.stderr, woke.stderr
@@ -680,12 +718,8 @@ def test_ssh_wake_of_a_stopped_box_says_its_new_web_url(home: Path, repo_factory
 
 
 def volume_names(box_or_kind: str) -> list[str]:
-    out = subprocess.run(
-        ["docker", "volume", "ls", "--filter", f"label={box_or_kind}", "--format", "{{.Name}}"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    out = subprocess.run(["docker", "volume", "ls", "--filter", f"label={box_or_kind}", "--format", "{{.Name}}"],
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
     return sorted(out.split())
 
 
@@ -709,12 +743,8 @@ def test_editor_servers_and_extensions_are_each_box_s_own(home: Path, repo_facto
         assert by_path["/home/vscode/.cursor-server"] == f"agentbox-{name}-cursor-server"
         assert not [path for path in by_path if path.endswith("/extensions")], by_path
     # Dev Containers attaches as vscode in /workspace (so the server lands in the per-box volume).
-    metadata = subprocess.run(
-        ["docker", "inspect", "--format", '{{index .Config.Labels "devcontainer.metadata"}}', alias],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    metadata = subprocess.run(["docker", "inspect", "--format", '{{index .Config.Labels "devcontainer.metadata"}}',
+                               alias], capture_output=True, text=True, check=True).stdout  # fmt: skip
     assert json.loads(metadata) == [{"remoteUser": "vscode", "workspaceFolder": "/workspace"}]
 
     # The box user writes a server file and an extension for each editor; they survive a stop and start.
@@ -722,8 +752,8 @@ def test_editor_servers_and_extensions_are_each_box_s_own(home: Path, repo_facto
         f" && echo ext > ~/.vscode-server/extensions/planted-{first} && echo ext > ~/.cursor-server/extensions/planted-{first}"
     wrote = ssh(home, alias, planted)
     assert wrote.returncode == 0, wrote.stderr
-    for state in ("stopped", "started"):
-        assert not run_module("agentbox_box", {"name": first, "state": state})["failed"]
+    assert move_to(first, "stopped")["state"] == "stopped"
+    assert not run_module("agentbox_box", {"name": first, "state": "started"})["failed"]
     kept = ssh(home, alias, f"cat ~/.vscode-server/marker ~/.vscode-server/extensions/planted-{first}")
     assert kept.stdout.split() == ["server", "ext"], kept.stdout + kept.stderr
     seen = subprocess.run(["docker", "exec", f"agentbox-{second}", "sh", "-c",
@@ -738,16 +768,12 @@ def test_editor_servers_and_extensions_are_each_box_s_own(home: Path, repo_facto
 
 
 def test_attach_starts_a_stopped_box_and_runs_only_the_editor_asked_for(
-    home: Path, repo_factory, boxes: list[str], tmp_path: Path
+    at_shared_home: Path, unbooted_box: SharedBox, tmp_path: Path
 ) -> None:
     """A stopped box is started first; `ide=print` runs no editor even with `code` and `cursor` installed;
     `ide=cursor` runs `cursor --folder-uri <Dev Containers URI of the box>`."""
-    repo = repo_factory("ws")
-    name = f"atc-{secrets.token_hex(3)}"
-    boxes.append(name)
-    made = run_module("agentbox_box", {"name": name, "workspace": str(repo), "boot": False})
-    assert not made["failed"], made.get("msg")
-    assert run_module("agentbox_box", {"name": name, "state": "stopped"})["box"]["state"] == "stopped"
+    name = unbooted_box.name
+    assert move_to(name, "stopped")["state"] == "stopped"
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

@@ -30,6 +30,7 @@ import docker
 import pytest
 
 from tests.boxd_emulator import running_emulator
+from tests.conftest import run_module_direct
 from tests.integration.agent import test_agent_box as shared
 
 pytestmark = pytest.mark.integration
@@ -59,6 +60,10 @@ class BoxdWorld(shared.World):
         self, name: str, extra: dict[str, Any], env: dict[str, str] | None = None
     ) -> subprocess.CompletedProcess:
         return super().playbook(name, {"provider": "boxd", **extra}, {**self.env, **(env or {})})
+
+    def destroy(self, box: str) -> None:
+        run_module_direct("agentbox_box", {"name": box, "state": "absent", "delete_branch": True, "provider": "boxd"},
+                          env={**self.env, "HOME": str(self.home)})  # fmt: skip
 
     def sh(self, box: str, script: str, user: str = "vscode") -> tuple[int, str]:
         run = self.provider.exec(box, ["bash", "-c", script], user=user, timeout=120)

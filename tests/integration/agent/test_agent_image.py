@@ -19,7 +19,7 @@ from typing import Any
 import docker
 import pytest
 
-from tests.conftest import chown_tree
+from tests.conftest import chown_tree, run_module_direct
 
 REPO = Path(__file__).resolve().parents[3]
 ANSIBLE_PLAYBOOK = str(REPO / ".venv" / "bin" / "ansible-playbook")
@@ -119,8 +119,10 @@ def codex_and_opencode_in_a_box(client: Any, tmp_path: Path, image: str, workspa
         sessions = in_box("tmux ls -F '#{session_name}'").split()
         assert sorted(sessions) == ["codex", "opencode"]
     finally:
-        if container is not None:
-            playbook(tmp_path, "destroy_box.yml", {"box": box, "delete_branch": True})
+        if container is not None:  # agentbox_box's own main: destroy_box.yml is proven elsewhere
+            removed = run_module_direct("agentbox_box", {"name": box, "state": "absent", "delete_branch": True},
+                                        env={"HOME": str(tmp_path / "home")})  # fmt: skip
+            assert not removed["failed"], removed
 
 
 def test_every_agent_cli_runs_as_vscode(client: Any, tmp_path: Path, repo_factory: Any) -> None:

@@ -17,6 +17,7 @@ import docker
 import pytest
 
 from tests.conftest import chown_tree, git, make_repo, run_module
+from tests.integration.box.conftest import box_task
 
 pytestmark = pytest.mark.integration
 
@@ -33,11 +34,11 @@ def engine() -> docker.DockerClient:
 
 @pytest.fixture
 def boxes(engine: docker.DockerClient) -> Iterator[list[str]]:
-    """Names of boxes a test makes; whatever is left is destroyed through the module."""
+    """Names of boxes a test makes; whatever is left is destroyed (in-process: a clean-up, not a check)."""
     names: list[str] = []
     yield names
     for name in names:
-        run_module("agentbox_box", {"name": name, "state": "absent"})
+        box_task({"name": name, "state": "absent"})
 
 
 def box_name(prefix: str = "t") -> str:
@@ -178,7 +179,7 @@ def test_commit_in_box_reaches_host_branch_when_fetched(engine, boxes, tmp_path)
     chown_tree(repo)
     name = box_name()
     boxes.append(name)
-    assert run_module("agentbox_box", {"name": name, "workspace": str(repo)})["changed"]
+    assert box_task({"name": name, "workspace": str(repo)})["changed"]
 
     rc, out = exec_in(
         engine,
@@ -209,12 +210,12 @@ def test_idempotent_check_mode_and_lifecycle(engine, boxes, tmp_path):
     assert git(repo, "branch", "--list", f"agentbox/{name}") == ""
 
     boxes.append(name)
-    first = run_module("agentbox_box", {"name": name, "workspace": str(repo)})
+    first = box_task({"name": name, "workspace": str(repo)})
     assert first["changed"] is True
-    again = run_module("agentbox_box", {"name": name, "workspace": str(repo)})
+    again = box_task({"name": name, "workspace": str(repo)})
     assert again["changed"] is False and again["box"]["state"] == "running"
 
-    paused = run_module("agentbox_box", {"name": name, "state": "paused"})
+    paused = box_task({"name": name, "state": "paused"})
     assert paused["changed"] is True and paused["box"]["state"] == "paused"
     assert engine.containers.get(f"agentbox-{name}").status == "paused"
     from ansible_collections.agentbox.box.plugins.module_utils.core import _provider
@@ -222,14 +223,14 @@ def test_idempotent_check_mode_and_lifecycle(engine, boxes, tmp_path):
 
     with pytest.raises(_provider.ProviderError, match="paused: resume it"):
         _docker.DockerProvider().exec(name, ["true"])
-    assert run_module("agentbox_box", {"name": name, "state": "paused"})["changed"] is False
+    assert box_task({"name": name, "state": "paused"})["changed"] is False
 
     resumed = run_module("agentbox_box", {"name": name, "state": "started"})
     assert resumed["changed"] is True and resumed["box"]["state"] == "running"
 
-    stopped = run_module("agentbox_box", {"name": name, "state": "stopped"})
+    stopped = box_task({"name": name, "state": "stopped"})
     assert stopped["box"]["state"] == "stopped"
-    started = run_module("agentbox_box", {"name": name, "state": "started"})
+    started = box_task({"name": name, "state": "started"})
     assert started["box"]["state"] == "running"
     assert set(started["box"]["ports"]) == {"80"}  # re-read after the start
     rc, out = exec_in(engine, name, "cd /workspace && git branch --show-current && cat wip.txt")
@@ -239,13 +240,13 @@ def test_idempotent_check_mode_and_lifecycle(engine, boxes, tmp_path):
     assert check_destroy["changed"] is True
     assert engine.containers.get(f"agentbox-{name}")
 
-    gone = run_module("agentbox_box", {"name": name, "state": "absent"})
+    gone = box_task({"name": name, "state": "absent"})
     assert gone["changed"] is True
     assert not engine.containers.list(all=True, filters={"name": f"agentbox-{name}"})
     assert not [v for v in engine.volumes.list() if v.name.startswith(f"agentbox-{name}")]
     assert f"agentbox-worktrees/{name}" not in git(repo, "worktree", "list", "--porcelain")
     assert git(repo, "branch", "--list", f"agentbox/{name}").strip() == f"agentbox/{name}"  # kept
-    assert run_module("agentbox_box", {"name": name, "state": "absent"})["changed"] is False
+    assert box_task({"name": name, "state": "absent"})["changed"] is False
 
 
 def test_two_boxes_racing_for_one_branch_name_get_distinct_branches(engine, boxes, tmp_path):
@@ -293,11 +294,11 @@ def test_nested_repos_worktree_workspace_and_plain_copy(engine, boxes, tmp_path)
     assert rc == 0 and out.split("\n")[:3] == [f"agentbox/{nested}", "inner", "nested untracked"]
     assert git(outer / "lib", "rev-parse", "--abbrev-ref", f"agentbox/{nested}").strip() == f"agentbox/{nested}"
 
-    result = run_module("agentbox_box", {"name": copied, "workspace": str(plain)})
+    result = box_task({"name": copied, "workspace": str(plain)})
     assert result["seed"]["mode"] == "copy" and result["box"]["branch"] == ""
     assert box_manifest(engine, copied) == tree_manifest(plain)
 
-    result = run_module("agentbox_box", {"name": linked, "workspace": str(tmp_path / "linked")})
+    result = box_task({"name": linked, "workspace": str(tmp_path / "linked")})
     assert result.get("failed") is not True, result
     rc, out = exec_in(engine, linked, "cd /workspace && git log -1 --format=%s && cat linked-wip.txt")
     assert rc == 0 and out.split("\n")[:2] == ["initial", "in a linked worktree"]
@@ -307,7 +308,9 @@ def test_nested_repos_worktree_workspace_and_plain_copy(engine, boxes, tmp_path)
 def test_invalid_box_names_fail_before_anything(engine, tmp_path, bad):
     repo = make_repo(tmp_path / "ws")
     chown_tree(repo)
-    result = run_module("agentbox_box", {"name": bad, "workspace": str(repo)})
+    # The task checks the name (not Ansible's argument spec): one name through Ansible, the others in-process.
+    args = {"name": bad, "workspace": str(repo)}
+    result = run_module("agentbox_box", args) if bad == "../x" else box_task(args)
     assert result["failed"] is True
     assert "invalid box name" in result["msg"] and "a-z, 0-9" in result["msg"]
     assert not [c for c in engine.containers.list(all=True) if bad in c.name]
@@ -324,21 +327,21 @@ def test_bad_input_leaves_nothing_behind(engine, boxes, tmp_path):
         chown_tree(path)
     name = box_name("b")
 
-    missing = run_module("agentbox_box", {"name": name, "workspace": str(tmp_path / "nope")})
+    missing = box_task({"name": name, "workspace": str(tmp_path / "nope")})
     assert missing["failed"] and "is not a directory" in missing["msg"]
 
-    no_commits = run_module("agentbox_box", {"name": name, "workspace": str(empty_repo)})
+    no_commits = box_task({"name": name, "workspace": str(empty_repo)})
     assert no_commits["failed"] and "no commits yet" in no_commits["msg"]
 
-    down = run_module("agentbox_box", {"name": name, "workspace": str(repo)}, env={"AGENTBOX_ENGINE": "unix:///nonexistent.sock"})
+    down = box_task({"name": name, "workspace": str(repo)}, env={"AGENTBOX_ENGINE": "unix:///nonexistent.sock"})
     assert down["failed"] and "box engine at unix:///nonexistent.sock does not answer" in down["msg"]
     assert "ensure-box-engine.sh" in down["msg"] and "isolation=none" in down["msg"]
-    user_engine_down = run_module("agentbox_box", {"name": name, "workspace": str(repo), "isolation": "none"},
-                                  env={"DOCKER_HOST": "unix:///nonexistent.sock"})
+    user_engine_down = box_task({"name": name, "workspace": str(repo), "isolation": "none"},
+                                env={"DOCKER_HOST": "unix:///nonexistent.sock"})
     assert user_engine_down["failed"] and "does not answer" in user_engine_down["msg"]
     assert "DOCKER_HOST" in user_engine_down["msg"]
 
-    no_image = run_module("agentbox_box", {"name": name, "workspace": str(repo), "image": "agentbox/none:missing"})
+    no_image = box_task({"name": name, "workspace": str(repo), "image": "agentbox/none:missing"})
     assert no_image["failed"] and "is not on engine" in no_image["msg"] and "box_image" in no_image["msg"]
 
     assert not engine.containers.list(all=True, filters={"name": f"agentbox-{name}"})
@@ -346,7 +349,7 @@ def test_bad_input_leaves_nothing_behind(engine, boxes, tmp_path):
     assert "agentbox/" not in git(repo, "branch", "--list")
 
     boxes.append(name)
-    assert run_module("agentbox_box", {"name": name, "workspace": str(repo)})["changed"]
+    assert box_task({"name": name, "workspace": str(repo)})["changed"]
     taken = run_module("agentbox_box", {"name": name, "workspace": str(other)})
     assert taken["failed"] and "already used by another project" in taken["msg"]
     assert "agentbox/" not in git(other, "branch", "--list")
@@ -383,7 +386,7 @@ def test_empty_box_seeded_later_by_agentbox_worktree(engine, boxes, tmp_path):
     chown_tree(repo)
     name = box_name("w")
     boxes.append(name)
-    made = run_module("agentbox_box", {"name": name, "workspace": str(repo), "seed": False})
+    made = box_task({"name": name, "workspace": str(repo), "seed": False})
     assert made["changed"] and made.get("seed") is None
 
     planned = run_module("agentbox_worktree", {"box": name}, check_mode=True)
@@ -444,7 +447,7 @@ def test_root_owned_repository_is_made_writable_for_the_box(engine, boxes, tmp_p
     mode_before = (repo / "a.txt").stat().st_mode
     name = box_name("r")
     boxes.append(name)
-    result = run_module("agentbox_box", {"name": name, "workspace": str(repo)})
+    result = box_task({"name": name, "workspace": str(repo)})
     assert result.get("failed") is not True, result
     assert not result["seed"]["warnings"], result["seed"]["warnings"]
     rc, out = exec_in(

@@ -14,6 +14,7 @@ import docker
 import pytest
 
 from tests.conftest import REPO, chown_tree, git, make_repo, run_module
+from tests.integration.box.conftest import box_task
 from tests.integration.box.test_create_crash import (
     agentbox_branches,
     in_box,
@@ -44,10 +45,11 @@ def workspace(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def names() -> Any:
+    """Boxes a test makes; whatever is left is destroyed (in-process: a clean-up, not a check)."""
     made: list[str] = []
     yield made
     for name in made:
-        run_module("agentbox_box", {"name": name, "state": "absent", "delete_branch": True})
+        box_task({"name": name, "state": "absent", "delete_branch": True})
 
 
 def finish(procs: list[subprocess.Popen]) -> list[tuple[int, str]]:
@@ -134,7 +136,7 @@ def test_someone_elses_container_under_the_name_is_never_touched(
         result = run_module("agentbox_box", {"name": name, "workspace": str(workspace)})
         assert result["failed"], result
         assert "was not made by agentbox" in result["msg"] and "pick another box name" in result["msg"]
-        gone = run_module("agentbox_box", {"name": name, "state": "absent"})
+        gone = box_task({"name": name, "state": "absent"})
         assert gone["failed"] and "was not made by agentbox" in gone["msg"], gone
         theirs.reload()
         assert theirs.status == "created" and "io.agentbox.box" not in theirs.labels
@@ -148,7 +150,7 @@ def test_destroy_after_docker_rm_removes_the_leftovers(
 ) -> None:
     name = f"rmf-{os.urandom(3).hex()}"
     names.append(name)
-    made = run_module("agentbox_box", {"name": name, "workspace": str(workspace), "checkpoint": "none"})
+    made = box_task({"name": name, "workspace": str(workspace), "checkpoint": "none"})
     assert not made["failed"], made
     client.containers.get(f"agentbox-{name}").remove(force=True)  # by hand, as `docker rm -f` would
     result = run_module("agentbox_box", {"name": name, "state": "absent"})
@@ -166,7 +168,7 @@ def test_destroy_after_docker_rm_removes_the_leftovers(
     assert not client.volumes.list(filters={"label": f"io.agentbox.box={name}"})
     assert registrations(workspace)[1:] == [] and agentbox_branches(workspace) == []
     # Nothing is left to trip the next create of that name.
-    again = run_module("agentbox_box", {"name": name, "workspace": str(workspace), "checkpoint": "none"})
+    again = box_task({"name": name, "workspace": str(workspace), "checkpoint": "none"})
     assert not again["failed"] and again["changed"], again
     healthy(client, workspace, name)
 
@@ -175,7 +177,7 @@ def test_leftovers_with_commits_keep_the_branch(client: docker.DockerClient, wor
                                                 names: list[str]) -> None:
     name = f"rmfc-{os.urandom(3).hex()}"
     names.append(name)
-    made = run_module("agentbox_box", {"name": name, "workspace": str(workspace), "checkpoint": "none"})
+    made = box_task({"name": name, "workspace": str(workspace), "checkpoint": "none"})
     assert not made["failed"], made
     code, out = in_box(client, name, "cd /workspace && su vscode -c 'git add notes.txt && git -c user.name=a "
                                      "-c user.email=a@b commit -qm work'")
@@ -192,7 +194,7 @@ def test_destroy_of_a_box_whose_workspace_moved(client: docker.DockerClient, wor
                                                 names: list[str]) -> None:
     name = f"moved-{os.urandom(3).hex()}"
     names.append(name)
-    made = run_module("agentbox_box", {"name": name, "workspace": str(workspace), "checkpoint": "none"})
+    made = box_task({"name": name, "workspace": str(workspace), "checkpoint": "none"})
     assert not made["failed"], made
     moved = tmp_path / "moved-ws"
     shutil.move(str(workspace), str(moved))

@@ -1,7 +1,10 @@
 """playbooks/checkpoints.yml on the real engine (issue 33 item 16): a box of a fresh workspace, a checkpoint
 taken of it, listed (from the workspace, no -e workspace), removed in check mode (nothing goes), removed
 (image, manifest and default go), listed again; a name the project does not have is refused with what
-to do, before anything is removed, and so is one a box runs on."""
+to do, before anything is removed, and so is one a box runs on.
+
+The box, one checkpoint and the info are made through `ansible localhost -m` (the modules' path);
+what only sets up or clears state for the playbook is done by the library in-process."""
 
 from __future__ import annotations
 
@@ -19,6 +22,9 @@ from pathlib import Path
 import docker
 import pytest
 
+from ansible_collections.agentbox.box.plugins.module_utils.box import _box
+from ansible_collections.agentbox.box.plugins.module_utils.checkpoint import _checkpoint
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._docker import DockerProvider
 from tests.conftest import REPO, chown_tree, make_repo, run_module
 
 pytestmark = pytest.mark.integration
@@ -61,12 +67,20 @@ def project(docker_client: docker.DockerClient, box_image: str) -> Iterator[dict
         assert not made["failed"], made
         yield {"root": root, "box": box, "workspace": workspace, "project": project_id, "client": docker_client}
     finally:
-        run_module("agentbox_box", {"name": box, "state": "absent", "delete_branch": True})
+        destroy(box)
         for image in docker_client.images.list(filters={"label": f"io.agentbox.project={project_id}"}):
             for tag in image.tags:
                 docker_client.images.remove(tag, force=True)
         shutil.rmtree(Path.home() / ".agentbox" / "checkpoints" / project_id, ignore_errors=True)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def destroy(box: str) -> None:
+    """Remove the box and its branch, as agentbox_box state=absent delete_branch=true does."""
+    provider = DockerProvider()
+    facts = provider.find(box)
+    if facts is not None:
+        _box.destroy_box(provider, facts, delete_branch=True)
 
 
 def image_exists(client: docker.DockerClient, reference: str) -> bool:
@@ -122,8 +136,9 @@ def test_checkpoints_lists_then_removes_one_in_check_mode_and_for_real(project: 
 def test_checkpoints_refuses_a_name_the_project_does_not_have_and_one_a_box_runs_on(project: dict) -> None:
     workspace, box, client = project["workspace"], project["box"], project["client"]
     kept = f"kept-{secrets.token_hex(3)}"
-    taken = run_module("agentbox_checkpoint", {"box": box, "name": kept})
-    assert not taken["failed"], taken
+    provider = DockerProvider()
+    taken = _checkpoint.capture(provider, _checkpoint.plan_capture(provider, provider.find(box), kept))
+    assert taken["name"] == kept, taken
     image = f"agentbox-ckpt-{project['project']}:{kept}"
     try:
         for args in ([], ["--check"]):
@@ -140,13 +155,15 @@ def test_checkpoints_refuses_a_name_the_project_does_not_have_and_one_a_box_runs
         assert image_exists(client, image)  # nothing was removed
 
         # A checkpoint a box runs on is refused too, saying what to do, and nothing of it goes.
-        made = run_module("agentbox_box", {"name": f"{box}-from", "workspace": str(workspace), "checkpoint": kept})
-        assert not made["failed"], made
+        made = _box.create_box(provider, _box.CreateRequest(name=f"{box}-from", workspace=str(workspace), checkpoint=kept))
+        assert made.facts.state == "running", made
         busy = checkpoints(workspace, "-e", f"checkpoint={kept}", "-e", "state=absent")
         assert busy.returncode == 2, busy.stdout[-3000:]
         assert "Destroy the boxes that run on it first" in flat(busy.stdout), busy.stdout[-3000:]
         manifest = Path.home() / ".agentbox" / "checkpoints" / project["project"] / kept / "manifest.json"
         assert image_exists(client, image) and manifest.is_file()
     finally:
-        run_module("agentbox_box", {"name": f"{box}-from", "state": "absent", "delete_branch": True})
-        run_module("agentbox_checkpoint", {"name": kept, "workspace": str(workspace), "state": "absent"})
+        destroy(f"{box}-from")
+        found = _checkpoint.find_checkpoint(provider, project["project"], kept)
+        if found is not None:
+            _checkpoint.remove(provider, found)

@@ -1,6 +1,10 @@
 """The fleet on real boxes: `ansible-inventory --graph` over the boxes inventory plugin, a command
 across a project's boxes, and playbooks/fleet_status.yml over three boxes with different changes
 (numbers checked against git on the host), its HTML page rendered by headless Chromium.
+
+The fleet is made, worked on and removed for the module without Ansible (the agentbox_box module's own main,
+tests/conftest.py (run_module_direct), and `docker exec` as the box user): the tests are about the inventory,
+the connection and fleet_status.yml, which run through Ansible.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import run_module_direct
 from tests.integration.support.fleet_page import chromium_binary
 
 pytestmark = pytest.mark.integration
@@ -44,15 +49,6 @@ def run(argv: list[str], check: bool = True, cwd: Path = REPO) -> subprocess.Com
     return result
 
 
-def box_module(name: str, **args: str) -> subprocess.CompletedProcess:
-    module_args = " ".join(f"{k}={v}" for k, v in {"name": name, **args}.items())
-    return run(
-        [str(VENV_BIN / "ansible"), "-i", "localhost,", "-c", "local", "localhost", "-e",
-         f"ansible_python_interpreter={VENV_BIN / 'python'}", "-m", "agentbox.box.agentbox_box", "-a", module_args],
-        check=False,
-    )  # fmt: skip
-
-
 def host_git(workspace: Path, *args: str) -> str:
     result = subprocess.run(
         ["git", "-c", "safe.directory=*", *GIT_ID, "-C", str(workspace), *args],
@@ -63,9 +59,10 @@ def host_git(workspace: Path, *args: str) -> str:
     return result.stdout.strip()
 
 
-def in_box(inv: Path, host: str, script: str) -> None:
-    run([str(VENV_BIN / "ansible"), "-i", str(inv), host, "-m", "ansible.builtin.command", "-a",
-         json.dumps({"argv": ["bash", "-ec", script], "chdir": "/workspace"})])  # fmt: skip
+def in_box(name: str, script: str) -> None:
+    """Run a script in the box as its user, in /workspace."""
+    subprocess.run(["docker", "exec", "-u", "vscode", "-w", "/workspace", f"agentbox-{name}", "bash", "-ec", script],
+                   check=True, capture_output=True)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -84,26 +81,26 @@ def fleet():
         host_git(workspace, "commit", "-q", "-m", "initial")
         subprocess.run(["chown", "-R", f"{BOX_UID}:{BOX_UID}", str(root)], check=True)
         for name in names:
-            created = box_module(name, workspace=str(workspace))
-            assert created.returncode == 0, created.stdout + created.stderr
+            created = run_module_direct("agentbox_box", {"name": name, "workspace": str(workspace)})
+            assert not created["failed"], created
         inv = root / "inv" / "fleet.agentbox.yml"
         inv.parent.mkdir()
         inv.write_text(f"plugin: agentbox.box.boxes\ninclude: ['{prefix}-*']\n")
         commit = f"git {' '.join(GIT_ID)} commit -q"
         # a: two commits (2 files, +7 -2 against main), then one modified file and one untracked file.
-        in_box(inv, names[0], textwrap.dedent(f"""\
+        in_box(names[0], textwrap.dedent(f"""\
             printf 'new %s\\n' 1 2 3 4 5 > feature.py && git add feature.py && {commit} -m 'Add feature'
             sed -i '1,2d' app.py && printf 'x\\ny\\n' >> app.py && git add app.py && {commit} -m 'Rework app ✓'
             echo extra >> feature.py
             echo scratch > notes.txt
             """))  # fmt: skip
         # b: no commit; three lines appended to a tracked file, nothing else.
-        in_box(inv, names[1], "printf 'b1\\nb2\\nb3\\n' >> app.py\n")
+        in_box(names[1], "printf 'b1\\nb2\\nb3\\n' >> app.py\n")
         # c: one commit, then stopped; main moves on by two commits meanwhile (c is behind by 2).
-        in_box(inv, names[2], f"echo c > c.txt && git add c.txt && {commit} -m 'Commit in c'\n")
+        in_box(names[2], f"echo c > c.txt && git add c.txt && {commit} -m 'Commit in c'\n")
         # Stopped through the collection, which brings the box's branch into the host repository first.
-        run([str(VENV_BIN / "ansible"), "localhost", "-m", "agentbox.box.agentbox_box", "-a",
-             json.dumps({"name": names[2], "state": "stopped"})])  # fmt: skip
+        stopped = run_module_direct("agentbox_box", {"name": names[2], "state": "stopped"})
+        assert not stopped["failed"], stopped
         for index in range(2):
             (workspace / f"main{index}.txt").write_text("main\n")
             host_git(workspace, "add", "-A")
@@ -112,7 +109,7 @@ def fleet():
         yield {"names": names, "root": root, "workspace": workspace, "inv": inv, "prefix": prefix}
     finally:
         for name in names:
-            box_module(name, state="absent", delete_branch="true")
+            run_module_direct("agentbox_box", {"name": name, "state": "absent", "delete_branch": True})
             subprocess.run(["docker", "rm", "-f", "-v", f"agentbox-{name}"], capture_output=True, check=False)
             subprocess.run(
                 ["docker", "volume", "rm", "-f", f"agentbox-{name}-docker"], capture_output=True, check=False

@@ -6,6 +6,10 @@ runs from another directory, both by FQCN and by path, with no ansible.cfg but t
 scripts/ansible-user-config.sh writes into a temp HOME. Then the page is loaded in Chromium at
 1400 and 800 px with a measuring script added to a copy (tests/integration/support/fleet_page.py): one row
 per box with git's numbers, nothing wider than the window, every branch name on one line.
+
+The boxes are made and removed by the agentbox_box module's own main (tests/conftest.py (run_module_direct)),
+not through Ansible: the tests are about the installed collection's playbook. The run by FQCN is made once
+(`by_fqcn`): its table and its page are read by both tests.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, chown_tree, git, make_repo, run_module
+from tests.conftest import REPO, chown_tree, git, make_repo, run_module_direct
 from tests.integration.support.fleet_page import measure_page
 
 pytestmark = pytest.mark.integration
@@ -56,12 +60,10 @@ def fleet() -> Iterator[dict]:
         (workspace / "notes.md").write_text("notes\n")
         chown_tree(workspace)
         for name in names:
-            made = run_module("agentbox_box", {"name": name, "workspace": str(workspace)})
+            made = run_module_direct("agentbox_box", {"name": name, "workspace": str(workspace)})
             assert not made["failed"], made
         # Box a commits one change on top; box b leaves everything as carried.
-        made = run_module(
-            "agentbox_box_info", {"name": names[0]}
-        )  # the container name, from the module
+        made = run_module_direct("agentbox_box_info", {"name": names[0]})  # the container name, from the module
         container = made["box"]["container"]
         subprocess.run(["docker", "exec", "-u", "vscode", "-w", "/workspace", container, "sh", "-c",
                         "echo more >> app.py && git add app.py && git -c user.name=A -c user.email=a@x.invalid "
@@ -85,7 +87,7 @@ def fleet() -> Iterator[dict]:
                "elsewhere": elsewhere}  # fmt: skip
     finally:
         for name in names:
-            run_module("agentbox_box", {"name": name, "state": "absent", "delete_branch": True})
+            run_module_direct("agentbox_box", {"name": name, "state": "absent", "delete_branch": True})
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -99,13 +101,27 @@ def table_lines(output: str, names: list[str]) -> dict[str, list[str]]:
     return rows
 
 
-@pytest.mark.parametrize("how", ["fqcn", "path"])
-def test_fleet_status_from_another_directory_and_installed_collection(fleet, how):
+def fleet_status(fleet: dict, playbook: str, page: Path) -> subprocess.CompletedProcess:
+    """fleet_status.yml run from another directory, with the installed collection and no ansible.cfg."""
     env = {**fleet["env"], "PWD": str(fleet["elsewhere"])}
-    page = fleet["elsewhere"] / f"fleet-{how}.html"
-    playbook = "agentbox.box.fleet_status" if how == "fqcn" else str(REPO / "playbooks" / "fleet_status.yml")
-    done = run([str(VENV_BIN / "ansible-playbook"), "-i", str(fleet["inventory"]), playbook,
+    return run([str(VENV_BIN / "ansible-playbook"), "-i", str(fleet["inventory"]), playbook,
                 "-e", f"fleet_status_html={page}"], cwd=fleet["elsewhere"], env=env)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def by_fqcn(fleet: dict) -> dict:
+    """The playbook by its FQCN, run once: its output and its page (the tests only read them)."""
+    page = fleet["elsewhere"] / "fleet-fqcn.html"
+    return {"done": fleet_status(fleet, "agentbox.box.fleet_status", page), "page": page}
+
+
+@pytest.mark.parametrize("how", ["fqcn", "path"])
+def test_fleet_status_from_another_directory_and_installed_collection(fleet, by_fqcn, how):
+    if how == "fqcn":
+        done, page = by_fqcn["done"], by_fqcn["page"]
+    else:
+        page = fleet["elsewhere"] / f"fleet-{how}.html"
+        done = fleet_status(fleet, str(REPO / "playbooks" / "fleet_status.yml"), page)
     everything = done.stdout + done.stderr
     assert "[WARNING]" not in everything, everything[-4000:]
     assert "\\n" not in done.stdout  # real lines, not a JSON string
@@ -118,11 +134,8 @@ def test_fleet_status_from_another_directory_and_installed_collection(fleet, how
     assert page.is_file()
 
 
-def test_fleet_page_in_chromium_at_1400_and_800(fleet):
-    env = {**fleet["env"], "PWD": str(fleet["elsewhere"])}
-    page = fleet["elsewhere"] / "fleet.html"
-    run([str(VENV_BIN / "ansible-playbook"), "-i", str(fleet["inventory"]), "agentbox.box.fleet_status",
-         "-e", f"fleet_status_html={page}"], cwd=fleet["elsewhere"], env=env)  # fmt: skip
+def test_fleet_page_in_chromium_at_1400_and_800(fleet, by_fqcn):
+    page = by_fqcn["page"]
     a, b = fleet["names"]
     # What git on the host says: a is one commit ahead of main, b none (they share the host's .git).
     for name, ahead in ((a, "1"), (b, "0")):

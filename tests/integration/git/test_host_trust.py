@@ -18,7 +18,11 @@ from pathlib import Path
 import docker
 import pytest
 
+from ansible_collections.agentbox.box.plugins.module_utils.checkpoint import _checkpoint
+from ansible_collections.agentbox.box.plugins.module_utils.core import _naming
+from ansible_collections.agentbox.box.plugins.module_utils.providers._registry import get_provider
 from tests.conftest import GIT_ENV, chown_tree, git, make_repo, run_module
+from tests.integration.box.conftest import box_task
 
 pytestmark = pytest.mark.integration
 
@@ -36,12 +40,26 @@ def engine() -> docker.DockerClient:
 
 @pytest.fixture
 def boxes(engine: docker.DockerClient) -> Iterator[list[str]]:
+    """Boxes a test makes; whatever is left is destroyed (in-process: a clean-up, not a check)."""
     names: list[str] = []
     yield names
     for name in names:
-        run_module("agentbox_box", {"name": name, "state": "absent", "delete_branch": True})
+        box_task({"name": name, "state": "absent", "delete_branch": True})
         for leftover in engine.containers.list(all=True, filters={"name": f"agentbox-{name}"}):
             leftover.remove(force=True, v=True)
+
+
+@pytest.fixture
+def checkpoints() -> Iterator[list[tuple[Path, str]]]:
+    """(workspace, name) of checkpoints a test takes: removed at the end, in-process (a clean-up, not a check;
+    a checkpoint the user took stays when its box goes)."""
+    taken: list[tuple[Path, str]] = []
+    yield taken
+    provider = get_provider("docker")
+    for workspace, name in taken:
+        found = _checkpoint.find_checkpoint(provider, _naming.project_id(_naming.workspace_path(str(workspace))), name)
+        if found is not None:
+            _checkpoint.remove(provider, found)
 
 
 def box_name(prefix: str) -> str:
@@ -123,7 +141,7 @@ true
 """
 
 
-def test_a_hostile_box_cannot_plant_anything_the_host_runs(engine, boxes, tmp_path):
+def test_a_hostile_box_cannot_plant_anything_the_host_runs(engine, boxes, checkpoints, tmp_path):
     repo = make_repo(tmp_path / "ws", {"a.txt": "a\n", "b.txt": "b\n"})
     git(repo, "worktree", "add", "-q", str(tmp_path / "host-wt"), "-b", "feature")
     chown_tree(tmp_path)
@@ -150,7 +168,7 @@ def test_a_hostile_box_cannot_plant_anything_the_host_runs(engine, boxes, tmp_pa
     # Root (sudo) in a second box: remount its view read-write, unmount it, write beneath.
     escaper = box_name("esc")
     boxes.append(escaper)
-    assert run_module("agentbox_box", {"name": escaper, "workspace": str(repo)}).get("failed") is not True
+    assert box_task({"name": escaper, "workspace": str(repo)}).get("failed") is not True
     escape = engine.containers.get(f"agentbox-{escaper}").exec_run(
         ["bash", "-c", ROOT_ESCAPE, "escape", gitdir, str(markers)], user="root"
     )
@@ -171,18 +189,16 @@ def test_a_hostile_box_cannot_plant_anything_the_host_runs(engine, boxes, tmp_pa
     (repo / "b.txt").write_text("host edit left uncommitted\n")
     second = box_name("atk2")
     boxes.append(second)
-    assert run_module("agentbox_box", {"name": second, "workspace": str(repo)}).get("failed") is not True
+    assert box_task({"name": second, "workspace": str(repo)}).get("failed") is not True
     checkpoint = f"ck-{secrets.token_hex(3)}"
+    checkpoints.append((repo, checkpoint))
     taken = run_module("agentbox_checkpoint", {"box": name, "name": checkpoint})
     assert taken.get("failed") is not True, taken
-    try:
-        fetched = run_module("agentbox_worktree", {"box": name, "state": "fetched"})
-        assert fetched.get("failed") is not True, fetched
-        for box in (name, second, escaper):
-            gone = run_module("agentbox_box", {"name": box, "state": "absent"})
-            assert gone.get("failed") is not True, gone
-    finally:
-        run_module("agentbox_checkpoint", {"box": name, "name": checkpoint, "state": "absent"})
+    fetched = run_module("agentbox_worktree", {"box": name, "state": "fetched"})
+    assert fetched.get("failed") is not True, fetched
+    for box in (name, second, escaper):
+        gone = box_task({"name": box, "state": "absent"})
+        assert gone.get("failed") is not True, gone
 
     assert not any(markers.iterdir()), sorted(p.name for p in markers.iterdir())
     assert git(repo, "rev-parse", "main").strip() == host_main
@@ -201,7 +217,7 @@ def test_the_agent_commits_amends_and_rebases_and_the_host_fetches_it(engine, bo
     chown_tree(repo)
     name = box_name("ag")
     boxes.append(name)
-    assert run_module("agentbox_box", {"name": name, "workspace": str(repo)}).get("failed") is not True
+    assert box_task({"name": name, "workspace": str(repo)}).get("failed") is not True
     ident = "-c user.email=agent@example.invalid -c user.name=agent"
     rc, out = in_box(engine, name, f"""
         set -e
@@ -225,7 +241,7 @@ def test_the_agent_commits_amends_and_rebases_and_the_host_fetches_it(engine, bo
     rc, out = in_box(engine, name, f"cd /workspace && git {ident} commit -q --amend -m 'amended again'")
     assert rc == 0, out
     # Destroy brings the last commits in before the box goes.
-    gone = run_module("agentbox_box", {"name": name, "state": "absent"})
+    gone = box_task({"name": name, "state": "absent"})
     assert gone.get("failed") is not True, gone
     assert git(repo, "log", "-1", "--format=%s", f"agentbox/{name}").strip() == "amended again"
 
@@ -241,7 +257,7 @@ def test_root_owned_repository_under_a_private_directory(engine, boxes, tmp_path
     owners = {str(p): (p.stat().st_uid, stat.S_IMODE(p.stat().st_mode)) for p in (repo / ".git").rglob("*")}
     name = box_name("root")
     boxes.append(name)
-    made = run_module("agentbox_box", {"name": name, "workspace": str(repo)})
+    made = box_task({"name": name, "workspace": str(repo)})
     assert made.get("failed") is not True, made
     assert not made["seed"]["warnings"], made["seed"]["warnings"]
     rc, out = in_box(engine, name, "cd /workspace && echo x > x && git add x && "
@@ -256,7 +272,7 @@ def test_root_owned_repository_under_a_private_directory(engine, boxes, tmp_path
     assert git(repo, "log", "-1", "--format=%s", f"agentbox/{name}").strip() == "boxed"
 
 
-def test_the_collections_host_git_ignores_repository_planted_config(engine, boxes, tmp_path):
+def test_the_collections_host_git_ignores_repository_planted_config(engine, boxes, checkpoints, tmp_path):
     """Defence in depth: a repository whose own config plants hooks, an fsmonitor, a filter and a
     pager (whoever wrote them) runs none of them when the collection's host git reads it."""
     repo = make_repo(tmp_path / "ws", {"a.txt": "a\n", "b.txt": "b\n"})
@@ -284,19 +300,17 @@ def test_the_collections_host_git_ignores_repository_planted_config(engine, boxe
 
     name = box_name("cfg")
     boxes.append(name)
-    made = run_module("agentbox_box", {"name": name, "workspace": str(repo)})
+    made = box_task({"name": name, "workspace": str(repo)})
     assert made.get("failed") is not True, made
     assert made["seed"]["modified"] == 1
     rc, out = in_box(engine, name, "cd /workspace && git -c user.email=a@b -c user.name=a commit -qam boxed")
     assert rc == 0, out
     checkpoint = f"ck-{secrets.token_hex(3)}"
-    try:
-        assert run_module("agentbox_checkpoint", {"box": name, "name": checkpoint}).get("failed") is not True
-        assert run_module("agentbox_worktree", {"box": name, "state": "fetched"}).get("failed") is not True
-        assert run_module("agentbox_box", {"name": name, "state": "stopped"}).get("failed") is not True
-        assert run_module("agentbox_box", {"name": name, "state": "absent"}).get("failed") is not True
-    finally:
-        run_module("agentbox_checkpoint", {"box": name, "name": checkpoint, "state": "absent"})
+    checkpoints.append((repo, checkpoint))
+    assert run_module("agentbox_checkpoint", {"box": name, "name": checkpoint}).get("failed") is not True
+    assert run_module("agentbox_worktree", {"box": name, "state": "fetched"}).get("failed") is not True
+    assert box_task({"name": name, "state": "stopped"}).get("failed") is not True
+    assert box_task({"name": name, "state": "absent"}).get("failed") is not True
     assert sorted(p.name for p in markers.iterdir()) == []
     assert git(repo, "log", "-1", "--format=%s", f"agentbox/{name}").strip() == "boxed"
 
@@ -309,7 +323,7 @@ def test_a_commit_with_dotgit_entries_never_enters_the_host(engine, boxes, tmp_p
     chown_tree(repo)
     name = box_name("dg")
     boxes.append(name)
-    assert run_module("agentbox_box", {"name": name, "workspace": str(repo)}).get("failed") is not True
+    assert box_task({"name": name, "workspace": str(repo)}).get("failed") is not True
     before = git(repo, "rev-parse", f"agentbox/{name}").strip()
     rc, out = in_box(engine, name, f"""
         set -e

@@ -1,8 +1,12 @@
 """The box image on the real engine: the role, the agentbox_image module, the debootstrap base.
 
 Every test tags images only under its own `agentbox-test/...` repository and removes them at the
-end. The role test builds the real box image under a test repository: when the engine already has
-agentbox/box of the same fingerprint, every layer is a cache hit and it takes seconds.
+end. The role builds the real box image under a test repository once for the module (`role_build`):
+when the engine already has agentbox/box of the same fingerprint, every layer is a cache hit and it
+takes seconds. The debootstrap base is made in a thread while the other tests run (`debootstrap_base`).
+The role runs through ansible-playbook, and so does the first build of
+test_module_builds_reuses_and_rebuilds_on_change; the module's other runs start its own main
+directly (conftest.py), as Ansible does on the target, without an Ansible process each.
 """
 
 from __future__ import annotations
@@ -14,11 +18,14 @@ import secrets
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import docker
 import pytest
+
+from tests.conftest import run_module_direct
 
 REPO = Path(__file__).resolve().parents[3]
 if str(REPO / ".collections") not in sys.path:
@@ -36,11 +43,7 @@ def client(docker_client: docker.DockerClient) -> docker.DockerClient:
     return docker_client
 
 
-@pytest.fixture
-def repository(client: Any) -> Iterator[str]:
-    """A fresh image repository; every tag in it is removed afterwards."""
-    name = f"agentbox-test/image-{secrets.token_hex(4)}"
-    yield name
+def remove_repository(client: Any, name: str) -> None:
     for image in client.images.list(name=name):
         for reference in image.tags:
             if reference.startswith(name + ":"):
@@ -48,6 +51,14 @@ def repository(client: Any) -> Iterator[str]:
                     client.images.remove(reference)
                 except docker.errors.APIError:
                     pass
+
+
+@pytest.fixture
+def repository(client: Any) -> Iterator[str]:
+    """A fresh image repository; every tag in it is removed afterwards."""
+    name = f"agentbox-test/image-{secrets.token_hex(4)}"
+    yield name
+    remove_repository(client, name)
 
 
 def run_playbook(tmp_path: Path, tasks: list[dict[str, Any]], *, check: bool = False) -> tuple[str, dict[str, Any]]:
@@ -79,7 +90,10 @@ def run_playbook(tmp_path: Path, tasks: list[dict[str, Any]], *, check: bool = F
     return done.stdout, json.loads(out.read_text())
 
 
-def run_module(tmp_path: Path, args: dict[str, Any], *, check: bool = False) -> dict[str, Any]:
+def run_module(tmp_path: Path, args: dict[str, Any], *, check: bool = False, through_ansible: bool = False) -> dict[str, Any]:
+    """agentbox_image's result: its own main run directly, or with through_ansible as a task of a playbook."""
+    if not through_ansible:
+        return run_module_direct("agentbox_image", args, check_mode=check)
     tasks = [
         {"agentbox.box.agentbox_image": args, "register": "result", "ignore_errors": True},
         {"ansible.builtin.set_fact": {"saved": "{{ result }}"}},
@@ -110,14 +124,30 @@ def image_id(client: Any, reference: str) -> str | None:
         return None
 
 
-def test_role_twice_second_run_changes_nothing(client: Any, repository: str, tmp_path: Path) -> None:
-    role_task = {
+def role_task(repository: str, log: Path) -> dict[str, Any]:
+    return {
         "ansible.builtin.include_role": {"name": "agentbox.box.box_image"},
-        "vars": {"box_image_tag": repository, "box_image_build_log": str(tmp_path / "box-image.log")},
+        "vars": {"box_image_tag": repository, "box_image_build_log": str(log)},
     }
-    save = {"ansible.builtin.set_fact": {"saved": {"result": "{{ box_image_result }}", "ref": "{{ box_image_ref }}"}}}
 
-    first_out, first = run_playbook(tmp_path, [role_task, save])
+
+ROLE_SAVE = {"ansible.builtin.set_fact": {"saved": {"result": "{{ box_image_result }}", "ref": "{{ box_image_ref }}"}}}
+
+
+@pytest.fixture(scope="module")
+def role_build(client: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The role's first run into a fresh repository (the tests only read the image it tags)."""
+    tmp_path = tmp_path_factory.mktemp("role")
+    repository = f"agentbox-test/image-{secrets.token_hex(4)}"
+    try:
+        out, saved = run_playbook(tmp_path, [role_task(repository, tmp_path / "box-image.log"), ROLE_SAVE])
+        yield {"repository": repository, "out": out, "first": saved, "tmp_path": tmp_path}
+    finally:
+        remove_repository(client, repository)
+
+
+def test_role_twice_second_run_changes_nothing(client: Any, role_build: dict[str, Any]) -> None:
+    repository, first_out, first, tmp_path = (role_build[key] for key in ("repository", "out", "first", "tmp_path"))
     assert first["result"]["changed"] is True, first_out[-3000:]
     tag = first["ref"]
     assert tag == first["result"]["tag"] and tag.startswith(repository + ":")
@@ -128,7 +158,7 @@ def test_role_twice_second_run_changes_nothing(client: Any, repository: str, tmp
     assert image_id(client, f"{repository}:latest") == image.id
     assert first["result"]["size"] == image.attrs["Size"] > 0
 
-    second_out, second = run_playbook(tmp_path, [role_task, save])
+    second_out, second = run_playbook(tmp_path, [role_task(repository, tmp_path / "box-image.log"), ROLE_SAVE])
     assert second["result"]["changed"] is False
     assert second["result"]["built"] is False and second["ref"] == tag
     recap = [line for line in second_out.splitlines() if line.startswith("localhost")]
@@ -137,12 +167,8 @@ def test_role_twice_second_run_changes_nothing(client: Any, repository: str, tmp
     assert image_id(client, tag) == image.id  # the same image, not a rebuild of it
 
 
-def test_role_image_has_the_user_and_programs(client: Any, repository: str, tmp_path: Path) -> None:
-    role_task = {
-        "ansible.builtin.include_role": {"name": "agentbox.box.box_image"},
-        "vars": {"box_image_tag": repository, "box_image_build_log": str(tmp_path / "box-image.log")},
-    }
-    _result, saved = run_playbook(tmp_path, [role_task, {"ansible.builtin.set_fact": {"saved": "{{ box_image_ref }}"}}])
+def test_role_image_has_the_user_and_programs(client: Any, role_build: dict[str, Any]) -> None:
+    saved = role_build["first"]["ref"]
     # The cleanup script runs as root and keeps what it should keep.
     script = (
         "set -e; id -u vscode; id -nG vscode; sudo -u vscode sudo -n true && echo sudo-ok; "
@@ -170,7 +196,7 @@ def test_module_builds_reuses_and_rebuilds_on_change(client: Any, repository: st
     context = make_context(tmp_path / "ctx", "one")
     args = module_args(context, repository, tmp_path)
 
-    built = run_module(tmp_path, args)
+    built = run_module(tmp_path, args, through_ansible=True)  # the module as a playbook's task
     assert built["changed"] is True and built["built"] is True, built.get("msg")
     assert built["base_source"] == "present"  # the base is on the engine (the box image was built from it)
     assert built["tag"] == f"{repository}:{built['fingerprint'][:16]}"
@@ -294,17 +320,50 @@ def test_bad_repository_fails_before_anything(repository: str, tmp_path: Path) -
     assert result.get("failed") is True and "repository without a tag" in result["msg"]
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: debootstrap")
-def test_debootstrap_base_imports_a_clean_debian(client: Any, repository: str, tmp_path: Path) -> None:
-    workdir = tmp_path / "work"
+@pytest.fixture(scope="module", autouse=True)
+def debootstrap_base(request: pytest.FixtureRequest, client: Any,
+                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any] | None]:
+    """The debootstrap base, made in a thread from the module's first test on: it takes half a minute of
+    downloads and unpacking, and the module's other tests run meanwhile. Its test waits for it and checks it.
+    Not started when that test is not run (deselected, or not root)."""
+    wanted = any(getattr(item, "module", None) is request.module and item.name == DEBOOTSTRAP_TEST
+                 for item in request.session.items)  # fmt: skip
+    if os.geteuid() != 0 or not wanted:
+        yield None
+        return
+    root = tmp_path_factory.mktemp("debootstrap")
+    workdir = root / "work"
     workdir.mkdir()
-    log = _image.BuildLog(str(tmp_path / "base.log"))
-    try:
-        built_id = _image.build_base_with_debootstrap(
-            client, BASE, log, workdir=str(workdir), import_as=f"{repository}:base"
-        )
-    finally:
-        log.close()
+    repository = f"agentbox-test/image-{secrets.token_hex(4)}"
+
+    def build() -> str:
+        own_client = docker.from_env()  # a client of its own: the tests use theirs meanwhile
+        log = _image.BuildLog(str(root / "base.log"))
+        try:
+            return _image.build_base_with_debootstrap(
+                own_client, BASE, log, workdir=str(workdir), import_as=f"{repository}:base"
+            )
+        finally:
+            log.close()
+            own_client.close()
+
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(build)
+        try:
+            yield {"future": future, "workdir": workdir, "repository": repository}
+        finally:
+            future.exception()  # it ends before its image is removed, whatever became of the test
+            remove_repository(client, repository)
+
+
+DEBOOTSTRAP_TEST = "test_debootstrap_base_imports_a_clean_debian"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: debootstrap")
+def test_debootstrap_base_imports_a_clean_debian(client: Any, debootstrap_base: dict[str, Any] | None) -> None:
+    assert debootstrap_base is not None
+    built_id = debootstrap_base["future"].result()
+    workdir, repository = debootstrap_base["workdir"], debootstrap_base["repository"]
     assert list(workdir.iterdir()) == [], "the debootstrap scratch directory was left behind"
     assert image_id(client, f"{repository}:base") == built_id
     report = client.containers.run(

@@ -2,7 +2,8 @@
 
 One image is built (a small Dockerfile on the base image, laid out as the role's template lays out
 the CAs); everything else runs in check mode, so nothing more is built. The image is tagged under
-this test's own repository and removed at the end.
+this test's own repository and removed at the end. The module's own main runs directly (conftest.py):
+the tests are about what it does with these options; test_box_image.py runs it through Ansible.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import docker
 import pytest
 
-from tests.conftest import run_module
+from tests.conftest import run_module_direct
 
 pytestmark = pytest.mark.integration
 BASE = "debian:bookworm"  # the box image's base: on the engine wherever the box image was built
@@ -65,7 +66,7 @@ def test_cas_agents_and_vnc_reach_the_image_and_its_fingerprint(
         "base": BASE, "tag": repository, "build_log": str(tmp_path / "build.log"),
     }  # fmt: skip
 
-    built = run_module("agentbox_image", args)
+    built = run_module_direct("agentbox_image", args)
     assert not built["failed"] and built["built"] is True, built.get("msg")
     image = docker_client.images.get(built["tag"])
     assert image.id == built["image_id"]
@@ -83,7 +84,7 @@ def test_cas_agents_and_vnc_reach_the_image_and_its_fingerprint(
     assert output.split("--cut--\n") == [first, second, first + second]
 
     # The same run again finds it; check mode from here on, so nothing else is built.
-    again = run_module("agentbox_image", args, check_mode=True)
+    again = run_module_direct("agentbox_image", args, check_mode=True)
     assert (again["fingerprint"], again["would_build"], again["changed"]) == (built["fingerprint"], False, False)
     variants = {
         "another CA": {"ca_certificates": [first, make_ca(tmp_path, "agentbox-test-ca-three")]},
@@ -93,7 +94,7 @@ def test_cas_agents_and_vnc_reach_the_image_and_its_fingerprint(
     }
     fingerprints = {built["fingerprint"]}
     for what, change in variants.items():
-        preview = run_module("agentbox_image", {**args, **change}, check_mode=True)
+        preview = run_module_direct("agentbox_image", {**args, **change}, check_mode=True)
         assert not preview["failed"], (what, preview.get("msg"))
         # The vnc=true image must not be reused (with its wrong label) for vnc=false, and so on.
         assert preview["would_build"] is True and preview["built"] is False, (what, preview)
@@ -114,10 +115,10 @@ def test_default_options_keep_the_fingerprint_of_the_files_alone(repository: str
         context_from_parts,
     )
 
-    defaults = run_module("agentbox_image", {"dockerfile": "FROM debian:bookworm\n", "tag": repository}, check_mode=True)
+    defaults = run_module_direct("agentbox_image", {"dockerfile": "FROM debian:bookworm\n", "tag": repository}, check_mode=True)
     assert defaults["fingerprint"] == compute_fingerprint(context_from_parts("FROM debian:bookworm\n"))
-    vnc = run_module("agentbox_image", {"dockerfile": "FROM debian:bookworm\n", "tag": repository, "vnc": True},
-                     check_mode=True)
+    vnc = run_module_direct("agentbox_image", {"dockerfile": "FROM debian:bookworm\n", "tag": repository, "vnc": True},
+                            check_mode=True)
     assert vnc["fingerprint"] != defaults["fingerprint"]
 
 
@@ -125,7 +126,7 @@ def test_ca_certificates_with_a_context_directory_are_refused(repository: str, t
     context = tmp_path / "ctx"
     context.mkdir()
     (context / "Dockerfile").write_text("FROM debian:bookworm\n")
-    refused = run_module(
+    refused = run_module_direct(
         "agentbox_image",
         {"context": str(context), "ca_certificates": [make_ca(tmp_path, "agentbox-test-ca")], "tag": repository},
     )

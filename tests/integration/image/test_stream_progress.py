@@ -1,7 +1,9 @@
 """Progress while the box image streams to a remote engine for its first box (issue 18, item 1):
 create_box.yml with provider=docker_ssh prints "streaming ... MB read, ... MB sent" lines before
 its create task answers, writes them to ~/.agentbox/logs/image-transfer.log, and its summary ends
-with the figures (path, size, bytes sent, seconds). A real engine over real SSH (tests/integration/support/engines.py)."""
+with the figures (path, size, bytes sent, seconds). A real engine over real SSH: the worker's shared one
+(tests/integration/conftest.py), which holds the box image under a test tag only, so agentbox/box:latest
+is not there and the create streams it whole; the tag is removed again after."""
 
 from __future__ import annotations
 
@@ -17,34 +19,38 @@ import pytest
 from tests.conftest import REPO, chown_tree, make_repo
 from tests.integration.support.engines import EngineFleet
 
+LATEST = "agentbox/box:latest"
+
 pytestmark = pytest.mark.integration
 
 
-def test_first_image_stream_prints_progress_and_figures(tmp_path: Path) -> None:
+def test_first_image_stream_prints_progress_and_figures(tmp_path: Path, engine_fleet: EngineFleet) -> None:
     repo = make_repo(tmp_path / "ws")
     chown_tree(repo)
+    engine = engine_fleet.engines[0]
+    assert engine.shell(f"docker images -q {LATEST}").stdout.strip() == ""  # the first stream of this image
     home = Path(tempfile.mkdtemp(prefix="abh-", dir="/tmp"))  # short: the relay's socket lives under HOME
-    with EngineFleet(count=1, tmpfs_size="3g") as engines:  # the box image and its load must fit
-        engine = engines.engines[0]
-        env = {**os.environ, **engines.env, "HOME": str(home), "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-               "ANSIBLE_NOCOLOR": "1", "AGENTBOX_PROGRESS_SECONDS": "2", "PWD": str(repo)}  # fmt: skip
-        argv = [str(REPO / ".venv/bin/ansible-playbook"), str(REPO / "playbooks/create_box.yml"),
-                "-e", "provider=docker_ssh", "-e", f"engine={engine.alias}", "-e", f"workspace={repo}", "-e", "box=nc-stream",
-                "-e", "isolation=none"]  # fmt: skip
-        seen: list[tuple[str, bool]] = []
-        try:
-            with subprocess.Popen(argv, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  text=True) as proc:  # fmt: skip
-                assert proc.stdout is not None
-                for line in proc.stdout:
-                    seen.append((line.rstrip("\n"), proc.poll() is None))
-                assert proc.wait() == 0, "\n".join(text for text, _stream in seen)[-4000:]
-        finally:
-            subprocess.run([str(REPO / ".venv/bin/ansible-playbook"), str(REPO / "playbooks/destroy_box.yml"),
-                            "-e", "box=nc-stream", "-e", "provider=docker_ssh", "-e", f"engine={engine.alias}"],
-                           cwd=REPO, env=env, capture_output=True, check=False)  # fmt: skip
-            subprocess.run([str(REPO / ".venv/bin/ansible-playbook"), str(REPO / "playbooks/relay.yml"),
-                            "-e", "state=stopped"], cwd=REPO, env=env, capture_output=True, check=False)  # fmt: skip
+    env = {**os.environ, **engine_fleet.env, "HOME": str(home), "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+           "ANSIBLE_NOCOLOR": "1", "AGENTBOX_PROGRESS_SECONDS": "2", "PWD": str(repo)}  # fmt: skip
+    argv = [str(REPO / ".venv/bin/ansible-playbook"), str(REPO / "playbooks/create_box.yml"),
+            "-e", "provider=docker_ssh", "-e", f"engine={engine.alias}", "-e", f"workspace={repo}", "-e", "box=nc-stream",
+            "-e", "isolation=none"]  # fmt: skip
+    seen: list[tuple[str, bool]] = []
+    try:
+        with subprocess.Popen(argv, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) as proc:  # fmt: skip
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                seen.append((line.rstrip("\n"), proc.poll() is None))
+            assert proc.wait() == 0, "\n".join(text for text, _stream in seen)[-4000:]
+    finally:
+        subprocess.run([str(REPO / ".venv/bin/ansible-playbook"), str(REPO / "playbooks/destroy_box.yml"),
+                        "-e", "box=nc-stream", "-e", "provider=docker_ssh", "-e", f"engine={engine.alias}"],
+                       cwd=REPO, env=env, capture_output=True, check=False)  # fmt: skip
+        subprocess.run([str(REPO / ".venv/bin/ansible-playbook"), str(REPO / "playbooks/relay.yml"),
+                        "-e", "state=stopped"], cwd=REPO, env=env, capture_output=True, check=False)  # fmt: skip
+        # The shared engine as it was: without agentbox/box:latest (its layers stay, under the fleet's tag).
+        engine.shell(f"docker rmi {LATEST} >/dev/null 2>&1; docker image prune -f >/dev/null", check=False)
     lines = [text for text, _stream in seen]
     streaming = [i for i, text in enumerate(lines) if re.search(r"streaming \S+ to engine .*: \d+ MB read, \d+ MB sent", text)]
     answer = next(i for i, text in enumerate(lines) if text.startswith("changed: [localhost]") and i > 0)

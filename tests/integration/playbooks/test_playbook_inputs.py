@@ -1,5 +1,6 @@
 """The lifecycle playbooks refuse missing or bad arguments with a message saying what to pass, before
-any task that changes something; prune_checkpoints.yml removes only what nothing refers to."""
+any task that changes something (one bad value each here, the others in-process in
+tests/unit/playbooks/test_playbook_arguments.py); prune_checkpoints.yml removes only what nothing refers to."""
 
 from __future__ import annotations
 
@@ -35,20 +36,16 @@ def recap(stdout: str) -> dict[str, int]:
     return {key: int(value) for key, value in (item.split("=") for item in line.split(":", 1)[1].split())}
 
 
+# One bad value per playbook: the play stops at its check, nothing else runs. Every other missing or bad
+# value is checked against each playbook's condition and message in-process:
+# tests/unit/playbooks/test_playbook_arguments.py.
 MISSING = [
     ("box_state.yml", [], "use -e box=NAME -e state=started|paused|stopped"),
-    ("box_state.yml", ["-e", "box=some-box"], "use -e box=NAME -e state=started|paused|stopped"),
-    ("box_state.yml", ["-e", "box=some-box", "-e", "state=sleeping"], "use -e box=NAME -e state=started|paused|stopped"),
-    ("box_state.yml", ["-e", "state=paused"], "use -e box=NAME -e state=started|paused|stopped"),
     ("checkpoint.yml", [], "pass the box to checkpoint: -e box=NAME"),
-    ("checkpoint.yml", ["-e", "box="], "pass the box to checkpoint: -e box=NAME"),
     ("checkpoints.yml", ["-e", "state=absent"], "to remove a checkpoint pass its name: -e checkpoint=NAME -e state=absent"),
-    ("checkpoints.yml", ["-e", "checkpoint=warm", "-e", "state=gone"], "to remove a checkpoint pass its name"),
     ("destroy_box.yml", [], "say which box: -e box=NAME"),
-    ("destroy_box.yml", ["-e", "box="], "say which box: -e box=NAME"),
     ("switch_box.yml", [], "say which box to switch to: -e box=NAME"),
     ("fleet_create.yml", ["-e", "count=2"], "No engines in inventory group 'engines'"),
-    ("fleet_create.yml", ["-e", "provider=daytona"], "provider must be docker (every box on the local engine)"),
 ]
 
 

@@ -19,6 +19,7 @@ import docker
 import pytest
 
 from tests.conftest import REPO, chown_tree, git, make_repo
+from tests.integration.box.conftest import box_task
 
 pytestmark = pytest.mark.integration
 
@@ -59,6 +60,13 @@ class Player:
         self.made.append(box)
         return self.ok("create_box.yml", f"workspace={workspace}", f"box={box}", *extra)
 
+    def make(self, workspace: Path, box: str) -> None:
+        """A box for a test about what comes after its create: the task create_box.yml runs, in-process
+        (box_task), in this HOME."""
+        self.made.append(box)
+        made = box_task({"name": box, "workspace": str(workspace)}, env={"HOME": str(self.home)})
+        assert not made["failed"], made
+
 
 def flat(output: str) -> str:
     """Ansible's YAML callback folds long messages: compare with whitespace runs made single spaces."""
@@ -78,52 +86,68 @@ def line(output: str, key: str) -> str:
     return found.group(1).strip()
 
 
-@pytest.fixture
-def player(tmp_path: Path) -> Iterator[Player]:
+@pytest.fixture(scope="module")
+def player() -> Iterator[Player]:
+    """One HOME for the module's tests (each works in its own workspace and boxes, so nothing of one is
+    another's); its boxes, relay and checkpoint images go at the end."""
     if not docker.from_env().images.list(name=IMAGE):
         pytest.fail(f"{IMAGE} is missing: build it first (ansible-playbook playbooks/build_image.yml)")
     # Short: the relay that creating a box starts keeps its unix socket under HOME (107 bytes at most).
     home = Path(tempfile.mkdtemp(prefix="abh-", dir="/tmp"))
     made = Player(home)
     yield made
+    # A clean-up, not a check: in-process, in the module's HOME (its journal and relay registrations).
     for box in made.made:
-        made.run("destroy_box.yml", f"box={box}")
+        box_task({"name": box, "state": "absent"}, env={"HOME": str(home)})
     made.run("relay.yml", "state=stopped")
     shutil.rmtree(home, ignore_errors=True)
     engine = docker.from_env()
-    project_images = engine.images.list(filters={"label": f"io.agentbox.box={made.made[0]}"}) if made.made else []
-    for image in project_images:  # checkpoint images this test took
-        for tag in image.tags:
-            engine.images.remove(tag, force=True)
+    for box in made.made:
+        for image in engine.images.list(filters={"label": f"io.agentbox.box={box}"}):  # checkpoint images taken
+            for tag in image.tags:
+                engine.images.remove(tag, force=True)
 
 
 def name(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(3)}"
 
 
-def test_plain_copy_counts_the_files_it_copied(player: Player, tmp_path: Path) -> None:
-    plain = tmp_path / "plain"
-    (plain / "sub").mkdir(parents=True)
+@pytest.fixture(scope="module")
+def plain_box(player: Player) -> Iterator[tuple[Path, str, str]]:
+    """A box create_box.yml made from a plain directory (not a git workspace): (workspace, box, what create
+    printed). Its tests only read it."""
+    plain = Path(tempfile.mkdtemp(prefix="abp-", dir="/tmp"))
+    plain.chmod(0o755)  # uid 1000 in the box, as with tmp_path
+    (plain / "sub").mkdir()
     for rel in ("a.txt", "b.txt", "sub/c.txt"):
         (plain / rel).write_text(rel)
     box = name("nc-copy")
-    out = player.create(plain, box)
+    yield plain, box, player.create(plain, box)
+    shutil.rmtree(plain, ignore_errors=True)
+
+
+def test_plain_copy_counts_the_files_it_copied(plain_box: tuple[Path, str, str]) -> None:
+    _plain, _box, out = plain_box
     assert line(out, "carried") == "3 files copied (not a git workspace)"
     assert line(out, "from") == "the workspace (no checkpoint)"
 
 
-def test_ports_read_the_same_in_create_and_list(player: Player, tmp_path: Path) -> None:
-    repo = make_repo(tmp_path / "ws")
-    chown_tree(repo)
-    box = name("nc-ports")
-    created_ports = line(player.create(repo, box), "ports")
+def test_ports_read_the_same_in_create_and_list(player: Player, plain_box: tuple[Path, str, str]) -> None:
+    plain, box, out = plain_box
+    created_ports = line(out, "ports")
     assert re.fullmatch(r"127\.0\.0\.1:\d+->80", created_ports), created_ports
-    listed = player.ok("list_boxes.yml", f"workspace={repo}")
+    listed = player.ok("list_boxes.yml", f"workspace={plain}")
     row = next(text for text in listed.splitlines() if box in text)
     assert created_ports in row.split(), row
 
 
-def test_restore_names_the_checkpoint_and_counts_what_it_carried(player: Player, tmp_path: Path) -> None:
+def test_a_create_from_a_checkpoint_names_it_counts_what_it_carried_and_warns_of_host_edits_left_out(
+    player: Player, tmp_path: Path
+) -> None:
+    """A restore by name names the checkpoint and counts what it carried. Issue 33, item 15: set_default=true
+    changes every later create, so the summary says the checkpoint came as the project default; and an
+    untracked file the host edited after the checkpoint is not copied over the box's own (the box wins),
+    which one warning says, naming the file."""
     repo = make_repo(tmp_path / "ws", {"README.md": "hello\n", "app.py": "v1\n", "gone.txt": "x\n"})
     (repo / "app.py").write_text("v2\n")
     git(repo, "rm", "-q", "gone.txt")
@@ -135,7 +159,7 @@ def test_restore_names_the_checkpoint_and_counts_what_it_carried(player: Player,
     out = player.create(repo, source)
     assert line(out, "carried") == "1 modified, 1 deleted, 0 renamed, 2 untracked"
     checkpoint = f"warm-{secrets.token_hex(2)}"
-    saved = player.ok("checkpoint.yml", f"box={source}", f"checkpoint={checkpoint}")
+    saved = player.ok("checkpoint.yml", f"box={source}", f"checkpoint={checkpoint}", "set_default=true")
     hint = restore_hint(saved)
     assert "-e provider=docker" in hint and "-e engine" not in hint  # the local engine
     # A third untracked file arrives after the checkpoint: two are in the checkpoint already, one is copied.
@@ -143,13 +167,27 @@ def test_restore_names_the_checkpoint_and_counts_what_it_carried(player: Player,
     chown_tree(repo)
     restored = name("nc-rst")
     out = player.create(repo, restored, f"checkpoint={checkpoint}")
-    assert line(out, "from") == f"checkpoint {checkpoint}"
+    assert line(out, "from") == f"checkpoint {checkpoint}"  # asked for by name: no note
     assert line(out, "carried") == "1 modified, 1 deleted, 0 renamed, 3 untracked"
     engine = docker.from_env()
     files = engine.containers.get(f"agentbox-{restored}").exec_run(
         ["sh", "-c", "cd /workspace && cat notes/one.md two.txt three.txt app.py"], user="vscode"
     )
     assert files.output == b"one\ntwo\nthree\nv2\n"
+    # The host edits an untracked file the checkpoint has; the next create comes from the project default.
+    (repo / "two.txt").write_text("edited on the host after the checkpoint\n")
+    os.utime(repo / "two.txt", (time.time() + 5, time.time() + 5))  # past the checkpoint's second, whatever the clock
+    chown_tree(repo)
+    by_default = name("nc-dfr")
+    done = player.run("create_box.yml", f"workspace={repo}", f"box={by_default}")
+    player.made.append(by_default)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    said = f"from: checkpoint {checkpoint} (project default; -e checkpoint=none for a fresh box)"
+    assert said in flat(done.stdout), done.stdout
+    warnings = [w for w in flat(done.stderr).split("[WARNING]: ") if "untracked" in w]
+    assert len(warnings) == 1, done.stderr
+    assert "the host's version of 1 untracked file(s) was NOT copied into the box" in warnings[0], warnings
+    assert "two.txt (changed on the host after the checkpoint)" in warnings[0], warnings
     for image in engine.images.list(filters={"label": "io.agentbox.kind=checkpoint"}):
         if any(tag.endswith(f":{checkpoint}") for tag in image.tags):
             for tag in image.tags:
@@ -160,7 +198,7 @@ def test_delete_branch_of_a_box_already_destroyed(player: Player, tmp_path: Path
     repo = make_repo(tmp_path / "ws")
     chown_tree(repo)
     box = name("nc-gone")
-    player.create(repo, box)
+    player.make(repo, box)
     out = flat(player.ok("destroy_box.yml", f"box={box}"))
     assert f"destroyed {box}" in out and "branches deleted: none" in out
     assert git(repo, "branch", "--list", f"agentbox/{box}").strip() == f"agentbox/{box}"
@@ -179,7 +217,7 @@ def test_delete_branch_of_a_destroyed_box_from_outside_its_workspace(player: Pla
     repo = make_repo(tmp_path / "ws")
     chown_tree(repo)
     box = name("nc-out")
-    player.create(repo, box)
+    player.make(repo, box)
     assert f"destroyed {box}" in flat(player.ok("destroy_box.yml", f"box={box}"))
     elsewhere = make_repo(tmp_path / "elsewhere")
     out = flat(player.ok("destroy_box.yml", f"box={box}", "delete_branch=true", cwd=elsewhere))
@@ -188,42 +226,6 @@ def test_delete_branch_of_a_destroyed_box_from_outside_its_workspace(player: Pla
     # Nothing left: it says where it looked, and how to look elsewhere.
     again = flat(player.ok("destroy_box.yml", f"box={box}", "delete_branch=true", cwd=elsewhere))
     assert f"no branch agentbox/{box} to delete in {elsewhere} (-e workspace=PATH looks in another)" in again
-
-
-def test_a_create_from_the_project_default_checkpoint_says_so_and_warns_of_host_edits_left_out(
-    player: Player, tmp_path: Path
-) -> None:
-    """Issue 33, item 15: set_default=true changes every later create, so the summary says the checkpoint
-    came as the project default; and an untracked file the host edited after the checkpoint is not copied
-    over the box's own (the box wins), which one warning says, naming the file."""
-    repo = make_repo(tmp_path / "ws", {"README.md": "hello\n"})
-    (repo / "notes.txt").write_text("before the checkpoint\n")
-    chown_tree(repo)
-    source = name("nc-def")
-    player.create(repo, source)
-    checkpoint = f"dflt-{secrets.token_hex(2)}"
-    player.ok("checkpoint.yml", f"box={source}", f"checkpoint={checkpoint}", "set_default=true")
-    (repo / "notes.txt").write_text("edited on the host after the checkpoint\n")
-    os.utime(repo / "notes.txt", (time.time() + 5, time.time() + 5))  # past the checkpoint's second, whatever the clock
-    chown_tree(repo)
-    restored = name("nc-dfr")
-    done = player.run("create_box.yml", f"workspace={repo}", f"box={restored}")
-    player.made.append(restored)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    said = f"from: checkpoint {checkpoint} (project default; -e checkpoint=none for a fresh box)"
-    assert said in flat(done.stdout), done.stdout
-    warnings = [w for w in flat(done.stderr).split("[WARNING]: ") if "untracked" in w]
-    assert len(warnings) == 1, done.stderr
-    assert "the host's version of 1 untracked file(s) was NOT copied into the box" in warnings[0], warnings
-    assert "notes.txt (changed on the host after the checkpoint)" in warnings[0], warnings
-    explicit = name("nc-exp")
-    out = player.create(repo, explicit, f"checkpoint={checkpoint}")
-    assert line(out, "from") == f"checkpoint {checkpoint}"  # asked for by name: no note
-    engine = docker.from_env()
-    for image in engine.images.list(filters={"label": "io.agentbox.kind=checkpoint"}):
-        if any(tag.endswith(f":{checkpoint}") for tag in image.tags):
-            for tag in image.tags:
-                engine.images.remove(tag, force=True)
 
 
 def test_engine_down_names_the_socket(player: Player, tmp_path: Path) -> None:

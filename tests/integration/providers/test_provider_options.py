@@ -1,4 +1,5 @@
-"""Provider settings given as module options win over the environment (Daytona, through the local emulator)."""
+"""Provider settings given as module options win over the environment (Daytona, through the local emulator).
+The module runs in-process (tests/unit/support/inprocess.py): the emulator is what is real here."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import run_module
 from tests.daytona_emulator import running_emulator
 from tests.daytona_emulator.harness import RunningEmulator
+from tests.unit.support.inprocess import run_module_inprocess
 
 pytestmark = pytest.mark.integration
 
@@ -22,19 +23,27 @@ def emulator(box_image: str) -> Iterator[RunningEmulator]:
         yield running
 
 
-def test_daytona_url_and_key_as_module_options(emulator: RunningEmulator) -> None:
+def environment(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+
+
+def test_daytona_url_and_key_as_module_options(emulator: RunningEmulator, monkeypatch: pytest.MonkeyPatch) -> None:
     options = {"provider": "daytona", "daytona_api_url": emulator.api_url, "daytona_api_key": emulator.api_key}
     since = len(emulator.admin.requests())
-    listed = run_module("agentbox_box_info", options, env=WRONG_ENV)
+    environment(monkeypatch, WRONG_ENV)
+    listed = run_module_inprocess("agentbox_box_info", options)
     assert listed.get("failed") is not True, listed
     assert listed["boxes"] == []
     # The emulator saw the module's calls (the environment's URL has nothing listening).
     assert any(r["path"].startswith("/api/sandbox") for r in emulator.admin.requests(since))
 
 
-def test_a_wrong_key_given_as_option_is_refused_by_name(emulator: RunningEmulator) -> None:
+def test_a_wrong_key_given_as_option_is_refused_by_name(emulator: RunningEmulator,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     options = {"provider": "daytona", "daytona_api_url": emulator.api_url, "daytona_api_key": "wrong-key"}
-    refused = run_module("agentbox_box_info", options, env={**WRONG_ENV, "DAYTONA_API_KEY": emulator.api_key})
+    environment(monkeypatch, {**WRONG_ENV, "DAYTONA_API_KEY": emulator.api_key})
+    refused = run_module_inprocess("agentbox_box_info", options)
     assert refused.get("failed") is True
     assert "refused the API key (401)" in refused["msg"] and "daytona_api_key" in refused["msg"]
     assert "wrong-key" not in refused["msg"] and emulator.api_key not in refused["msg"]

@@ -16,7 +16,7 @@ import pytest
 from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._docker import DockerProvider
 from tests.conftest import run_module
 from tests.integration.relay import test_relay as shared
-from tests.integration.support.engines import EngineFleet
+from tests.integration.support.engines import FLEET_IMAGE, EngineFleet
 
 pytestmark = pytest.mark.integration
 
@@ -26,20 +26,17 @@ BOX_GIT = shared.BOX_GIT
 
 
 @pytest.fixture(scope="module")
-def fleet() -> Iterator[EngineFleet]:
-    with EngineFleet(count=1) as engines:
-        yield engines
-
-
-@pytest.fixture(scope="module")
-def remote_box(fleet: EngineFleet, host: shared.Host, project: dict[str, Path]) -> Iterator[tuple[DockerProvider, str]]:
-    engine = fleet.engines[0]
+def remote_box(
+    engine_fleet: EngineFleet, host: shared.Host, project: dict[str, Path]
+) -> Iterator[tuple[DockerProvider, str]]:
+    """One box on the worker's shared engine (tests/integration/conftest.py), from the image loaded there."""
+    engine = engine_fleet.engines[0]
     name = f"rl-ssh-{secrets.token_hex(3)}"
-    env = {"HOME": host.home, **fleet.env}
+    env = {"HOME": host.home, **engine_fleet.env}
     created = run_module(
         "agentbox_box",
         {"name": name, "workspace": str(project["workspace"]), "provider": "docker_ssh", "engine": engine.alias,
-         "isolation": "none", "state": "started"},
+         "isolation": "none", "state": "started", "image": FLEET_IMAGE},
         env=env,
     )
     assert not created["failed"], created.get("msg")

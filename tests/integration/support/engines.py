@@ -11,6 +11,9 @@ work with nothing written to ~/.ssh.
 Usage:
     with EngineFleet(count=2) as fleet:
         fleet.engines[0].alias, fleet.engines[0].destination, fleet.env
+
+Tests that need engines with the box image take the `engine_fleet` fixture (tests/integration/conftest.py):
+two engines started once per pytest worker, the box image loaded on each once, as FLEET_IMAGE.
 """
 
 from __future__ import annotations
@@ -23,7 +26,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Self
 
@@ -37,6 +43,11 @@ TEST_LABEL = "io.agentbox.test"
 SSH_CONFIG_ENV = "AGENTBOX_SSH_CONFIG"
 BOX_CAPS = ["--cap-add", "SYS_ADMIN", "--cap-add", "NET_ADMIN", "--device", "/dev/fuse"]
 BOX_SECURITY = ["--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined"]
+# The box image as the shared fleet's engines hold it: a tag of this worker's, so a build that moves
+# agentbox/box:latest meanwhile neither makes the engines load a second 1.1 GB image nor changes what
+# "the same image" means. The engines never hold agentbox/box:latest itself: a test that wants the
+# engine without the box image (doctor's warning, the first stream) has it that way.
+FLEET_IMAGE = f"agentbox-test/engine-box-{secrets.token_hex(4)}:pinned"
 
 # Runs as the engine container's main process. Non-privileged containers see cgroup v1
 # hierarchies read-only: mount fresh ones (allowed with SYS_ADMIN in a private cgroup namespace)
@@ -95,8 +106,10 @@ class Engine:
 class EngineFleet:
     """Start `count` engines (plus `bare` engines with sshd but no dockerd); remove all on exit."""
 
-    def __init__(self, count: int = 2, bare: int = 0, prefix: str | None = None, tmpfs_size: str = "6g"):
+    def __init__(self, count: int = 2, bare: int = 0, prefix: str | None = None, tmpfs_size: str = "6g",
+                 export_env: bool = True):
         self.count = count
+        self.export_env = export_env  # False: AGENTBOX_SSH_CONFIG only inside exported()
         self.bare = bare
         self.run_id = secrets.token_hex(3)
         self.prefix = prefix or f"abx-eng-{self.run_id}-"
@@ -107,6 +120,7 @@ class EngineFleet:
         self.known_hosts = os.path.join(self.dir, "known_hosts")
         self.ssh_config = os.path.join(self.dir, "ssh_config")
         self._old_env: str | None = None
+        self.image_reports: dict[str, Any] = {}
 
     # -- set-up --------------------------------------------------------------------------------
     def __enter__(self) -> Self:
@@ -136,7 +150,46 @@ class EngineFleet:
             self._wait_ready(engine)
         self.write_config()
         self._old_env = os.environ.get(SSH_CONFIG_ENV)
+        if self.export_env:
+            os.environ[SSH_CONFIG_ENV] = self.ssh_config
+
+    @contextmanager
+    def exported(self) -> Iterator[Self]:
+        """AGENTBOX_SSH_CONFIG names this fleet's config inside the block (what the collection reads in this
+        process), and is as it was after: a shared fleet's config must not reach modules that do not use it."""
+        old = os.environ.get(SSH_CONFIG_ENV)
         os.environ[SSH_CONFIG_ENV] = self.ssh_config
+        try:
+            yield self
+        finally:
+            if old is None:
+                os.environ.pop(SSH_CONFIG_ENV, None)
+            else:
+                os.environ[SSH_CONFIG_ENV] = old
+
+    def load_image(self, image: str) -> None:
+        """Stream `image` from the local engine to every engine with dockerd, in parallel; the reports go to
+        image_reports by alias. Uncompressed: on loopback the link is not the bottleneck, the 2 CPUs are."""
+        from ansible_collections.agentbox.box.plugins.module_utils.providers.docker import _image_transfer
+        from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._docker import DockerProvider
+
+        failures: list[BaseException] = []
+
+        def ship(engine: Engine) -> None:
+            try:
+                provider = DockerProvider(engine=engine.alias, ssh_options={}, isolation="none")
+                self.image_reports[engine.alias] = _image_transfer.ensure_image(provider, image, compress=False)
+            except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread below
+                failures.append(exc)
+
+        with self.exported():
+            threads = [threading.Thread(target=ship, args=(engine,)) for engine in self.engines if engine.dockerd]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        if failures:
+            raise failures[0]
 
     def _start_engine(self, number: int, public_key: str, dockerd: bool) -> Engine:
         container = f"{self.prefix}{number}"
@@ -189,9 +242,9 @@ class EngineFleet:
 
     # -- tear-down -------------------------------------------------------------------------------
     def stop(self) -> None:
-        if self._old_env is None:
+        if self.export_env and self._old_env is None:
             os.environ.pop(SSH_CONFIG_ENV, None)
-        else:
+        elif self.export_env:
             os.environ[SSH_CONFIG_ENV] = self._old_env
         try:
             from ansible_collections.agentbox.box.plugins.module_utils.providers.docker import _docker

@@ -1,7 +1,8 @@
 """doctor.yml on the real engines: one line per check, the fix with each failure, a failing run when a
 check fails. This machine's box engine and image, a private HOME's relay, keys and sign-ins, a remote
-engine over SSH (a test engine: SSH and Docker answer, no box engine, so its isolation fails with the
-set-up command), and an engine address where nothing answers.
+engine over SSH (the worker's shared test engine: SSH and Docker answer, no box engine, so its isolation
+fails with the set-up command; it holds the box image under a test tag only, so agentbox/box:latest is
+not there), and an engine address where nothing answers.
 """
 
 from __future__ import annotations
@@ -80,13 +81,12 @@ def test_doctor_on_this_machine_says_what_is_missing_then_ok(home: Path) -> None
     assert not [line for line in lines.values() if line.startswith("FAIL")], lines
 
 
-def test_doctor_on_remote_engines(home: Path, tmp_path: Path) -> None:
+def test_doctor_on_remote_engines(home: Path, tmp_path: Path, engine_fleet: EngineFleet) -> None:
     nothing = f"root@127.0.0.1:{free_port()}"
-    with EngineFleet(count=1, tmpfs_size="1g") as fleet:
-        engine = fleet.engines[0]
-        inventory = tmp_path / "engines.yml"
-        inventory.write_text(f"engines:\n  hosts:\n    {engine.alias}: {{}}\n    down: {{agentbox_engine: '{nothing}'}}\n")
-        rc, lines = doctor(home, "-i", str(inventory), env=fleet.env)
+    engine = engine_fleet.engines[0]
+    inventory = tmp_path / "engines.yml"
+    inventory.write_text(f"engines:\n  hosts:\n    {engine.alias}: {{}}\n    down: {{agentbox_engine: '{nothing}'}}\n")
+    rc, lines = doctor(home, "-i", str(inventory), env=engine_fleet.env)
     assert rc != 0
     where = f"engine {engine.alias}"
     assert lines[f"{where}: SSH answers"].startswith("ok")

@@ -141,10 +141,15 @@ RANKS: dict[str, dict[str, int]] = {
     "module_utils/idle": {
         "_idle": WORKFLOW,
     },
+    "module_utils/project": {
+        "_project_plan": PURE,
+        "_project_scan": HOST,
+    },
     "module_utils/tasks": {
         "_doctor": WORKFLOW,
         "_agent_task": GLUE,
         "_box_task": GLUE,
+        "_init_task": GLUE,
         "_relay_main": GLUE,
         "_wake": GLUE,
     },

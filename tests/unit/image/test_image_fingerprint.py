@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,6 +21,7 @@ from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._ima
     read_context,
     recorded_labels,
 )
+from tests.unit.support.templating import render  # noqa: E402
 
 TEMPLATE = REPO / "roles" / "box_image" / "templates" / "Dockerfile.j2"
 
@@ -235,30 +234,13 @@ TEMPLATE_DEFAULTS = {"box_image_base": "debian:bookworm", "box_image_vnc": False
 
 
 @pytest.fixture(scope="module")
-def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """{variant: Dockerfile text}, through ansible.builtin.template in one ansible-playbook run."""
-    out = tmp_path_factory.mktemp("dockerfiles")
-    tasks = [
-        {
-            "ansible.builtin.copy": {
-                "content": "{{ lookup('ansible.builtin.template', template, template_vars=variables) }}",
-                "dest": str(out / name),
-                "mode": "0644",
-            },
-            "vars": {"template": str(TEMPLATE), "variables": {**TEMPLATE_DEFAULTS, **variables}},
-        }
+def rendered() -> dict[str, str]:
+    """{variant: Dockerfile text}, through the ansible.builtin.template lookup, in-process."""
+    lookup = "{{ lookup('ansible.builtin.template', template, template_vars=variables) }}"
+    return {
+        name: str(render(lookup, {"template": str(TEMPLATE), "variables": {**TEMPLATE_DEFAULTS, **variables}}))
         for name, variables in TEMPLATE_VARIANTS.items()
-    ]
-    play = [{"hosts": "localhost", "connection": "local", "gather_facts": False, "tasks": tasks}]
-    (out / "play.yml").write_text(json.dumps(play))
-    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
-    done = subprocess.run(
-        [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", "localhost,", "-e",
-         f"ansible_python_interpreter={sys.executable}", str(out / "play.yml")],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    return {name: (out / name).read_text() for name in TEMPLATE_VARIANTS}
+    }
 
 
 def test_template_copes_with_no_files_no_agents_no_vnc(rendered: dict[str, str]) -> None:

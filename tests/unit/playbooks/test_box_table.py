@@ -1,31 +1,16 @@
-"""The box_table filter, applied by Ansible's own templating: every column, alignment, and the empty table."""
+"""The box_table filter, applied by Ansible's own templating in-process: every column, alignment, and the empty table."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.conftest import REPO
+from tests.unit.support.templating import render
 
 NOW = 1_800_000_000  # a fixed clock: ages are exact
 
 
 def table(boxes: list[dict], tmp_path: Path) -> str:
-    variables = tmp_path / "boxes.json"
-    variables.write_text(json.dumps({"boxes": boxes}))
-    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
-           "ANSIBLE_CALLBACK_RESULT_FORMAT": "json"}  # fmt: skip
-    done = subprocess.run(
-        [str(REPO / ".venv" / "bin" / "ansible"), "localhost", "-c", "local", "-i", "localhost,",
-         "-e", f"ansible_python_interpreter={sys.executable}", "-e", f"@{variables}",
-         "-m", "ansible.builtin.debug", "-a", f"msg={{{{ boxes | agentbox.box.box_table(now={NOW}) }}}}"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    return json.loads(done.stdout.partition(" => ")[2])["msg"]
+    return str(render(f"{{{{ boxes | agentbox.box.box_table(now={NOW}) }}}}", {"boxes": boxes}))
 
 
 def created(seconds_ago: int) -> str:

@@ -1,14 +1,12 @@
-"""The table checkpoints.yml prints (playbooks/templates/checkpoints.txt.j2), rendered by Ansible on localhost
-from prepared rows as agentbox_checkpoint_info returns them: oldest first, aligned, a box's own checkpoint
+"""The table checkpoints.yml prints (playbooks/templates/checkpoints.txt.j2), rendered by Ansible's templating
+in-process from prepared rows as agentbox_checkpoint_info returns them: oldest first, aligned, a box's own checkpoint
 that is not kept marked and how to keep it said, broken and stale ones flagged."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.unit.support.templating import render as template
 
 REPO = Path(__file__).resolve().parents[3]
 TEMPLATE = REPO / "playbooks" / "templates" / "checkpoints.txt.j2"
@@ -25,20 +23,9 @@ ROWS = [
 
 
 def render(rows: list[dict], tmp_path: Path, args: str = "") -> list[str]:
-    extra = tmp_path / "vars.json"
-    extra.write_text(json.dumps({"checkpoints_rows": rows, "checkpoints_all": {"project": "5292fc5e2d99be21"},
-                                 "checkpoints_workspace": "/src/app", "checkpoints_where": "docker",
-                                 "checkpoints_args": args}))  # fmt: skip
-    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
-           "ANSIBLE_CALLBACK_RESULT_FORMAT": "json"}  # fmt: skip
-    done = subprocess.run(
-        [str(REPO / ".venv/bin/ansible"), "-i", "localhost,", "-c", "local", "localhost", "-e",
-         f"ansible_python_interpreter={sys.executable}", "-e", f"@{extra}", "-m", "ansible.builtin.debug",
-         "-a", f"msg={{{{ lookup('ansible.builtin.template', '{TEMPLATE}') }}}}"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return json.loads(done.stdout.partition(" => ")[2])["msg"].split("\n")
+    variables = {"checkpoints_rows": rows, "checkpoints_all": {"project": "5292fc5e2d99be21"},
+                 "checkpoints_workspace": "/src/app", "checkpoints_where": "docker", "checkpoints_args": args}  # fmt: skip
+    return str(template(f"{{{{ lookup('ansible.builtin.template', '{TEMPLATE}') }}}}", variables)).split("\n")
 
 
 def test_checkpoints_table_oldest_first_aligned_with_kept_default_and_notes(tmp_path: Path) -> None:

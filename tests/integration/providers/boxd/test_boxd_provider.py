@@ -9,6 +9,7 @@ dir, so nothing touches the real ~/.agentbox.
 from __future__ import annotations
 
 import io
+import json
 import os
 import secrets
 import shutil
@@ -162,19 +163,29 @@ def test_box_state_and_inventory_connection(world: World, created: dict) -> None
     listed = subprocess.run([str(VENV_BIN / "ansible-inventory"), "-i", str(inventory), "--list"], cwd=REPO,
                             env=world.env(), capture_output=True, text=True, check=True).stdout
     assert world.box in listed and '"boxd"' in listed
-    ran = subprocess.run([str(VENV_BIN / "ansible"), "-i", str(inventory), world.box, "-m", "ansible.builtin.command",
-                          "-a", "git -C /workspace rev-parse --abbrev-ref HEAD"],
+    # One play through the connection: a command, then become (root only with -b, the box's user without it)
+    # with the module copied in and piped; each task's result saved to a file on the host.
+    results = world.root / "connection-results.json"
+    combos = [(pipelining, become) for pipelining in (False, True) for become in (True, False)]
+    tasks = [{"ansible.builtin.command": "git -C /workspace rev-parse --abbrev-ref HEAD", "register": "branch"}]
+    for index, (pipelining, become) in enumerate(combos):
+        tasks.append({"ansible.builtin.command": "id -un", "become": become, "register": f"id{index}",
+                      "vars": {"ansible_pipelining": pipelining}})  # fmt: skip
+    # A second play, on this machine, saves what the box answered.
+    answered = ("{{ {'branch': box.branch.stdout, 'ids': [box.id0.stdout, box.id1.stdout, box.id2.stdout, "
+                "box.id3.stdout]} | to_json }}")
+    save = {"hosts": "localhost", "connection": "local", "gather_facts": False,
+            "vars": {"ansible_python_interpreter": sys.executable, "box": f"{{{{ hostvars['{world.box}'] }}}}"},
+            "tasks": [{"ansible.builtin.copy": {"content": answered, "dest": str(results), "mode": "0600"}}]}  # fmt: skip
+    play = world.root / "connection.yml"
+    play.write_text(json.dumps([{"hosts": world.box, "gather_facts": False, "tasks": tasks}, save]))
+    ran = subprocess.run([str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), str(play)],
                          cwd=REPO, env=world.env(), capture_output=True, text=True, check=False)  # fmt: skip
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-2000:]
-    assert f"{world.box} | CHANGED | rc=0 >>\nagentbox/{world.box}\n" in ran.stdout, ran.stdout
-    # become through the connection: root only with -b, the box's user without it; module copied in or piped.
-    for pipelining in ("false", "true"):
-        for become, user in ((["-b"], "root"), ([], "vscode")):
-            ran = subprocess.run([str(VENV_BIN / "ansible"), "-i", str(inventory), world.box, "-m", "ansible.builtin.command",
-                                  "-a", "id -un", *become, "-e", f"ansible_pipelining={pipelining}"],
-                                 cwd=REPO, env=world.env(), capture_output=True, text=True, check=False)  # fmt: skip
-            assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-2000:]
-            assert f"{world.box} | CHANGED | rc=0 >>\n{user}\n" in ran.stdout, (pipelining, become, ran.stdout)
+    answers = json.loads(results.read_text())
+    assert answers["branch"] == f"agentbox/{world.box}", answers
+    for (pipelining, become), user in zip(combos, answers["ids"], strict=True):
+        assert user == ("root" if become else "vscode"), (pipelining, become, answers)
     status = subprocess.run([str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), "playbooks/fleet_status.yml",
                              "-e", f"fleet_status_html={world.root / 'fleet.html'}"],
                             cwd=REPO, env=world.env(), capture_output=True, text=True, check=False)  # fmt: skip

@@ -1,11 +1,14 @@
 """boxd at the production cluster's timings (`scripts/boxd-emulator --production-timings`): a start takes
 ~12 s there, as the seed document pins it. The provider's create, start after a stop, and execs around them
-wait it out with the real SDK, and nothing is made twice."""
+wait it out with the real SDK, and nothing is made twice. The two waits run side by side: one box is created
+while another (made before the start was slowed) is started after its stop, so the module waits one twelve
+seconds, not two."""
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -40,17 +43,39 @@ def _box_spec(name: str):
 def test_create_stop_and_start_wait_out_a_twelve_second_start(emu) -> None:
     from ansible_collections.agentbox.box.plugins.module_utils.providers.boxd._boxd import BoxdProvider
 
-    provider = BoxdProvider(token=emu.token, base_url=emu.base_url)
-    name = f"btm-{secrets.token_hex(3)}"
-    facts = provider.create(_box_spec(name))
+    def provider() -> BoxdProvider:  # one each: a thread of its own, a channel of its own
+        return BoxdProvider(token=emu.token, base_url=emu.base_url)
+
+    made, restarted = f"btm-{secrets.token_hex(3)}", f"btm-{secrets.token_hex(3)}"
+    # The box to restart is made at the default start, then stopped; the production start from here on.
+    emu.control.configure(start_seconds=0.3)
     try:
-        assert facts.state == "running", facts
-        assert provider.exec(name, ["echo", "made"]).stdout == b"made\n"
-        assert provider.stop(name).state == "stopped"
-        assert provider.start(name).state == "running"
-        assert provider.exec(name, ["sh", "-c", "echo again; exit 4"]).rc == 4
-        machines = [m for m in emu.control.state()["machines"] if m["labels"].get("io.agentbox.box") == name]
-        assert len(machines) == 1 and machines[0]["status"] == "running", machines
+        assert provider().create(_box_spec(restarted)).state == "running"
     finally:
-        provider.destroy(name)
-    assert provider.find(name) is None
+        emu.control.configure(start_seconds=PRODUCTION_START_SECONDS)
+    try:
+        assert provider().stop(restarted).state == "stopped"
+
+        def create_and_exec() -> tuple[str, bytes]:
+            mine = provider()
+            facts = mine.create(_box_spec(made))
+            return facts.state, mine.exec(made, ["echo", "made"]).stdout
+
+        def start_and_exec() -> tuple[str, int]:
+            mine = provider()
+            state = mine.start(restarted).state
+            return state, mine.exec(restarted, ["sh", "-c", "echo again; exit 4"]).rc
+
+        with ThreadPoolExecutor(2) as pool:
+            creating, starting = pool.submit(create_and_exec), pool.submit(start_and_exec)
+            assert creating.result() == ("running", b"made\n")
+            assert starting.result() == ("running", 4)
+        # One machine each: neither the slow create nor the slow start made a second one.
+        machines = {name: [m for m in emu.control.state()["machines"] if m["labels"].get("io.agentbox.box") == name]
+                    for name in (made, restarted)}  # fmt: skip
+        for name, found in machines.items():
+            assert len(found) == 1 and found[0]["status"] == "running", (name, machines)
+    finally:
+        for name in (made, restarted):
+            provider().destroy(name)
+    assert provider().find(made) is None and provider().find(restarted) is None

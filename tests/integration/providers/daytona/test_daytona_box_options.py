@@ -6,8 +6,10 @@ service would read it; bad values fail before anything is made.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
 import tempfile
 import time
 import uuid
@@ -17,7 +19,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from tests.conftest import make_repo, run_module
+from tests.conftest import REPO, make_repo, run_module
 from tests.daytona_emulator import TEST_IMAGE, ensure_test_image, remove_test_image, running_emulator
 
 pytestmark = pytest.mark.integration
@@ -60,8 +62,16 @@ class Emu:
         return True
 
     def destroy(self, *names: str) -> None:
-        for name in names:
-            self.box(name=name, state="absent")
+        """Clean-up through the provider library (no Ansible start a box): the module's own destroy is proven
+        where a test asserts on it."""
+        from ansible_collections.agentbox.box.plugins.module_utils.providers.daytona._daytona import DaytonaProvider
+
+        provider = DaytonaProvider(api_key=self.api_key, api_url=self.api_url)
+        try:
+            for name in names:
+                provider.destroy(name)
+        finally:
+            provider.close()
 
 
 @pytest.fixture(scope="module")
@@ -126,32 +136,54 @@ def test_an_image_the_controller_cannot_pin_is_sent_by_tag_with_a_warning(emu: E
         emu.destroy(name)
 
 
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        ({"network": "10.0.0.0"}, "needs a CIDR prefix"),
-        ({"network": ["example.com/8"]}, "not an IPv4 network"),
-        ({"network": [f"10.0.{n}.0/24" for n in range(11)]}, "at most 10 networks"),
-        ({"disk": 0}, "disk must be a whole number of GiB"),
-        ({"disk": 20}, "cannot apply to a box started from the Daytona snapshot"),  # the default image is one
-        ({"ephemeral": True, "auto_delete": 5}, "drop auto_delete, or ephemeral"),
-        ({"auto_delete": -2}, "auto_delete must be -1"),
-        ({"daytona_target": "mars"}, "is only in region us, eu and this box would be made in mars"),
-    ],
-)
-def test_bad_values_fail_before_anything_is_made(emu: Emu, args: dict, message: str) -> None:
-    name = _unique("bad")
-    done = emu.box(name=name, **args)
+BAD_VALUES = [
+    ({"network": "10.0.0.0"}, "needs a CIDR prefix"),
+    ({"network": ["example.com/8"]}, "not an IPv4 network"),
+    ({"network": [f"10.0.{n}.0/24" for n in range(11)]}, "at most 10 networks"),
+    ({"disk": 0}, "disk must be a whole number of GiB"),
+    ({"disk": 20}, "cannot apply to a box started from the Daytona snapshot"),  # the default image is one
+    ({"ephemeral": True, "auto_delete": 5}, "drop auto_delete, or ephemeral"),
+    ({"auto_delete": -2}, "auto_delete must be -1"),
+    ({"daytona_target": "mars"}, "is only in region us, eu and this box would be made in mars"),
+]
+
+
+@pytest.fixture(scope="module")
+def refusals(emu: Emu) -> dict[str, dict]:
+    """Every refused agentbox_box call of this module, made as tasks of one playbook (one Ansible start, not
+    one a case): {box name: the task's result}, keyed "bad0".."bad7" (BAD_VALUES) and "docker"."""
+    cases = {f"bad{n}": (_unique("bad"), {"provider": "daytona", "seed": False, "boot": False, **args})
+             for n, (args, _message) in enumerate(BAD_VALUES)}  # fmt: skip
+    cases["docker"] = (_unique("dock"), {"provider": "docker", "disk": 10, "network": "block_all"})
+    tasks = [{"name": key, "agentbox.box.agentbox_box": {"name": name, "workspace": str(emu.workspace), **args},
+              "register": key, "ignore_errors": True} for key, (name, args) in cases.items()]  # fmt: skip
+    out = emu.root / f"refusals-{uuid.uuid4().hex[:6]}.json"
+    saved = "{{ {" + ", ".join(f"'{key}': {key}" for key in cases) + "} | to_json }}"
+    tasks.append({"ansible.builtin.copy": {"content": saved, "dest": str(out), "mode": "0600"}})
+    play = [{"hosts": "localhost", "connection": "local", "gather_facts": False,
+             "vars": {"ansible_python_interpreter": "{{ ansible_playbook_python }}"}, "tasks": tasks}]  # fmt: skip
+    playbook = emu.root / f"refusals-{uuid.uuid4().hex[:6]}.yml"
+    playbook.write_text(json.dumps(play))
+    env = {k: v for k, v in os.environ.items() if k != "DAYTONA_TARGET"}
+    done = subprocess.run([str(REPO / ".venv/bin/ansible-playbook"), "-i", "localhost,", str(playbook)], cwd=REPO,
+                          env={**env, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), **emu.env()},
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert out.exists(), f"the playbook failed before saving:\n{done.stdout[-4000:]}\n{done.stderr[-2000:]}"
+    results = json.loads(out.read_text())
+    return {key: {**results[key], "_name": name} for key, (name, _args) in cases.items()}
+
+
+@pytest.mark.parametrize(("case", "message"), [(f"bad{n}", message) for n, (_a, message) in enumerate(BAD_VALUES)])
+def test_bad_values_fail_before_anything_is_made(emu: Emu, refusals: dict[str, dict], case: str, message: str) -> None:
+    done = refusals[case]
     assert done["failed"] and message in done["msg"], done
-    assert not emu.exists(name)
+    assert not emu.exists(done["_name"])
 
 
-def test_daytona_options_are_refused_for_other_providers(emu: Emu) -> None:
-    name = _unique("dock")
-    done = run_module("agentbox_box", {"name": name, "provider": "docker", "workspace": str(emu.workspace),
-                                       "disk": 10, "network": "block_all"}, env=emu.env())  # fmt: skip
+def test_daytona_options_are_refused_for_other_providers(refusals: dict[str, dict]) -> None:
+    done = refusals["docker"]
     assert done["failed"] and "disk, network can only be set for Daytona boxes" in done["msg"], done
-    assert not docker.from_env().containers.list(all=True, filters={"name": f"agentbox-{name}"})
+    assert not docker.from_env().containers.list(all=True, filters={"name": f"agentbox-{done['_name']}"})
 
 
 def test_an_ephemeral_box_is_deleted_when_it_stops_and_never_paused(emu: Emu) -> None:

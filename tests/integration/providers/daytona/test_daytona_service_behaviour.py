@@ -4,13 +4,13 @@ Each test drives the provider (and, where it says so, the real SDK) the way the 
 driven; the emulator's habits that make the difference are on by default (the toolbox runs as the image's
 USER) or switched on here through its run-time settings, with the real service's own behaviour as the model
 (daytonaio/daytona v0.190, SDK 0.226.1). Boxes are real containers from agentbox/box:latest.
+Checkpoint snapshots and rate limits are in test_daytona_service_snapshots_and_throttling.py.
 """
 
 from __future__ import annotations
 
 import io
 import json
-import re
 import subprocess
 import tarfile
 import textwrap
@@ -65,12 +65,17 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:6]}"
 
 
-@pytest.fixture(scope="module")
-def emu() -> Iterator[Emu]:
+def serving_emulator() -> Iterator[Emu]:
+    """The emulator of this module and of test_daytona_service_snapshots_and_throttling.py (one a module)."""
     if not docker.from_env().images.list(name=IMAGE):
         pytest.fail(f"{IMAGE} is missing: build it first (ansible-playbook playbooks/build_image.yml)")
     with running_emulator(image=IMAGE) as (api_url, api_key, admin):
         yield Emu(api_url, api_key, admin)
+
+
+@pytest.fixture(scope="module")
+def emu() -> Iterator[Emu]:
+    yield from serving_emulator()
 
 
 @pytest.fixture(autouse=True)
@@ -240,180 +245,6 @@ def test_a_recoverable_error_is_recovered(emu: Emu) -> None:
         with pytest.raises(ProviderError, match="cannot recover it: destroy it"):
             provider.start(name)
     finally:
-        provider.destroy(name)
-
-
-def test_a_capture_whose_answer_is_lost_waits_for_its_snapshot(emu: Emu) -> None:
-    """The snapshot exists only once the capture ends; a lost answer must not be read as a failed capture."""
-    from ansible_collections.agentbox.box.plugins.module_utils.providers._snapshot_store import snapshot_name
-
-    provider = emu.provider()
-    name = unique("cap")
-    image = snapshot_name("c" * 16, "lost")
-    try:
-        provider.create(spec(name))
-        provider.exec(name, ["sh", "-c", "echo kept > /workspace/kept.txt"]).check("write")
-        emu.admin.set_config(transition_seconds=2)  # captures (and the rest) take a while
-        emu.admin.add_fault(method="POST", path=r"^/api/sandbox/[^/]+/snapshot$", action="drop_after", times=1)
-        made = provider.commit(name, image, {})
-        assert made["id"]
-        assert provider.find(name).state == "running"
-    finally:
-        emu.admin.set_config(transition_seconds=0)
-        provider.destroy(name)
-        provider.delete_snapshot(image)
-
-
-def test_an_inactive_snapshot_is_activated_to_restore_from(emu: Emu) -> None:
-    """Daytona deactivates snapshots unused for 14 days; a restore activates it rather than calling it gone."""
-    from ansible_collections.agentbox.box.plugins.module_utils.providers._snapshot_store import snapshot_name
-
-    provider = emu.provider()
-    source, restored = unique("src"), unique("rst")
-    image = snapshot_name("c" * 16, "old")
-    try:
-        provider.create(spec(source))
-        provider.exec(source, ["sh", "-c", "echo kept > /workspace/kept.txt"]).check("write")
-        provider.commit(source, image, {})
-        emu.admin.deactivate_unused_snapshot(image)
-        assert provider.image_exists(image)  # not a broken checkpoint
-        provider.create(spec(restored, image=image))
-        assert provider.exec(restored, ["cat", "/workspace/kept.txt"]).check("read").stdout == b"kept\n"
-        assert emu.sdk().snapshot.get(image).state == "active"
-    finally:
-        provider.destroy(restored)
-        provider.destroy(source)
-        provider.delete_snapshot(image)
-
-
-def test_a_snapshot_still_being_deactivated_is_activated_once_daytona_lets_it(emu: Emu) -> None:
-    """Daytona refuses an activation within 10 minutes of the deactivation (400 "deactivation is still in
-    progress"); the restore asks again until it is let through (here 10 emulated minutes are 4 s)."""
-    from ansible_collections.agentbox.box.plugins.module_utils.providers._snapshot_store import snapshot_name
-
-    provider = emu.provider()
-    source, restored = unique("src"), unique("rst")
-    image = snapshot_name("c" * 16, "cool")
-    try:
-        provider.create(spec(source))
-        provider.commit(source, image, {})
-        emu.admin.set_config(minute_seconds=0.4)
-        emu.admin.deactivate_unused_snapshot(image, ago_minutes=0)
-        since = emu.admin.requests()[-1]["seq"]
-        provider.create(spec(restored, image=image))
-        activations = [r["status"] for r in emu.admin.requests(since) if r["path"].endswith("/activate")]
-        assert activations[0] == 400 and activations[-1] == 200, activations
-        assert emu.sdk().snapshot.get(image).state == "active"
-    finally:
-        emu.admin.set_config(minute_seconds=60)
-        provider.destroy(restored)
-        provider.destroy(source)
-        provider.delete_snapshot(image)
-
-
-def test_a_snapshot_another_client_is_activating_is_waited_for(emu: Emu) -> None:
-    """Two restores from one inactive snapshot: the one whose activation comes second is refused with 400
-    "cannot be activated - it is in pending state", and waits for the snapshot to be active."""
-    from ansible_collections.agentbox.box.plugins.module_utils.providers._snapshot_store import snapshot_name
-
-    provider = emu.provider()
-    source, restored = unique("src"), unique("rst")
-    image = snapshot_name("c" * 16, "race")
-    failure: list[BaseException] = []
-    try:
-        provider.create(spec(source))
-        provider.commit(source, image, {})
-        emu.admin.deactivate_unused_snapshot(image)
-        emu.admin.set_config(snapshot_activation_seconds=3)
-        held = emu.admin.add_fault(method="POST", path=r"/activate$", action="hold", times=1)
-
-        def restore() -> None:
-            try:
-                provider.create(spec(restored, image=image))
-            except BaseException as exc:  # noqa: BLE001 - reported by the test's thread
-                failure.append(exc)
-
-        worker = threading.Thread(target=restore)
-        worker.start()
-        deadline = time.monotonic() + 60
-        while not [f for f in emu.admin.faults() if f["id"] == held["id"] and f["matched"]]:
-            assert time.monotonic() < deadline, "the provider never asked to activate the snapshot"
-            time.sleep(0.05)
-        emu.sdk().snapshot.activate(emu.sdk().snapshot.get(image))  # the other client, first: pending
-        emu.admin.release_fault(held["id"])
-        worker.join(120)
-        assert not worker.is_alive() and not failure, failure
-        assert provider.exec(restored, ["true"]).rc == 0
-    finally:
-        emu.admin.set_config(snapshot_activation_seconds=1)
-        provider.destroy(restored)
-        provider.destroy(source)
-        provider.delete_snapshot(image)
-
-
-def test_rate_limits_are_waited_out_as_the_throttler_asks(emu: Emu) -> None:
-    """Daytona's throttlers answer 429 with `Retry-After-<throttler>` (no plain Retry-After), per window."""
-    provider = emu.provider()
-    name = unique("thr")
-    try:
-        provider.create(spec(name))
-        emu.admin.set_config(throttle_limits={"sandbox-lifecycle": 1}, throttle_window_seconds=8)
-        since = emu.admin.requests()[-1]["seq"]
-        provider.stop(name)  # the window's one lifecycle call
-        assert provider.start(name).state == "running"  # refused until the window ends, then made
-        throttled = [r for r in emu.admin.requests(since) if r.get("outcome") == "throttled"]
-        assert throttled and all(r["path"].endswith("/start") for r in throttled)
-    finally:
-        emu.admin.set_config(throttle_limits={})
-        provider.destroy(name)
-
-
-def test_retries_stop_at_the_retry_deadline_when_rate_limits_never_end(emu: Emu) -> None:
-    """Every answer is a 429 asking, as Daytona's throttler does, for a 2 s wait (`Retry-After-<throttler>`
-    only): the retries stop at the overall deadline (10 s here) whatever the retry count allows, and the error
-    says so, with the attempts made and the wait asked for."""
-    from ansible_collections.agentbox.box.plugins.module_utils.core._provider import ProviderError
-
-    provider = emu.provider(retries=1000, retry_deadline=10)
-    name = unique("ddl")
-    emu.admin.add_fault(method="GET", path=f"^/api/sandbox/{name}$", action="status", status=429, times=0,
-                        headers={"Retry-After-authenticated": "2", "X-RateLimit-Remaining-authenticated": "0"})  # fmt: skip
-    since = max((entry["seq"] for entry in emu.admin.requests()), default=0)
-    began = time.monotonic()
-    with pytest.raises(ProviderError) as refused:
-        provider.find(name)
-    spent = time.monotonic() - began
-    message = str(refused.value)
-    found = re.search(r"Daytona answered 429 after (\d+) attempts \(retrying would pass the 10 s retry deadline\)",
-                      message)  # fmt: skip
-    assert found and "it asks to wait 2 s" in message, message
-    attempts = int(found.group(1))
-    assert 2 <= attempts <= 6, message  # each retry waited the 2 s asked: at most 1 + 10 / 2 attempts fit
-    served = [r for r in emu.admin.requests(since) if r["path"] == f"/api/sandbox/{name}"]
-    assert len(served) == attempts and all(r["status"] == 429 for r in served)
-    assert spent < 10 + 90  # the deadline and the last call's own time, not 1000 retries
-
-
-def test_lifecycle_retries_stop_at_the_retry_deadline_too(emu: Emu) -> None:
-    """A start whose every POST is refused by the sandbox-lifecycle throttler (2 s asked each time): converge's
-    own retries stop at the same overall deadline as api_call's (10 s here), saying so, not at the 300 s
-    start timeout nor after 1000 retries."""
-    from ansible_collections.agentbox.box.plugins.module_utils.core._provider import ProviderError
-
-    provider = emu.provider(retries=1000, retry_deadline=10)
-    name = unique("lcd")
-    try:
-        provider.create(spec(name))
-        provider.stop(name)
-        emu.admin.add_fault(method="POST", path="/start$", action="status", status=429, times=0,
-                            headers={"Retry-After-sandbox-lifecycle": "2"})  # fmt: skip
-        began = time.monotonic()
-        with pytest.raises(ProviderError, match=r"retrying would pass the 10 s retry deadline") as refused:
-            provider.start(name)
-        assert time.monotonic() - began < 10 + 30, refused.value  # the deadline and a last call, not 300 s
-        assert "start of box" in str(refused.value), refused.value
-    finally:
-        emu.admin.clear_faults()
         provider.destroy(name)
 
 
@@ -588,8 +419,9 @@ def test_boxes_moving_between_pages_mid_listing_are_listed_once(emu: Emu, small_
             provider.destroy(name)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def box(emu: Emu) -> Iterator[str]:
+    """One box for the tests that only run commands in it (each leaves its own files under unique names)."""
     provider = emu.provider()
     name = unique("box")
     provider.create(spec(name))
@@ -611,14 +443,16 @@ def short_edge_cut(emu: Emu) -> Iterator[None]:
 
 def test_a_long_command_outlives_a_short_edge_cut(emu: Emu, box: str, short_edge_cut: None) -> None:
     """The waiter's slice (50 s by default) shrinks to fit the cut it meets; the command is never re-run.
-    (A minute: longer than the cuts a fixed slice with bounded retries could ride out.)"""
-    provider = emu.provider()  # default slice, nothing told about the cut
-    run = provider.exec(box, ["sh", "-c", "echo start >> /tmp/runs; sleep 60; echo done; echo err >&2"])
+    No retries allowed (retries=0), so a waiter that only asked again after a cut, with a fixed slice, fails at
+    the first cut; the command lasts 12 s, six cuts long, so the shrunk slice is kept, not found anew each time."""
+    provider = emu.provider(retries=0)  # default slice, nothing told about the cut
+    runs = f"/tmp/runs-{uuid.uuid4().hex[:6]}"
+    run = provider.exec(box, ["sh", "-c", f"echo start >> {runs}; sleep 12; echo done; echo err >&2"])
     assert (run.rc, run.stdout, run.stderr) == (0, b"done\n", b"err\n")
     emu.admin.set_config(proxy_cut_mode="drop")  # the same when the edge drops the connection instead
     run = provider.exec(box, ["sh", "-c", "sleep 6; echo again"])
     assert (run.rc, run.stdout) == (0, b"again\n")
-    assert provider.exec(box, ["cat", "/tmp/runs"]).stdout == b"start\n"
+    assert provider.exec(box, ["cat", runs]).stdout == b"start\n"
 
 
 def test_output_larger_than_dev_shm(emu: Emu, box: str) -> None:

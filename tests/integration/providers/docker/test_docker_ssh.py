@@ -11,7 +11,6 @@ on the engine, and destroy leaves nothing on either engine.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import os
@@ -21,7 +20,6 @@ import stat
 import subprocess
 import sys
 import tarfile
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -43,12 +41,10 @@ from ansible_collections.agentbox.box.plugins.module_utils.providers.docker impo
 from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._docker import DockerProvider  # noqa: E402
 from ansible_collections.agentbox.box.plugins.module_utils.ssh import _ssh  # noqa: E402
 from tests.conftest import make_repo, run_module  # noqa: E402
+from tests.integration.support.engines import FLEET_IMAGE as IMAGE  # noqa: E402
 from tests.integration.support.engines import REPO, EngineFleet  # noqa: E402
 
 pytestmark = pytest.mark.integration
-# The box image under a tag of this run: another build moving agentbox/box:latest meanwhile must not
-# make the engines load a second 1.1 GB image (nor change what "the same image" means here).
-IMAGE = f"agentbox-test/ssh-box-{secrets.token_hex(4)}:pinned"
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "Host User",
     "GIT_AUTHOR_EMAIL": "host@example.invalid",
@@ -57,33 +53,10 @@ GIT_ENV = {
 }
 
 
-@pytest.fixture(scope="module")
-def fleet(box_image: str):
-    subprocess.run(["docker", "tag", box_image, IMAGE], check=True, capture_output=True)
-    try:
-        with engines_with_the_image() as engines:
-            yield engines
-    finally:
-        subprocess.run(["docker", "rmi", IMAGE], check=False, capture_output=True)
-
-
-@contextlib.contextmanager
-def engines_with_the_image():
-    with EngineFleet(count=2, tmpfs_size="3g") as engines:  # the box image (1.1 GB) and its load must fit
-        reports = {}
-
-        def ship(engine):
-            provider = DockerProvider(engine=engine.alias, ssh_options={}, isolation="none")
-            # Uncompressed: on loopback the link is not the bottleneck, the 2 CPUs are.
-            reports[engine.alias] = _image_transfer.ensure_image(provider, IMAGE, compress=False)
-
-        threads = [threading.Thread(target=ship, args=(engine,)) for engine in engines.engines]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        engines.image_reports = reports
-        yield engines
+@pytest.fixture
+def fleet(engine_fleet: EngineFleet) -> EngineFleet:
+    """The worker's two engines with the box image (as IMAGE), loaded once (tests/integration/conftest.py)."""
+    return engine_fleet
 
 
 def git(repo: Path, *args: str) -> str:
