@@ -110,6 +110,11 @@ def resolve_overrides(text: str | None) -> dict[str, str]:
 
 
 NAT64 = ipaddress.ip_network("64:ff9b::/96")
+# The documentation ranges (RFC 5737, RFC 3849): never a network's own services, and the address a test
+# network's transparent proxy answers every name at (this project's CI machine: 203.0.113.80). Python
+# counts them as private; the gateway counts them as public, as any host process reaching them does.
+DOCUMENTATION = tuple(ipaddress.ip_network(net) for net in
+                      ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32"))
 
 
 def is_public(text: str) -> bool:
@@ -122,6 +127,8 @@ def is_public(text: str) -> bool:
             embedded = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
         if embedded is not None and not embedded.is_global:
             return False
+    if any(address in net for net in DOCUMENTATION if net.version == address.version):
+        return True
     return address.is_global and not address.is_multicast
 
 

@@ -139,6 +139,20 @@ def test_a_private_address_is_refused_unless_the_user_named_the_host(running: Ru
     assert wait_audit(len(targets) + 1)[-1]["reason"] == "egress_allow: 127.0.0.1"
 
 
+def test_the_gateway_reaches_a_registry_as_any_host_process_does(running: Running) -> None:
+    """The default list's registry, resolved on the host: this machine's network answers every name at a
+    transparent proxy in a documentation range (203.0.113.0/24), which Python calls private; the gateway
+    must connect there as curl on the host does (the allowed path in a box failed: pip found no versions)."""
+    box = running.box("pip", parse_policy())
+    client, head = tunnel(box, "registry.yarnpkg.com:443")  # not pointed at the stand-in
+    assert head.startswith(b"HTTP/1.1 200 "), head
+    client.close()
+    assert wait_audit(1)[-1]["reason"] == "default allow list"
+    assert _egress_gateway.is_public("203.0.113.80") and _egress_gateway.is_public("2001:db8::1")
+    for private in ("10.0.0.1", "192.168.1.1", "100.64.0.1", "169.254.169.254", "::ffff:10.0.0.1", "fd00::1"):
+        assert not _egress_gateway.is_public(private), private
+
+
 def test_an_allowed_host_that_does_not_answer_gets_a_502_at_once(running: Running) -> None:
     idle = socket.socket()
     idle.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
