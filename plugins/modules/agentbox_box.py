@@ -151,6 +151,7 @@ options:
     description:
       - Host names, IP addresses and C(*.) wildcards the box may reach besides the default list (O(egress=allowlist)),
         or at a private address (any O(egress)). Implies O(egress=allowlist) when O(egress) is left out.
+      - C(-) and a host of the default list (C(-registry.npmjs.org)) takes that host off it (refused in any O(egress)).
     type: list
     elements: str
   ssh_include:
