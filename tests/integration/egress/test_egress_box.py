@@ -1,7 +1,8 @@
-"""Boxes made with an egress policy on the real box engine: their programs reach the package registries
-through the in-box forwarder and the host's gateway (audited), a host the policy refuses is refused at
-once saying what to change, and root in the box, its own iptables flushed, has no other way out; the
-box's published 127.0.0.1 ports still answer. Every test's relay runs under a private HOME."""
+"""Boxes made with an egress policy on the real box engine: their programs (pip, npm) reach the package
+registries through the in-box forwarder and the host's gateway (audited), a host the policy refuses is
+refused at once saying what to change, root in the box, its own iptables flushed, has no other way out,
+a stopped gateway is said at once with how to start it, and the box's published 127.0.0.1 ports still
+answer. Every test's relay runs under a private HOME."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ pytestmark = pytest.mark.integration
 RELAY = str(REPO / "scripts/agentbox-relay")
 WEB = 8765  # a port the allowing box publishes
 PIP = "/tmp/venv/bin/pip install --no-deps --no-cache-dir --retries 0 --timeout 20 six"
+NPM = "mkdir -p {0} && cd {0} && npm install --no-audit --no-fund --no-package-lock --cache {0}/.cache is-number"
 
 
 class Host:
@@ -54,7 +56,8 @@ def host() -> Iterator[Host]:
 
 @pytest.fixture(scope="module")
 def boxes(host: Host, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict[str, Any]]]:
-    """Two boxes of one workspace: `allowing` (egress allowlist, a published port), `closed` (egress none)."""
+    """Three boxes of one workspace: `allowing` (egress allowlist, a published port), `open` (egress open
+    with PyPI taken off: egress_allow [-pypi.org]), `closed` (egress none)."""
     root = tmp_path_factory.mktemp("egress")
     for path in (root, *root.parents):
         if str(path) in ("/", "/tmp"):
@@ -64,7 +67,9 @@ def boxes(host: Host, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict
     chown_tree(root)
     made: dict[str, dict[str, Any]] = {}
     try:
-        for role, options in (("allowing", {"egress": "allowlist", "ports": [WEB]}), ("closed", {"egress": "none"})):
+        for role, options in (("allowing", {"egress": "allowlist", "ports": [WEB]}),
+                              ("open", {"egress": "open", "egress_allow": ["-pypi.org"]}),
+                              ("closed", {"egress": "none"})):
             name = f"eg-{secrets.token_hex(3)}"
             created = host.module({"name": name, "workspace": str(workspace), "state": "started", **options})
             assert not created["failed"], created.get("msg")
@@ -84,6 +89,61 @@ def in_box(box: dict[str, Any], script: str, user: str = "vscode") -> tuple[int,
 def venv(box: dict[str, Any]) -> None:
     rc, out = in_box(box, "test -x /tmp/venv/bin/pip || python3 -m venv /tmp/venv")
     assert rc == 0, out
+
+
+def test_npm_installs_from_the_npm_registry_through_the_gateway(host: Host, boxes: dict[str, dict[str, Any]]) -> None:
+    box = boxes["allowing"]
+    rc, out = in_box(box, NPM.format("/tmp/npm-a") + " && node -e 'console.log(require(\"is-number\")(5))'")
+    assert rc == 0 and out.rstrip().endswith("true"), out
+    lines = [line for line in host.audit(box["name"]) if line["host"] == "registry.npmjs.org"]
+    assert lines and all((line["decision"], line["reason"], line["port"]) == ("allowed", "default allow list", 443)
+                         for line in lines)
+    assert sum(line["bytes_in"] for line in lines) > 2000  # the package's metadata and its tarball
+
+
+def test_an_open_box_is_still_audited_and_a_registry_taken_off_is_refused_naming_the_entry(
+    host: Host, boxes: dict[str, dict[str, Any]]
+) -> None:
+    box = boxes["open"]
+    rc, out = in_box(box, NPM.format("/tmp/npm-o"))
+    assert rc == 0, out
+    npm = [line for line in host.audit(box["name"]) if line["host"] == "registry.npmjs.org"]
+    assert npm and all((line["decision"], line["reason"]) == ("allowed", "egress: open") for line in npm)
+    venv(box)
+    started = time.monotonic()
+    rc, out = in_box(box, f"{PIP} --target /tmp/six")
+    assert rc != 0 and "403 agentbox egress: pypi.org:443 not allowed (see egress_allow)" in out, out
+    assert time.monotonic() - started < 60
+    rc, out = in_box(box, "curl -sS http://pypi.org/simple/six/")
+    assert "box {} may not reach pypi.org:80 (egress_allow: -pypi.org)".format(box["name"]) in out, out
+    assert "remove the entry -pypi.org from egress_allow" in out
+    denied = [line for line in host.audit(box["name"]) if line["host"] == "pypi.org"]
+    assert denied and all((line["decision"], line["reason"]) == ("denied", "egress_allow: -pypi.org") for line in denied)
+
+
+def test_a_stopped_gateway_is_said_at_once_with_how_to_start_it_and_nothing_goes_direct(
+    host: Host, boxes: dict[str, dict[str, Any]]
+) -> None:
+    box = boxes["allowing"]
+    env = {**os.environ, "HOME": host.home}
+    subprocess.run([RELAY, "stop"], env=env, capture_output=True, check=True)
+    try:
+        started = time.monotonic()
+        _rc, out = in_box(box, "curl -sS -D - http://pypi.org/simple/six/; "
+                              "curl -sS -o /dev/null https://pypi.org/simple/six/; echo rc=$?")
+        assert time.monotonic() - started < 30, out
+        assert "503 agentbox egress gateway not reachable: start it on the host" in out, out
+        assert "ansible-playbook playbooks/relay.yml (or scripts/agentbox-relay start)" in out
+        assert "rc=0" not in out  # https through the tunnel fails too: no fallback to a direct connection
+    finally:
+        subprocess.run([RELAY, "start"], env=env, capture_output=True, check=True)
+    deadline = time.monotonic() + 30
+    while True:  # the started relay binds the box's gateway socket again from its registration
+        _rc, out = in_box(box, "curl -sS -o /dev/null -w '%{http_code}' https://pypi.org/simple/six/")
+        if out == "200" or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert out == "200", out
 
 
 def test_pip_installs_from_pypi_through_the_gateway_and_again_after_a_restart(
@@ -171,7 +231,9 @@ def test_a_bad_policy_is_refused_at_create_with_what_to_write_and_nothing_made(h
     workspace = make_repo(tmp_path / "ws")
     name = f"eg-{secrets.token_hex(3)}"
     for options, said in (({"egress": "opne"}, "'opne' is not a policy (did you mean open?)"),
-                          ({"egress_allow": ["https://github.com/org/repo"]}, "is a URL, not a host name: write github.com")):
+                          ({"egress_allow": ["https://github.com/org/repo"]}, "is a URL, not a host name: write github.com"),
+                          ({"egress_allow": ["-example.com"]}, "is not on it: write one of pypi.org"),
+                          ({"egress_allow": ["-api.anthropic.com"]}, "remove -api.anthropic.com from egress_allow")):
         refused = host.module({"name": name, "workspace": str(workspace), **options})
         assert refused["failed"] and said in refused["msg"], refused.get("msg")
     assert docker.from_env().containers.list(all=True, filters={"name": f"agentbox-{name}"}) == []
