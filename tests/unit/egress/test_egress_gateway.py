@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from ansible_collections.agentbox.box.plugins.module_utils.egress import _egress_gateway
+from ansible_collections.agentbox.box.plugins.module_utils.egress import _egress_credentials, _egress_gateway
 from ansible_collections.agentbox.box.plugins.module_utils.egress._egress_policy import parse_policy
 from ansible_collections.agentbox.box.plugins.module_utils.relay import _relay_state
 from tests.unit.egress.egress_support import CHUNK, Registry, Running, wait_audit
@@ -276,3 +276,56 @@ def test_the_relays_registrations_give_each_local_box_a_gateway_socket(running: 
     _relay_state.forget_box("0badc0de")
     running.run(running.gateway.sync(_relay_state.registered_boxes()))
     assert running.gateway.boxes == {}
+
+
+def api_request(path: str, url: str, headers: dict[str, str]) -> http.client.HTTPResponse:
+    """What the agent in a box sends to its base URL at the gateway (origin form, through the forwarder)."""
+    connection = http.client.HTTPConnection("127.0.0.1", 3128)
+    connection.sock = connect(path)
+    connection.request("GET", url, headers=headers)
+    return connection.getresponse()
+
+
+def test_the_api_endpoint_adds_the_hosts_key_in_place_of_the_boxs_placeholder(running: Running) -> None:
+    """Credential injection (docs/egress.md): the box sends the placeholder, the upstream sees the host's key,
+    which only the host's file holds; a box the host wrote nothing for is told how to start its agent."""
+    box = running.box("agent", parse_policy())
+    key = "sk-ant-host-only-0123456789"
+    env, files, kind = _egress_credentials.keep_on_host(
+        "id-agent", "claude", {"ANTHROPIC_API_KEY": key, "ANTHROPIC_MODEL": "m"}, {".claude/.credentials.json": "{}"})
+    assert kind == "ANTHROPIC_API_KEY" and files == {} and key not in json.dumps(env)
+    assert env == {"ANTHROPIC_MODEL": "m", "ANTHROPIC_BASE_URL": "http://127.0.0.1:3128/anthropic",
+                   "ANTHROPIC_API_KEY": _egress_credentials.PLACEHOLDER}
+    assert stat.S_IMODE(os.stat(_egress_credentials.credentials_file("id-agent")).st_mode) == 0o600
+    running.gateway.environ["AGENTBOX_GATEWAY_UPSTREAM_ANTHROPIC"] = f"http://127.0.0.1:{running.port}"
+    answer = api_request(box, "/anthropic/echo?beta=true", {"x-api-key": env["ANTHROPIC_API_KEY"],
+                                                            "anthropic-beta": "a,b"})
+    assert answer.status == 200
+    seen = json.loads(answer.read())
+    assert seen["path"] == "/echo?beta=true"
+    assert seen["headers"]["x-api-key"] == key and seen["headers"]["Host"] == f"127.0.0.1:{running.port}"
+    assert seen["headers"]["anthropic-beta"] == "a,b"
+    line = wait_audit(1)[-1]
+    assert line["host"] == "127.0.0.1" and line["decision"] == "allowed" and key not in json.dumps(line)
+    assert line["reason"].endswith("ANTHROPIC_API_KEY added")
+    nothing = running.box("bare", parse_policy())
+    refused = api_request(nothing, "/anthropic/v1/messages", {})
+    assert refused.status == 403 and b"start the agent from the host" in refused.read()
+    assert api_request(box, "/elsewhere", {}).status == 400
+
+
+def test_the_api_endpoint_keeps_to_the_boxs_policy_and_a_sign_in_token_goes_as_a_bearer(running: Running) -> None:
+    sealed = running.box("sealed", parse_policy("none"))
+    signed_in = json.dumps({"claudeAiOauth": {"accessToken": "sk-ant-oat-host", "refreshToken": "r"}})
+    _env, _files, kind = _egress_credentials.keep_on_host("id-sealed", "claude", {},
+                                                          {".claude/.credentials.json": signed_in})
+    assert kind == "~/.claude/.credentials.json"
+    assert _egress_credentials.read_credential("id-sealed", "anthropic")["headers"] == {
+        "authorization": "Bearer sk-ant-oat-host"}
+    refused = api_request(sealed, "/anthropic/v1/messages", {})
+    assert refused.status == 403 and b"may not reach api.anthropic.com:443 (egress: none)" in refused.read()
+    # A later run without any credential keeps what an earlier one wrote; the box's end takes the file away.
+    _egress_credentials.keep_on_host("id-sealed", "claude", {}, {})
+    assert _egress_credentials.read_credential("id-sealed", "anthropic")["kind"] == "~/.claude/.credentials.json"
+    _egress_credentials.forget("id-sealed")
+    assert _egress_credentials.read_credential("id-sealed", "anthropic") is None
