@@ -24,16 +24,24 @@ from urllib.parse import urlsplit
 from ..core._host_files import ensure_private_dir, write_atomic
 from ._egress_forwarder import PORT
 
-PLACEHOLDER = "sk-ant-agentbox-placeholder-the-host-gateway-adds-the-key"
+PLACEHOLDER = "sk-ant-agentbox-placeholder-the-host-gateway-adds-the-key"  # Claude Code's (APIS)
 # One entry per API the gateway carries credentials for: the path prefix of its in-box endpoint, the base
 # URL variable the agent honours, its vendor's URL, the relay environment variable that overrides it.
 APIS: dict[str, dict[str, str]] = {
     "anthropic": {"prefix": "/anthropic", "base_variable": "ANTHROPIC_BASE_URL",
-                  "upstream": "https://api.anthropic.com", "override": "AGENTBOX_GATEWAY_UPSTREAM_ANTHROPIC"},
+                  "upstream": "https://api.anthropic.com", "override": "AGENTBOX_GATEWAY_UPSTREAM_ANTHROPIC",
+                  "key_variable": "ANTHROPIC_API_KEY", "placeholder": "sk-ant-agentbox-placeholder-the-host-gateway-adds-the-key"},
+    # The base URL includes /v1 (OPENAI_BASE_URL's convention): the in-box one stands for all of it.
+    "openai": {"prefix": "/openai", "base_variable": "OPENAI_BASE_URL",
+               "upstream": "https://api.openai.com/v1", "override": "AGENTBOX_GATEWAY_UPSTREAM_OPENAI",
+               "key_variable": "OPENAI_API_KEY", "placeholder": "sk-agentbox-placeholder-the-host-gateway-adds-the-key"},
 }
-AGENT_APIS = {"claude": ("anthropic",)}  # the agents whose credentials go through the gateway
-# Variables that hold a credential of the Anthropic API: never sent into a box with a policy.
-ANTHROPIC_SECRETS = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN")
+# The agents whose credentials go through the gateway. Codex only with an API key: its ChatGPT sign-in
+# talks to another backend with tokens of its own, which keep today's tmpfs path.
+AGENT_APIS = {"claude": ("anthropic",), "codex": ("openai",)}
+# Variables that hold a credential of an API: never sent into a box with a policy.
+SECRETS = {"anthropic": ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN"),
+           "openai": ("OPENAI_API_KEY",)}
 OAUTH_BETA = "oauth-2025-04-20"  # the API takes a sign-in's access token with this beta flag
 
 
@@ -71,6 +79,15 @@ def anthropic_credential(env: Mapping[str, str], files: Mapping[str, str]) -> di
     return None
 
 
+def openai_credential(env: Mapping[str, str], _files: Mapping[str, str]) -> dict[str, Any] | None:
+    if env.get("OPENAI_API_KEY"):
+        return {"headers": {"authorization": f"Bearer {env['OPENAI_API_KEY']}"}, "kind": "OPENAI_API_KEY"}
+    return None
+
+
+CREDENTIAL_OF = {"anthropic": anthropic_credential, "openai": openai_credential}
+
+
 def upstream_of(env: Mapping[str, str], api: str) -> str:
     """The API's URL as the host user set it for the agent (an https base URL), else its vendor's."""
     given = env.get(APIS[api]["base_variable"], "").strip()
@@ -81,28 +98,37 @@ def keep_on_host(box_id: str, agent: str, env: dict[str, str], files: dict[str, 
                                                                                                 dict[str, str], str]:
     """For an agent in a box with a policy: write its credential to the host's file for the gateway and
     return (env, files) to send into the box instead (base URL at the gateway, a placeholder key, no
-    sign-in file) and what the gateway will use (a name, never a value)."""
-    if agent not in AGENT_APIS:
+    sign-in file) and what the gateway will use (a name, never a value). An agent the gateway carries no
+    credential for (Codex signed in to ChatGPT, OpenCode) gets what it got before."""
+    api = next(iter(AGENT_APIS.get(agent, ())), "")
+    credential = CREDENTIAL_OF[api](env, files) if api else None
+    if not api or (credential is None and api == "openai"):
         return env, files, ""
-    credential = anthropic_credential(env, files)
+    path = credentials_file(box_id)
+    record = read_credentials(path)
     # A run that finds none (a box started again from a shell without the key) keeps what an earlier one wrote.
-    if credential is not None or not os.path.exists(credentials_file(box_id)):
-        record = {"anthropic": {**(credential or {}), "upstream": upstream_of(env, "anthropic")}}
+    if credential is not None or api not in record:
+        record[api] = {**(credential or {}), "upstream": upstream_of(env, api)}
         ensure_private_dir(credentials_dir())
-        write_atomic(credentials_file(box_id), json.dumps(record, sort_keys=True) + "\n")
-    boxed = {key: value for key, value in env.items() if key not in ANTHROPIC_SECRETS}
-    boxed.update(ANTHROPIC_BASE_URL=in_box_base_url("anthropic"), ANTHROPIC_API_KEY=PLACEHOLDER)
-    return boxed, {}, (credential or {}).get("kind", "none (the gateway sends requests without a credential)")
+        write_atomic(path, json.dumps(record, sort_keys=True) + "\n")
+    spec = APIS[api]
+    boxed = {key: value for key, value in env.items() if key not in SECRETS[api]}
+    boxed.update({spec["base_variable"]: in_box_base_url(api), spec["key_variable"]: spec["placeholder"]})
+    return boxed, {}, (credential or record[api]).get("kind", "none (the gateway sends requests without a credential)")
+
+
+def read_credentials(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def read_credential(box_id: str, api: str) -> dict[str, Any] | None:
     """The gateway's read of what the host wrote for the box (None: nothing written)."""
-    try:
-        with open(credentials_file(box_id), encoding="utf-8") as handle:
-            data = json.load(handle)
-    except (OSError, ValueError):
-        return None
-    entry = data.get(api) if isinstance(data, dict) else None
+    entry = read_credentials(credentials_file(box_id)).get(api)
     return entry if isinstance(entry, dict) else None
 
 

@@ -329,3 +329,20 @@ def test_the_api_endpoint_keeps_to_the_boxs_policy_and_a_sign_in_token_goes_as_a
     assert _egress_credentials.read_credential("id-sealed", "anthropic")["kind"] == "~/.claude/.credentials.json"
     _egress_credentials.forget("id-sealed")
     assert _egress_credentials.read_credential("id-sealed", "anthropic") is None
+
+
+def test_codex_with_an_api_key_gets_it_added_as_a_bearer_on_the_openai_endpoint(running: Running) -> None:
+    box = running.box("codex", parse_policy())
+    env, files, kind = _egress_credentials.keep_on_host(
+        "id-codex", "codex", {"OPENAI_API_KEY": "sk-host-openai"}, {".codex/auth.json": '{"OPENAI_API_KEY": "x"}'})
+    assert kind == "OPENAI_API_KEY" and files == {}
+    assert env["OPENAI_BASE_URL"] == "http://127.0.0.1:3128/openai" and "sk-host-openai" not in json.dumps(env)
+    running.gateway.environ["AGENTBOX_GATEWAY_UPSTREAM_OPENAI"] = f"http://127.0.0.1:{running.port}/v1"
+    answer = api_request(box, "/openai/responses", {"authorization": f"Bearer {env['OPENAI_API_KEY']}"})
+    seen = json.loads(answer.read())
+    assert seen["path"] == "/v1/responses" and seen["headers"]["authorization"] == "Bearer sk-host-openai"
+    # Codex signed in to ChatGPT (no key) and OpenCode keep what they had: the gateway carries no such credential.
+    signed_in = {".codex/auth.json": '{"tokens": {}}'}
+    assert _egress_credentials.keep_on_host("id-other", "codex", {}, signed_in) == ({}, signed_in, "")
+    assert _egress_credentials.keep_on_host("id-other", "opencode", {"OPENAI_API_KEY": "k"}, {}) == (
+        {"OPENAI_API_KEY": "k"}, {}, "")
