@@ -8,9 +8,10 @@ writes the real credential to ~/.agentbox/gateway/credentials/<box id>.json (060
 directory) when it starts the agent; the gateway reads it for each request on that endpoint and adds it
 on the way to the API host over TLS. Nothing of it is sent into the box.
 
-The API's upstream is https://api.anthropic.com, or the host user's ANTHROPIC_BASE_URL when the agent
-was started with one (an https URL); AGENTBOX_GATEWAY_UPSTREAM_ANTHROPIC in the relay's own environment
-overrides both (the tests point it at a stand-in on 127.0.0.1): settings of the host, never of a box.
+An API's upstream is its vendor's (https://api.anthropic.com, https://api.openai.com/v1), or the host
+user's base URL variable when the agent was started with one (an https URL); AGENTBOX_GATEWAY_UPSTREAM_<API>
+in the relay's own environment overrides both (the tests point it at a stand-in on 127.0.0.1): settings
+of the host, never of a box.
 """
 
 from __future__ import annotations

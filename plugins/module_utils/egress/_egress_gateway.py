@@ -11,7 +11,9 @@ by the host in the box's registration) decides; a name is resolved on the host a
 is refused unless the user named that host in egress_allow, and the gateway connects to the address it
 checked (no second lookup a name's owner could answer differently). A refusal is an HTTP 403 whose
 reason phrase and body name the host and the setting to change. Every connection ends as one line of
-~/.agentbox/gateway/audit.jsonl.
+~/.agentbox/gateway/audit.jsonl. A request in origin form to an API prefix (/anthropic/..., /openai/...:
+the agent's base URL in the box) goes on to that API with the credential the host keeps for the box
+(_egress_credentials) in place of the box's placeholder.
 
 Bounds: a request head of at most 64 KiB within 30 s; at most `box_connections` connections per box
 at once, the rest wait in that box's own listen queue (in the kernel, no descriptor of the host's
