@@ -40,6 +40,7 @@ from urllib.parse import urlsplit
 from ..core._host_files import ensure_private_dir
 from ..relay import _relay_state
 from ._egress_credentials import APIS, forget, read_credential, upstream
+from ._egress_forwarder import PORT as FORWARDER_PORT
 from ._egress_policy import Decision, EgressError, EgressPolicy, denial_message, request_host
 
 LOG = logging.getLogger("agentbox-relay")
@@ -182,6 +183,9 @@ def parse_head(data: bytes) -> Head:
         if not colon or not name or name.strip() != name or any(c in name for c in " \t"):
             raise HeadError(f"the header line {line[:200]!r} is not a header")
         headers.append((name, value.strip()))
+    if method.upper() != "CONNECT" and target.lower().startswith(tuple(
+            f"http://{name}:{FORWARDER_PORT}/" for name in ("127.0.0.1", "localhost"))):
+        target = "/" + target.split("/", 3)[3]  # a client that sent its base URL through the proxy variables too
     if method.upper() != "CONNECT" and target.startswith("/"):
         for api, spec in APIS.items():
             if target == spec["prefix"] or target.startswith((spec["prefix"] + "/", spec["prefix"] + "?")):

@@ -312,6 +312,9 @@ def test_the_api_endpoint_adds_the_hosts_key_in_place_of_the_boxs_placeholder(ru
     refused = api_request(nothing, "/anthropic/v1/messages", {})
     assert refused.status == 403 and b"start the agent from the host" in refused.read()
     assert api_request(box, "/elsewhere", {}).status == 400
+    # A client that sends its base URL to the proxy (NO_PROXY not read) reaches the same endpoint.
+    through = api_request(box, "http://127.0.0.1:3128/anthropic/echo", {"x-api-key": "placeholder"})
+    assert json.loads(through.read())["headers"]["x-api-key"] == key
 
 
 def test_the_api_endpoint_keeps_to_the_boxs_policy_and_a_sign_in_token_goes_as_a_bearer(running: Running) -> None:
