@@ -7,12 +7,16 @@
 #   --userns-remap            root in a box is uid 100000+ on the host (agentbox-remap in /etc/subuid)
 #   own socket, data root, exec root, pid file, config file   (nothing shared with the user's engine)
 #   own bridge (agentbox0), --iptables=false, own iptables chains (AGENTBOX-*)   (docker0 untouched)
+#   a network for boxes with an egress policy (agentbox-egress, bridge agentbox1) whose traffic may not
+#     leave it nor reach this host, only answer connections the host opened (published ports): the
+#     box's one way out is the egress gateway's socket (docs/egress.md). Made after its rules, each run.
 #   --cgroup-parent /agentbox-boxes, and an OCI runtime that hands each box its own cgroup
 #     (scripts/agentbox-runc: Docker inside a box creates cgroups below its own, nowhere else)
 #
 # Environment:
 #   AGENTBOX_ENGINE            the box engine's address (default unix:///run/agentbox-engine/docker.sock)
 #   AGENTBOX_ENGINE_SUBNET     the boxes' bridge network (default 172.30.253.0/24)
+#   AGENTBOX_EGRESS_SUBNET     the egress network (default 172.30.252.0/24)
 #   AGENTBOX_ENGINE_LOG        the daemon's log (default /var/log/agentbox-engine.log)
 #   AGENTBOX_ENGINE_WAIT       seconds to wait for it (default 180)
 set -euo pipefail
@@ -30,10 +34,43 @@ log_file=${AGENTBOX_ENGINE_LOG:-/var/log/agentbox-engine.log}
 wait_seconds=${AGENTBOX_ENGINE_WAIT:-180}
 here=$(cd "$(dirname "$0")" && pwd)
 
+egress_network=agentbox-egress
+egress_bridge=agentbox1
+egress_subnet=${AGENTBOX_EGRESS_SUBNET:-172.30.252.0/24}
+
 engine_answers() { DOCKER_HOST=$socket docker info >/dev/null 2>&1; }
+
+chain() {  # chain TABLE NAME HOOK [TOOL]: make NAME (empty) and jump to it from HOOK once, first
+  local tool=${4:-iptables}
+  "$tool" -t "$1" -N "$2" 2>/dev/null || "$tool" -t "$1" -F "$2"
+  "$tool" -t "$1" -C "$3" -j "$2" 2>/dev/null || "$tool" -t "$1" -I "$3" 1 -j "$2"
+}
+
+# Boxes with an egress policy: nothing from their bridge is forwarded anywhere or taken by this host,
+# but the answers on connections the host opened (docker-proxy's, to a published port). Rules the box
+# cannot touch (its NET_ADMIN is its own namespace's); the rules first, then the network that says so.
+ensure_egress() {
+  local tool
+  for tool in iptables ip6tables; do
+    command -v "$tool" >/dev/null || continue
+    chain filter AGENTBOX-EGRESS-FORWARD FORWARD "$tool"
+    "$tool" -A AGENTBOX-EGRESS-FORWARD -i "$egress_bridge" -j DROP
+    "$tool" -A AGENTBOX-EGRESS-FORWARD -o "$egress_bridge" -j DROP
+    chain filter AGENTBOX-EGRESS-INPUT INPUT "$tool"
+    "$tool" -A AGENTBOX-EGRESS-INPUT -i "$egress_bridge" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
+    "$tool" -A AGENTBOX-EGRESS-INPUT -i "$egress_bridge" -j DROP
+  done
+  if ! DOCKER_HOST=$socket docker network inspect "$egress_network" >/dev/null 2>&1; then
+    DOCKER_HOST=$socket docker network create --driver bridge --subnet "$egress_subnet" \
+      -o com.docker.network.bridge.name="$egress_bridge" -o com.docker.network.bridge.enable_ip_masquerade=false \
+      --label agentbox.egress-enforced=1 "$egress_network" >/dev/null
+    say "made the egress network $egress_network ($egress_subnet on $egress_bridge)"
+  fi
+}
 
 if engine_answers; then
   say "box engine answers at $socket"
+  if [ "$(id -u)" = 0 ]; then ensure_egress; fi
   exit 0
 fi
 if [ "$(id -u)" != 0 ]; then
@@ -66,10 +103,6 @@ ip link set "$bridge" up
 # (The user's engine sets FORWARD's policy to DROP; its own chains are never touched.)
 # Written only when it is off: in a container /proc/sys is read-only, and it is often on already.
 [ "$(cat /proc/sys/net/ipv4/ip_forward)" = 1 ] || sysctl -q -w net.ipv4.ip_forward=1 >/dev/null
-chain() {  # chain TABLE NAME HOOK: make NAME (empty) and jump to it from HOOK once
-  iptables -t "$1" -N "$2" 2>/dev/null || iptables -t "$1" -F "$2"
-  iptables -t "$1" -C "$3" -j "$2" 2>/dev/null || iptables -t "$1" -I "$3" 1 -j "$2"
-}
 chain filter AGENTBOX-FORWARD FORWARD
 iptables -A AGENTBOX-FORWARD -o "$bridge" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
 iptables -A AGENTBOX-FORWARD -i "$bridge" ! -o "$bridge" -j ACCEPT
@@ -122,6 +155,7 @@ else
 fi
 for _ in $(seq "$wait_seconds"); do
   if engine_answers; then
+    ensure_egress
     say "box engine answers at $socket (user namespaces: $(DOCKER_HOST=$socket docker info --format '{{.DockerRootDir}}'))"
     exit 0
   fi

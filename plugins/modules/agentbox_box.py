@@ -137,6 +137,23 @@ options:
     type: list
     elements: str
     default: []
+  egress:
+    description:
+      - The new box's egress policy (see C(docs/egress.md)). Given (or O(egress_allow) given), the box's only way
+        out is the host's egress gateway, which lets it reach what the policy allows and logs each connection in
+        C(~/.agentbox/gateway/audit.jsonl); its direct traffic is dropped outside the box.
+      - V(allowlist) (the default list of package registries, source hosts and agent APIs, plus O(egress_allow)),
+        V(open) (any public host, logged), V(none) (nothing).
+      - Left out with O(egress_allow), the box keeps the open network of boxes made before the gateway (for now).
+      - Local engine (O(provider=docker)) only, on the box engine; refused elsewhere.
+    type: str
+  egress_allow:
+    description:
+      - Host names, IP addresses and C(*.) wildcards the box may reach besides the default list (O(egress=allowlist)),
+        or at a private address (any O(egress)). Implies O(egress=allowlist) when O(egress) is left out.
+      - C(-) and a host of the default list (C(-registry.npmjs.org)) takes that host off it (refused in any O(egress)).
+    type: list
+    elements: str
   ssh_include:
     description:
       - The user's answer about C(Include ~/.agentbox/ssh_config) at the top of C(~/.ssh/config) (plain

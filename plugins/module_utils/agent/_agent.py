@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from ..core._box_tmpfs import TMPFS_DIR_FUNCTION
 from ..core._provider import BOX_TEXT_LIMIT, BoxFacts, OutputTooLarge, Provider, ProviderError, too_large
+from ..egress import _egress_credentials
 from ..git import _git
 
 AGENTS = ("claude", "codex", "opencode")
@@ -256,6 +257,18 @@ def _call(provider: Provider, box: str, argv: list[str], request: dict[str, Any]
     return answer
 
 
+def boxed_credentials(facts: BoxFacts, agent: str, credentials: Credentials) -> tuple[dict[str, Any], str]:
+    """What of the credentials goes into the box: all of them (on its tmpfs), or, in a box with an egress
+    policy, none: the host keeps them for the gateway, the agent gets its base URL at the gateway's in-box
+    endpoint and a placeholder key (docs/egress.md). Also which credential the gateway will use ("" when
+    it uses none)."""
+    request = credentials.request()
+    if not facts.labels.get("egress") or agent not in _egress_credentials.AGENT_APIS:
+        return request, ""
+    env, files, kind = _egress_credentials.keep_on_host(facts.id, agent, credentials.env, credentials.files)
+    return {**request, "env": env, "files": files}, kind
+
+
 def start(
     provider: Provider,
     facts: BoxFacts,
@@ -276,7 +289,7 @@ def start(
         "args": args,
         "skip_permissions": skip_permissions,
         "git": git_identity(facts.workspace) if os.path.isdir(facts.workspace or "") else {},
-        **credentials.request(),
+        **boxed_credentials(facts, agent, credentials)[0],
     }
     _run_dir_on_tmpfs(provider, facts.name, "starting the agent")
     return _call(provider, facts.name, ["start"], request, "starting the agent")
@@ -288,7 +301,8 @@ def stop(provider: Provider, facts: BoxFacts, session: str) -> dict[str, Any]:
 
 def resume(provider: Provider, facts: BoxFacts) -> dict[str, Any] | None:
     """After a box start or a restore: the sessions that were started run again, resuming."""
-    request = {"credentials": {agent: {**collect_credentials(agent).request(), "git": {}} for agent in AGENTS}}
+    request = {"credentials": {agent: {**boxed_credentials(facts, agent, collect_credentials(agent))[0], "git": {}}
+                               for agent in AGENTS}}
     if facts.workspace and os.path.isdir(facts.workspace):
         identity = git_identity(facts.workspace)
         for entry in request["credentials"].values():

@@ -29,6 +29,8 @@ from ..core._provider import (
     exec_deadline,
     worktree_records,
 )
+from ..egress import _egress_forwarder
+from ..egress._egress_policy import EgressPolicy
 from ..git import _carry_env, _git, _gitlayer, _seed
 from ..relay import _relay_state
 from . import _rollback
@@ -62,6 +64,7 @@ class CreateRequest:
     journal: _journal.Journal | None = None  # the caller's claimed journal (else create claims one)
     with_env: bool = False  # the ignored .env* files too, onto the box's tmpfs (_carry_env)
     carry_ignored: list[str] = dataclasses.field(default_factory=list)  # more ignored files, by glob
+    egress: EgressPolicy | None = None  # through the host's gateway only (docs/egress.md); None: the open network
 
 
 @dataclasses.dataclass
@@ -112,7 +115,11 @@ def create_box(provider: Provider, request: CreateRequest) -> Created:
     _preflight.check_workspace_path(workspace)
     name, box_id = resolve_name(request.name, workspace)
     check_name_fits(provider, name)
-    provider.check_can_create(name)  # before an image is sent or anything made
+    if request.egress is not None and provider.relay_channel != "socket":
+        raise BoxError(f"egress: the egress gateway serves boxes on this machine's engine only, not {provider.name} "
+                       f"on {provider.engine} (yet): create the box without egress and egress_allow",
+                       box=name, operation="create")
+    provider.check_can_create(name, egress=request.egress is not None)  # before an image is sent or anything made
     project = _naming.project_id(workspace)
     _preflight.check_not_bare(workspace)
     repos = _git.find_repos(workspace)
@@ -227,6 +234,8 @@ def _create_claimed(
         labels[_naming.label("image")] = image  # the name it was made from (a listing shows only the id)
         # Whether a seed record must exist once the create finished (labels cannot change later).
         labels[_naming.label("seed")] = "true" if (request.seed or restore is not None) else "false"
+        if request.egress is not None:
+            labels[_naming.label("egress")] = request.egress.mode  # set_state starts its forwarder again
         if repos:
             labels[_naming.label("base_commit")] = repos[0].head
             labels[_naming.label("base_branch")] = repos[0].head_branch or ""
@@ -242,10 +251,14 @@ def _create_claimed(
             resources=dict(request.resources),
             bind_paths=_gitlayer.layer_paths([plan.common_dir for plan in plans]),
             secrets=dict(request.secrets),
+            egress=request.egress is not None,
         )
+        if request.egress is not None:
+            spec.env.update(_egress_forwarder.box_environment())  # no secret in them: the container's own
         journal.write(stage="creating")
         # The host relay serves the box (docs/relay.md): a socket directory to bind, or none; it starts if need be.
-        spec.mounts.update(_relay_state.attach_box(provider, name, box_id))
+        egress = request.egress.record() if request.egress is not None else None
+        spec.mounts.update(_relay_state.attach_box(provider, name, box_id, egress))
         facts = provider.create(spec)
         journal.write(stage="seeding")
         _journal.pause_point("created")
@@ -253,6 +266,10 @@ def _create_claimed(
         # come up as seeding takes: start it now, in the background. Both are root shell commands,
         # run in the worktree seed's own exec when there is one (one exec less each), else alone.
         before = [_gitlayer.prepare_command(spec.bind_paths)] if spec.bind_paths else []
+        if request.egress is not None:
+            before.append(_egress_forwarder.setup_command())  # before anything in the box reaches out
+        elif restore is not None:
+            before.append(_egress_forwarder.clear_command())
         if request.boot:
             before.append(early_boot_command())
         # The SSH access's box side rides in an exec the create makes anyway: the boot's, else a
@@ -390,6 +407,13 @@ def seed_existing(provider: Provider, facts: BoxFacts) -> tuple[bool, dict[str, 
     return True, result.to_dict()
 
 
+def start_egress(provider: Provider, facts: BoxFacts) -> None:
+    """A box with an egress policy lost its forwarder with its processes: start it again (docs/egress.md)."""
+    if facts.labels.get("egress"):
+        provider.exec(facts.name, ["sh", "-c", _egress_forwarder.setup_command()], user="root").check(
+            "starting the egress forwarder", facts.name)
+
+
 def early_boot_command() -> str:
     """The in-box start sequence without the supervisor, detached (a root shell command); boot_box completes it."""
     return f"command -v {BOOT_COMMAND} >/dev/null 2>&1 && ({BOOT_COMMAND} --no-supervisor >/dev/null 2>&1 &); true"
@@ -516,6 +540,7 @@ def set_state(provider: Provider, facts: BoxFacts, state: str, boot: bool = True
             return resumed
         if facts.state == "stopped":
             provider.start(facts.name)
+            start_egress(provider, facts)
             if boot:
                 boot_box(provider, facts.name)
             started = provider.find(facts.name) or facts
@@ -546,6 +571,7 @@ def set_state(provider: Provider, facts: BoxFacts, state: str, boot: bool = True
     if state == "paused":
         if facts.state == "stopped":
             provider.start(facts.name)
+            start_egress(provider, facts)
             if boot:
                 boot_box(provider, facts.name)
             refresh_access(provider, facts)

@@ -143,6 +143,8 @@ class BoxSpec:
     mounts: dict[str, str] = dataclasses.field(default_factory=dict)
     # Per-box secrets: written to a tmpfs in the box (/run/agentbox/secrets), never in env/labels.
     secrets: dict[str, str] = dataclasses.field(default_factory=dict)
+    # The box has an egress policy: its only way out is the host's gateway (docs/egress.md).
+    egress: bool = False
 
     def box_env(self) -> dict[str, str]:
         """The box's environment: who it is and where its workspace lives, then the user's own variables."""
@@ -408,9 +410,10 @@ class Provider(abc.ABC):
         its API key from its own environment."""
         return {}
 
-    def check_can_create(self, name: str) -> None:  # noqa: B027 - optional hook: most providers can always
+    def check_can_create(self, name: str, egress: bool = False) -> None:  # noqa: B027 - optional hook: most providers can always
         """Refuse, before anything is made or sent, a box this provider cannot make as asked (a Docker
-        engine where root in the box would be root on its host, unless isolation none was asked for)."""
+        engine where root in the box would be root on its host, unless isolation none was asked for; `egress`:
+        a box with an egress policy, on a network whose only way out is the host's gateway)."""
 
     def close(self) -> None:  # noqa: B027 - optional hook: most providers hold nothing to release
         """Release connections. Safe to call twice."""

@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import inspect
+import shlex
 import sys
 
 PORT = 3128  # the forwarder's port on the box's loopback
@@ -24,6 +26,10 @@ CONNECT_TIMEOUT = 5.0
 HEAD_TIMEOUT = 2.0  # waited for the head of a request the forwarder can only refuse
 START_HINT = "ansible-playbook playbooks/relay.yml (or scripts/agentbox-relay start)"
 LOOPBACK_NAMES = "localhost,127.0.0.1,::1"
+LOG = "/run/agentbox/egress-forwarder.log"  # on the box's tmpfs
+APT_FILE = "/etc/apt/apt.conf.d/80agentbox-egress"  # apt as root (sudo drops the variables)
+SUDO_FILE = "/etc/sudoers.d/agentbox-egress"  # sudo keeps the proxy variables
+PROFILE_FILE = "/etc/profile.d/agentbox-egress.sh"  # SSH logins, whose environment is sshd's, not the container's
 
 
 def box_environment(port: int = PORT, no_proxy: str = "") -> dict[str, str]:
@@ -33,6 +39,31 @@ def box_environment(port: int = PORT, no_proxy: str = "") -> dict[str, str]:
     exempt = ",".join(part for part in (LOOPBACK_NAMES, no_proxy) if part)
     values = {"http_proxy": proxy, "https_proxy": proxy, "no_proxy": exempt}
     return {**values, **{key.upper(): value for key, value in values.items()}}
+
+
+def setup_command(port: int = PORT, socket_path: str = GATEWAY_SOCKET) -> str:
+    """Root shell lines, run in the box at create and after each start: the proxy settings of the
+    programs that do not take the container's environment (apt, sudo, SSH logins), then the forwarder,
+    detached (a running one keeps the port: a second start fails to bind and ends). Nothing here goes
+    into the image: the box's own files, written by exec (docs/egress.md)."""
+    source = inspect.getsource(sys.modules[__name__])
+    proxy = f"http://127.0.0.1:{port}"
+    names = " ".join(sorted(box_environment(port)))
+    exports = "".join(f"export {key}={shlex.quote(value)}\n" for key, value in sorted(box_environment(port).items()))
+    apt = f'Acquire::http::Proxy "{proxy}";\nAcquire::https::Proxy "{proxy}";\n'
+    files = ((APT_FILE, "0644", apt), (SUDO_FILE, "0440", f'Defaults env_keep += "{names}"\n'),
+             (PROFILE_FILE, "0644", exports))
+    lines = [f"mkdir -p {shlex.quote(path.rsplit('/', 1)[0])} && printf %s {shlex.quote(text)} > {shlex.quote(path)} "
+             f"&& chmod {mode} {shlex.quote(path)}" for path, mode, text in files]
+    lines.append(f"(setsid python3 -c {shlex.quote(source)} --port {port} --socket {shlex.quote(socket_path)} "
+                 f">{LOG} 2>&1 </dev/null &)")
+    return "\n".join(lines)
+
+
+def clear_command() -> str:
+    """Root shell line that removes those settings: a box without a policy made from a checkpoint of a box
+    with one (the checkpoint holds its files) must not point its programs at a forwarder it does not run."""
+    return f"rm -f {APT_FILE} {SUDO_FILE} {PROFILE_FILE}"
 
 
 def unreachable(problem: str, socket_path: str) -> bytes:

@@ -11,7 +11,9 @@ by the host in the box's registration) decides; a name is resolved on the host a
 is refused unless the user named that host in egress_allow, and the gateway connects to the address it
 checked (no second lookup a name's owner could answer differently). A refusal is an HTTP 403 whose
 reason phrase and body name the host and the setting to change. Every connection ends as one line of
-~/.agentbox/gateway/audit.jsonl.
+~/.agentbox/gateway/audit.jsonl. A request in origin form to an API prefix (/anthropic/..., /openai/...:
+the agent's base URL in the box) goes on to that API with the credential the host keeps for the box
+(_egress_credentials) in place of the box's placeholder.
 
 Bounds: a request head of at most 64 KiB within 30 s; at most `box_connections` connections per box
 at once, the rest wait in that box's own listen queue (in the kernel, no descriptor of the host's
@@ -30,12 +32,15 @@ import logging
 import os
 import resource
 import socket
+import ssl
 from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
 from ..core._host_files import ensure_private_dir
 from ..relay import _relay_state
+from ._egress_credentials import APIS, forget, read_credential, upstream
+from ._egress_forwarder import PORT as FORWARDER_PORT
 from ._egress_policy import Decision, EgressError, EgressPolicy, denial_message, request_host
 
 LOG = logging.getLogger("agentbox-relay")
@@ -70,6 +75,7 @@ class Head:
     target: str  # origin form for a plain request ("/path?q"); "" for CONNECT
     version: str
     headers: list[tuple[str, str]]
+    api: str = ""  # an origin-form request to the in-box API endpoint (APIS): the host adds the credential
 
 
 def gateway_home() -> str:
@@ -110,6 +116,11 @@ def resolve_overrides(text: str | None) -> dict[str, str]:
 
 
 NAT64 = ipaddress.ip_network("64:ff9b::/96")
+# The documentation ranges (RFC 5737, RFC 3849): never a network's own services, and the address a test
+# network's transparent proxy answers every name at (this project's CI machine: 203.0.113.80). Python
+# counts them as private; the gateway counts them as public, as any host process reaching them does.
+DOCUMENTATION = tuple(ipaddress.ip_network(net) for net in
+                      ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32"))
 
 
 def is_public(text: str) -> bool:
@@ -122,6 +133,8 @@ def is_public(text: str) -> bool:
             embedded = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
         if embedded is not None and not embedded.is_global:
             return False
+    if any(address in net for net in DOCUMENTATION if net.version == address.version):
+        return True
     return address.is_global and not address.is_multicast
 
 
@@ -170,6 +183,16 @@ def parse_head(data: bytes) -> Head:
         if not colon or not name or name.strip() != name or any(c in name for c in " \t"):
             raise HeadError(f"the header line {line[:200]!r} is not a header")
         headers.append((name, value.strip()))
+    if method.upper() != "CONNECT" and target.lower().startswith(tuple(
+            f"http://{name}:{FORWARDER_PORT}/" for name in ("127.0.0.1", "localhost"))):
+        target = "/" + target.split("/", 3)[3]  # a client that sent its base URL through the proxy variables too
+    if method.upper() != "CONNECT" and target.startswith("/"):
+        for api, spec in APIS.items():
+            if target == spec["prefix"] or target.startswith((spec["prefix"] + "/", spec["prefix"] + "?")):
+                return Head(method.upper(), "", 0, target[len(spec["prefix"]):] or "/", version, headers, api=api)
+        raise HeadError(f"{method} {target[:200]!r}: the gateway's API endpoints are "
+                        f"{', '.join(spec['prefix'] for spec in APIS.values())}; anything else goes through "
+                        "HTTP_PROXY as an absolute http:// URL")
     if method.upper() == "CONNECT":
         host, port = split_host_port(target, None)
         path = ""
@@ -203,6 +226,24 @@ def forwarded_head(head: Head) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
+def api_head(head: Head, host: str, path: str, credential: Mapping[str, Any]) -> bytes:
+    """A request to the in-box API endpoint as the API host gets it: what the box sent as its credential
+    (the placeholder) dropped, the host's added."""
+    named = {value.strip().lower() for key, value in head.headers if key.lower() == "connection"
+             for value in value.split(",")}  # fmt: skip
+    dropped = HOP_HEADERS | named | {"host", "x-api-key", "authorization", "anthropic-beta"}
+    kept = [(key, value) for key, value in head.headers if key.lower() not in dropped]
+    betas = [b.strip() for key, value in head.headers if key.lower() == "anthropic-beta" for b in value.split(",")]
+    if credential.get("beta") and credential["beta"] not in betas:
+        betas.append(str(credential["beta"]))
+    if any(betas):
+        kept.append(("anthropic-beta", ",".join(b for b in betas if b)))
+    kept.insert(0, ("Host", host))
+    kept.extend((str(key), str(value)) for key, value in (credential.get("headers") or {}).items())
+    lines = [f"{head.method} {path} {head.version}", *(f"{k}: {v}" for k, v in kept), "Connection: close"]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
 def answer(status: int, phrase: str, body: str) -> bytes:
     data = (body + "\n").encode("utf-8")
     head = (f"HTTP/1.1 {status} {phrase}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {len(data)}"
@@ -232,6 +273,7 @@ class Gateway:
 
     def __init__(self, environ: Mapping[str, str] | None = None, box_connections: int | None = None) -> None:
         environ = os.environ if environ is None else environ
+        self.environ = dict(environ)
         self.overrides = resolve_overrides(environ.get("AGENTBOX_GATEWAY_RESOLVE"))
         given = environ.get("AGENTBOX_GATEWAY_BOX_CONNECTIONS", "")
         self.box_connections = box_connections or (int(given) if given.isdigit() and int(given) > 0 else BOX_CONNECTIONS)
@@ -247,6 +289,7 @@ class Gateway:
         egress policy (made with one); close those of boxes gone; take up a policy the host recorded anew."""
         for box_id in [b for b in self.boxes if "egress" not in registrations.get(b, {})]:
             self.close_box(box_id)
+            forget(box_id)  # the box is gone (or holds no policy): its agent's credential goes with it
         for box_id, registration in registrations.items():
             if _relay_state.channel_of(dict(registration)) != "socket" or "egress" not in registration:
                 continue
@@ -338,6 +381,9 @@ class Gateway:
             return
         except (asyncio.IncompleteReadError, TimeoutError):
             return  # nothing asked: nothing to audit
+        if head.api:
+            await self._api(gate, reader, writer, head, entry)
+            return
         entry.update(host=head.host, port=head.port)
         decision, addresses = gate.policy.decide(head.host), []
         if decision.allowed:
@@ -369,6 +415,49 @@ class Gateway:
         finally:
             upstream_writer.close()
 
+    async def _api(self, gate: BoxGate, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, head: Head,
+                   entry: dict[str, Any]) -> None:
+        """A request to the in-box API endpoint: on to the API host with the credential the host wrote for
+        the box (_egress_credentials), under the box's policy; an upstream the relay's environment sets
+        (tests) is the host's own choice, reached wherever it is."""
+        credential = read_credential(gate.box_id, head.api)  # one small file per request: a new key applies at once
+        if credential is None:
+            entry.update(host=head.api)
+            message = (f"agentbox egress gateway: the host keeps no {head.api} credential for box {gate.name}: start "
+                       "the agent from the host (ansible-playbook playbooks/agent.yml), which gives it to the gateway")
+            await self._refuse(writer, entry, 403, message, "no credential on the host")
+            return
+        overridden = bool(self.environ.get(APIS[head.api]["override"]))
+        url = urlsplit(upstream(credential, head.api, self.environ))
+        host = request_host(url.hostname or "") or ""
+        port = url.port or (443 if url.scheme == "https" else 80)
+        entry.update(host=host, port=port)
+        target = Head("CONNECT", host, port, "", head.version, [])
+        decision = Decision(True, f"{APIS[head.api]['override']} (the relay's environment)") if overridden \
+            else gate.policy.decide(host)
+        addresses = [url.hostname or host] if overridden else []
+        if decision.allowed and not overridden:
+            decision, addresses = await self._addresses(gate, target, decision)
+        if not decision.allowed:
+            await self._refuse(writer, entry, 403, denial_message(gate.name, host, port, decision), decision.reason)
+            return
+        entry.update(decision="allowed", reason=f"{decision.reason}; {credential.get('kind', 'no credential')} added")
+        try:
+            upstream_reader, upstream_writer = await self._open(addresses, port, host if url.scheme == "https" else None)
+        except (OSError, TimeoutError, ssl.SSLError) as exc:
+            entry["reason"] += f"; not connected: {exc or 'timed out'}"
+            message = f"agentbox egress gateway: the {head.api} API at {host}:{port} is not reached from the host: {exc}"
+            await self._send(writer, answer(502, PHRASES[502], message))
+            return
+        try:
+            name = f"[{host}]" if ":" in host else host
+            first = api_head(head, name if port == (443 if url.scheme == "https" else 80) else f"{name}:{port}",
+                             url.path.rstrip("/") + head.target, credential)
+            await self._send(upstream_writer, first)
+            await self._pump(reader, writer, upstream_reader, upstream_writer, entry)
+        finally:
+            upstream_writer.close()
+
     async def _addresses(self, gate: BoxGate, head: Head, decision: Decision) -> tuple[Decision, list[str]]:
         """The addresses to connect to: the override, or the name's addresses from DNS; only public ones
         unless the user named the host (egress_allow) or overrode it."""
@@ -389,11 +478,15 @@ class Gateway:
         return decision, public
 
     @staticmethod
-    async def _open(addresses: Iterable[str], port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def _open(addresses: Iterable[str], port: int, tls_host: str | None = None
+                    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A connection to the first address that answers; TLS to `tls_host` (the host's trust store) when given."""
         failure: Exception = OSError("no address")
+        tls = {"ssl": ssl.create_default_context(), "server_hostname": tls_host} if tls_host else {}
         for address in addresses:
             try:
-                return await asyncio.wait_for(asyncio.open_connection(address, port, limit=CHUNK), CONNECT_TIMEOUT)
+                return await asyncio.wait_for(asyncio.open_connection(address, port, limit=CHUNK, **tls),
+                                              CONNECT_TIMEOUT)
             except (OSError, TimeoutError) as exc:
                 failure = exc
         raise failure

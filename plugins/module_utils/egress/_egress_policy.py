@@ -6,6 +6,7 @@
             open             any host with a public address (still audited)
             none             nothing
     egress_allow: [pypi.internal.example, "*.corp.example"]   host names and `*.` wildcards added
+                  ["-registry.npmjs.org"]                      `-` and a default host: taken off the default list
 
 Pure: parsing, the checks at create (unknown words, malformed patterns, a list that would block the
 agent's own API host), and the decision for one host. The gateway (_egress_gateway) resolves names and
@@ -70,7 +71,7 @@ class Decision:
 @dataclasses.dataclass(frozen=True)
 class EgressPolicy:
     mode: str = DEFAULT_MODE
-    allow: tuple[str, ...] = ()  # the user's entries, normalized (egress_allow)
+    allow: tuple[str, ...] = ()  # the user's entries, normalized (egress_allow); `-host` takes a default host off
 
     def record(self) -> dict[str, Any]:
         """What the host keeps of it (the relay's registration of the box): read back by from_record."""
@@ -88,6 +89,8 @@ class EgressPolicy:
         """Whether the box may reach `host` (normalized by request_host), and why: the audit's reason."""
         if self.mode == "none":
             return Decision(False, "egress: none")
+        if f"-{host}" in self.allow:
+            return Decision(False, f"egress_allow: -{host}")
         user = matching(host, self.allow)
         if user:
             return Decision(True, f"egress_allow: {user}", named=True)
@@ -102,6 +105,8 @@ def matching(host: str, patterns: Iterable[str]) -> str | None:
     """The first pattern that matches `host`: a name matches itself, `*.example.com` every name below
     example.com (not example.com itself)."""
     for pattern in patterns:
+        if pattern.startswith("-"):
+            continue  # a default host taken off, never a match
         if pattern.startswith("*."):
             if host.endswith(pattern[1:]) and len(host) > len(pattern) - 1:
                 return pattern
@@ -142,6 +147,13 @@ def normalize_pattern(entry: Any) -> str:
         raise EgressError(f"egress_allow: {entry!r} is not a host name: write names as strings, e.g. pypi.org")
     raw = entry.strip()
     shown = raw or repr(entry)
+    if raw.startswith("-"):
+        name = host_name(raw[1:])
+        if name not in DEFAULT_ALLOW:
+            raise EgressError(f"egress_allow: {shown!r}: a leading '-' takes a host of the default list off it, and "
+                              f"{raw[1:]!r} is not on it: write one of {', '.join(DEFAULT_ALLOW)} after the '-', "
+                              "or leave the entry out")
+        return f"-{name}"
     if "://" in raw or "/" in raw:
         parts = urlsplit(raw if "://" in raw else f"//{raw}")
         hint = f": write {parts.hostname}" if parts.hostname and host_name(parts.hostname) else ""
@@ -243,6 +255,11 @@ def check_agent_hosts(policy: EgressPolicy, environ: Mapping[str, str], agents: 
     if policy.mode != "allowlist":
         return
     missing = {host: why for host, why in agent_hosts(environ, agents).items() if not policy.decide(host).allowed}
+    taken_off = sorted(host for host in missing if f"-{host}" in policy.allow)
+    if taken_off:
+        raise EgressError(f"egress_allow takes the agent's own API host off the list ({', '.join(taken_off)}): "
+                          f"remove {', '.join('-' + host for host in taken_off)} from egress_allow, or use egress: "
+                          "none for a box with no network at all")
     if missing:
         hosts = ", ".join(sorted(missing))
         whys = "; ".join(f"{host}: {why}" for host, why in sorted(missing.items()))
@@ -262,6 +279,8 @@ def denial_message(box: str, host: str, port: int, decision: Decision) -> str:
     elif decision.reason.startswith("resolves to"):
         change = (f"add {host} to egress_allow (agentbox.yaml or the create option) to reach it at a private "
                   "address")
+    elif decision.reason.startswith("egress_allow: -"):
+        change = f"remove the entry -{host} from egress_allow (agentbox.yaml or the create option), then create the box again"
     else:
         change = (f"add it to egress_allow in agentbox.yaml (egress_allow: [{host}]) or the create option "
                   f"egress_allow, then create the box again; or set egress: open")

@@ -430,19 +430,20 @@ def notify(box_id: str) -> bool:
     return True
 
 
-def attach_box(provider: Any, name: str, box_id: str) -> dict[str, str]:
+def attach_box(provider: Any, name: str, box_id: str, egress: dict[str, Any] | None = None) -> dict[str, str]:
     """At create: register the box, make sure a relay serves it; {host dir: path in the box} to bind.
 
     Local engine: a socket directory bound into the box. Remote engine (docker_ssh): no bind; the
     relay opens a channel over the engine's SSH connection (_relay_tunnel). Daytona and boxd: the
     relay polls a queue in the box through their exec (_relay_poll).
+    `egress`: the box's egress policy record, for the gateway (docs/egress.md); None: the box has none.
     Creating a box never fails for the relay's sake: when the relay cannot be started here (the
     collection runs from a module's zip), the box's commands say how to start it, and a relay
     started later serves the box (it scans the registrations).
     """
     options = provider.reopen_options()  # no secret: the relay reads API keys from its own environment
     try:
-        directory = register_box(name, box_id, provider.name, provider.engine, options, provider.relay_channel)
+        directory = register_box(name, box_id, provider.name, provider.engine, options, provider.relay_channel, egress)
     except RelayError:
         return {}  # a HOME too long for a unix socket path: the box is made without a relay channel
     if not notify(box_id) and code_root() is not None:

@@ -14,6 +14,7 @@ from typing import Any
 from ..access._access import answer_include, include_hint, include_present, ssh_command
 from ..box import _box, _rollback
 from ..core import _journal, _naming
+from ..egress._egress_policy import EgressPolicy, parse_policy
 from ..git import _git, _gitlayer, _seed
 from ..providers import _registry
 from ..providers._module import PROVIDER_ARGUMENT_SPEC, provider_from_params
@@ -44,10 +45,20 @@ BOX_ARGUMENT_SPEC: dict[str, Any] = {
     "keep_checkpoints": {"type": "bool", "default": False},
     "with_env": {"type": "bool", "default": False},
     "carry_ignored": {"type": "list", "elements": "str", "default": []},
+    "egress": {"type": "str"},
+    "egress_allow": {"type": "list", "elements": "str"},
     "ssh_include": {"type": "bool"},
     **_registry.PROVIDER_BOX_OPTIONS,
     **PROVIDER_ARGUMENT_SPEC,
 }
+
+
+def _egress(params: dict[str, Any]) -> EgressPolicy | None:
+    """The new box's egress policy (docs/egress.md); None when neither option is given: its network is open,
+    as before the gateway. ValueError says what to write instead."""
+    if params["egress"] is None and params["egress_allow"] is None:
+        return None
+    return parse_policy(params["egress"], params["egress_allow"], environ=os.environ)  # EgressError is a ValueError
 
 
 def _planned(name: str, workspace: str, image: str, provider: str, engine: str) -> dict:
@@ -183,6 +194,7 @@ def _run(
     elif existing is None:
         if state in ("stopped", "paused"):
             raise ValueError(f"no box called {name!r} on engine {provider.engine}: create it first (state=started)")
+        egress = _egress(params)  # refused before anything is made
         result["changed"] = True
         if check_mode:
             planned_name = name or _naming.default_box_name(workspace, "0" * 8)
@@ -208,6 +220,7 @@ def _run(
                     journal=journal,
                     with_env=params["with_env"],
                     carry_ignored=list(params["carry_ignored"]),
+                    egress=egress,
                 ),
             )
             carried = created.carried or {"files": [], "bytes": 0, "secret": []}

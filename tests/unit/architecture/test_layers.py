@@ -92,6 +92,7 @@ RANKS: dict[str, dict[str, int]] = {
         "_egress_forwarder": PURE,
         "_egress_policy": PURE,
         "_egress_gateway": HOST,
+        "_egress_credentials": HOST,
     },
     "module_utils/providers": {
         "_snapshot_store": PROVIDER,

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from ansible_collections.agentbox.box.plugins.module_utils.egress import _egress_gateway
+from ansible_collections.agentbox.box.plugins.module_utils.egress import _egress_credentials, _egress_gateway
 from ansible_collections.agentbox.box.plugins.module_utils.egress._egress_policy import parse_policy
 from ansible_collections.agentbox.box.plugins.module_utils.relay import _relay_state
 from tests.unit.egress.egress_support import CHUNK, Registry, Running, wait_audit
@@ -137,6 +137,20 @@ def test_a_private_address_is_refused_unless_the_user_named_the_host(running: Ru
     assert head.startswith(b"HTTP/1.1 200 ")
     assert get_through(client, "127.0.0.1", "/echo").status == 200
     assert wait_audit(len(targets) + 1)[-1]["reason"] == "egress_allow: 127.0.0.1"
+
+
+def test_the_gateway_reaches_a_registry_as_any_host_process_does(running: Running) -> None:
+    """The default list's registry, resolved on the host: this machine's network answers every name at a
+    transparent proxy in a documentation range (203.0.113.0/24), which Python calls private; the gateway
+    must connect there as curl on the host does (the allowed path in a box failed: pip found no versions)."""
+    box = running.box("pip", parse_policy())
+    client, head = tunnel(box, "registry.yarnpkg.com:443")  # not pointed at the stand-in
+    assert head.startswith(b"HTTP/1.1 200 "), head
+    client.close()
+    assert wait_audit(1)[-1]["reason"] == "default allow list"
+    assert _egress_gateway.is_public("203.0.113.80") and _egress_gateway.is_public("2001:db8::1")
+    for private in ("10.0.0.1", "192.168.1.1", "100.64.0.1", "169.254.169.254", "::ffff:10.0.0.1", "fd00::1"):
+        assert not _egress_gateway.is_public(private), private
 
 
 def test_an_allowed_host_that_does_not_answer_gets_a_502_at_once(running: Running) -> None:
@@ -262,3 +276,76 @@ def test_the_relays_registrations_give_each_local_box_a_gateway_socket(running: 
     _relay_state.forget_box("0badc0de")
     running.run(running.gateway.sync(_relay_state.registered_boxes()))
     assert running.gateway.boxes == {}
+
+
+def api_request(path: str, url: str, headers: dict[str, str]) -> http.client.HTTPResponse:
+    """What the agent in a box sends to its base URL at the gateway (origin form, through the forwarder)."""
+    connection = http.client.HTTPConnection("127.0.0.1", 3128)
+    connection.sock = connect(path)
+    connection.request("GET", url, headers=headers)
+    return connection.getresponse()
+
+
+def test_the_api_endpoint_adds_the_hosts_key_in_place_of_the_boxs_placeholder(running: Running) -> None:
+    """Credential injection (docs/egress.md): the box sends the placeholder, the upstream sees the host's key,
+    which only the host's file holds; a box the host wrote nothing for is told how to start its agent."""
+    box = running.box("agent", parse_policy())
+    key = "sk-ant-host-only-0123456789"
+    env, files, kind = _egress_credentials.keep_on_host(
+        "id-agent", "claude", {"ANTHROPIC_API_KEY": key, "ANTHROPIC_MODEL": "m"}, {".claude/.credentials.json": "{}"})
+    assert kind == "ANTHROPIC_API_KEY" and files == {} and key not in json.dumps(env)
+    assert env == {"ANTHROPIC_MODEL": "m", "ANTHROPIC_BASE_URL": "http://127.0.0.1:3128/anthropic",
+                   "ANTHROPIC_API_KEY": _egress_credentials.PLACEHOLDER}
+    assert stat.S_IMODE(os.stat(_egress_credentials.credentials_file("id-agent")).st_mode) == 0o600
+    running.gateway.environ["AGENTBOX_GATEWAY_UPSTREAM_ANTHROPIC"] = f"http://127.0.0.1:{running.port}"
+    answer = api_request(box, "/anthropic/echo?beta=true", {"x-api-key": env["ANTHROPIC_API_KEY"],
+                                                            "anthropic-beta": "a,b"})
+    assert answer.status == 200
+    seen = json.loads(answer.read())
+    assert seen["path"] == "/echo?beta=true"
+    assert seen["headers"]["x-api-key"] == key and seen["headers"]["Host"] == f"127.0.0.1:{running.port}"
+    assert seen["headers"]["anthropic-beta"] == "a,b"
+    line = wait_audit(1)[-1]
+    assert line["host"] == "127.0.0.1" and line["decision"] == "allowed" and key not in json.dumps(line)
+    assert line["reason"].endswith("ANTHROPIC_API_KEY added")
+    nothing = running.box("bare", parse_policy())
+    refused = api_request(nothing, "/anthropic/v1/messages", {})
+    assert refused.status == 403 and b"start the agent from the host" in refused.read()
+    assert api_request(box, "/elsewhere", {}).status == 400
+    # A client that sends its base URL to the proxy (NO_PROXY not read) reaches the same endpoint.
+    through = api_request(box, "http://127.0.0.1:3128/anthropic/echo", {"x-api-key": "placeholder"})
+    assert json.loads(through.read())["headers"]["x-api-key"] == key
+
+
+def test_the_api_endpoint_keeps_to_the_boxs_policy_and_a_sign_in_token_goes_as_a_bearer(running: Running) -> None:
+    sealed = running.box("sealed", parse_policy("none"))
+    signed_in = json.dumps({"claudeAiOauth": {"accessToken": "sk-ant-oat-host", "refreshToken": "r"}})
+    _env, _files, kind = _egress_credentials.keep_on_host("id-sealed", "claude", {},
+                                                          {".claude/.credentials.json": signed_in})
+    assert kind == "~/.claude/.credentials.json"
+    assert _egress_credentials.read_credential("id-sealed", "anthropic")["headers"] == {
+        "authorization": "Bearer sk-ant-oat-host"}
+    refused = api_request(sealed, "/anthropic/v1/messages", {})
+    assert refused.status == 403 and b"may not reach api.anthropic.com:443 (egress: none)" in refused.read()
+    # A later run without any credential keeps what an earlier one wrote; the box's end takes the file away.
+    _egress_credentials.keep_on_host("id-sealed", "claude", {}, {})
+    assert _egress_credentials.read_credential("id-sealed", "anthropic")["kind"] == "~/.claude/.credentials.json"
+    _egress_credentials.forget("id-sealed")
+    assert _egress_credentials.read_credential("id-sealed", "anthropic") is None
+
+
+def test_codex_with_an_api_key_gets_it_added_as_a_bearer_on_the_openai_endpoint(running: Running) -> None:
+    box = running.box("codex", parse_policy())
+    env, files, kind = _egress_credentials.keep_on_host(
+        "id-codex", "codex", {"OPENAI_API_KEY": "sk-host-openai"}, {".codex/auth.json": '{"OPENAI_API_KEY": "x"}'})
+    assert kind == "OPENAI_API_KEY" and files == {}
+    assert env["OPENAI_BASE_URL"] == "http://127.0.0.1:3128/openai" and "sk-host-openai" not in json.dumps(env)
+    running.gateway.environ["AGENTBOX_GATEWAY_UPSTREAM_OPENAI"] = f"http://127.0.0.1:{running.port}/v1"
+    answer = api_request(box, "/openai/responses", {"authorization": f"Bearer {env['OPENAI_API_KEY']}"})
+    seen = json.loads(answer.read())
+    assert seen["path"] == "/v1/responses" and seen["headers"]["authorization"] == "Bearer sk-host-openai"
+    # Codex signed in to ChatGPT (no key) and OpenCode keep what they had: the gateway carries no such credential.
+    signed_in = {".codex/auth.json": '{"tokens": {}}'}
+    assert _egress_credentials.keep_on_host("id-other", "codex", {}, signed_in) == ({}, signed_in, "")
+    assert _egress_credentials.keep_on_host("id-other", "opencode", {"OPENAI_API_KEY": "k"}, {}) == (
+        {"OPENAI_API_KEY": "k"}, {}, "")

@@ -53,6 +53,22 @@ def test_egress_allow_adds_names_and_wildcards_to_the_default_list() -> None:
             EgressPolicy.from_record(broken)
 
 
+def test_a_leading_minus_takes_a_host_off_the_default_list_and_a_refusal_says_which_entry() -> None:
+    policy = parse_policy("allowlist", ["-Registry.NPMjs.org", "pkg.corp.example"], environ={})
+    assert policy.allow == ("-registry.npmjs.org", "pkg.corp.example")
+    assert policy.decide("registry.npmjs.org") == Decision(False, "egress_allow: -registry.npmjs.org")
+    assert policy.decide("pypi.org").allowed and policy.decide("pkg.corp.example").allowed
+    assert EgressPolicy.from_record(policy.record()) == policy
+    message = denial_message("fix-login", "registry.npmjs.org", 443, policy.decide("registry.npmjs.org"))
+    assert "remove the entry -registry.npmjs.org from egress_allow" in message
+    assert not parse_policy("open", ["-pypi.org"]).decide("pypi.org").allowed
+    with pytest.raises(EgressError, match=r"'-example.com'.* is not on it: write one of pypi.org"):
+        parse_policy("allowlist", ["-example.com"])
+    with pytest.raises(EgressError, match=r"takes the agent's own API host off the list \(api.anthropic.com\): "
+                                          r"remove -api.anthropic.com from egress_allow"):
+        parse_policy("allowlist", ["-api.anthropic.com"], environ={}, agents=("claude",))
+
+
 @pytest.mark.parametrize(("egress", "says"), [
     ("opne", "did you mean open?"),
     ("allow", "did you mean allowlist?"),
@@ -75,7 +91,7 @@ def test_an_unknown_policy_word_is_refused_with_the_words_there_are(egress: obje
     ("*", "a wildcard is only `*.` at the start of a name: write *.example.com"),
     ("*.10.0.0.1", "is not a wildcard"),
     ("exa mple.com", "is not a host name"),
-    ("-bad.example", "is not a host name"),
+    ("-bad.example", "a leading '-' takes a host of the default list off it"),
     ("under_score.example", "is not a host name"),
     ("", "is not a host name"),
     (5, "is not a host name: write names as strings"),

@@ -89,6 +89,7 @@ def container_config(
     nano_cpus: int | None = None,
     pids_limit: int | None = None,
     proxies: list[str] | None = None,
+    network: str = "default",
 ) -> dict[str, Any]:
     """The create body of a detached container with a private cgroup namespace. `binds` are
     (source, path in the container, mode), `devices` (host path, container path, permissions),
@@ -102,7 +103,7 @@ def container_config(
             {"PathOnHost": host, "PathInContainer": inside, "CgroupPermissions": perms} for host, inside, perms in devices
         ],
         "ExtraHosts": [f"{host}:{address}" for host, address in extra_hosts.items()],
-        "NetworkMode": "default",
+        "NetworkMode": network,
         "PortBindings": {key: [{"HostIp": "127.0.0.1", "HostPort": ""}] for key in exposed},
         "SecurityOpt": list(security_opt),
         "Tmpfs": dict(tmpfs),

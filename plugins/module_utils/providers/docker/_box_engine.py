@@ -13,6 +13,7 @@ Note that this module_utils is PRIVATE to the collection: it can change at any t
 from __future__ import annotations
 
 import os
+from typing import Any
 
 ISOLATIONS = ("userns", "none")
 DEFAULT_ISOLATION = "userns"
@@ -21,6 +22,24 @@ BOX_ENGINE_SOCKET = "/run/agentbox-engine/docker.sock"
 START_HINT = "start it as root with scripts/ensure-box-engine.sh (scripts/up.sh does), or create with isolation=none"
 # A remote engine's box engine: the same daemon, set up there by playbooks/box_engine.yml (as root).
 REMOTE_BOX_ENGINE = f"unix://{BOX_ENGINE_SOCKET}"
+# The box engine's network of boxes with an egress policy (docs/egress.md): its bridge's traffic may not
+# leave it or reach the host (rules of scripts/ensure-box-engine.sh), only replies on connections the
+# host opened (published ports). Made by that script, as root, after the rules; the label says so.
+EGRESS_NETWORK = "agentbox-egress"
+EGRESS_BRIDGE = "agentbox1"
+EGRESS_LABEL = "agentbox.egress-enforced"
+
+
+def egress_network_problem(network: dict[str, Any] | None) -> str | None:
+    """Why a box with an egress policy cannot be put on `network` (the engine's inspect of EGRESS_NETWORK), or None."""
+    setup = "run scripts/ensure-box-engine.sh as root (it adds the rules that hold a box's traffic to the gateway)"
+    if network is None:
+        return f"the box engine has no network {EGRESS_NETWORK}: {setup}"
+    options = network.get("Options") or {}
+    if (network.get("Labels") or {}).get(EGRESS_LABEL) != "1" or options.get("com.docker.network.bridge.name") != EGRESS_BRIDGE:
+        return (f"the box engine's network {EGRESS_NETWORK} was not made by scripts/ensure-box-engine.sh (no "
+                f"{EGRESS_LABEL} label or another bridge than {EGRESS_BRIDGE}): remove it, then {setup}")
+    return None
 
 
 def remote_setup_hint(engine: str) -> str:

@@ -466,6 +466,8 @@ class DockerProvider(Provider):
         try:
             engine = self._calls()
             box_root = self._box_root_ids(engine, spec.name)
+            if spec.egress:
+                self._check_egress_network(engine, spec.name)  # again: never a box with a policy on an open network
             # Only a volume made here is removed on failure: one with this name may belong to a box
             # that another run is creating at this moment.
             # `volume create` of an existing name answers with that volume: it is ours only when it
@@ -497,7 +499,8 @@ class DockerProvider(Provider):
                 memory=resources.get("memory"),
                 nano_cpus=int(float(resources["cpus"]) * 1e9) if resources.get("cpus") else None,
                 pids_limit=resources.get("pids_limit"),
-                proxies=proxy_environment(),
+                proxies=[] if spec.egress else proxy_environment(),  # the gateway is its only way out
+                network=_box_engine.EGRESS_NETWORK if spec.egress else "default",
             )
             try:
                 container = engine.create_container(config, cname)
@@ -534,9 +537,22 @@ class DockerProvider(Provider):
                 raise ProviderError(str(exc), box=spec.name, operation="create") from exc
             raise
 
-    def check_can_create(self, name: str) -> None:
+    def check_can_create(self, name: str, egress: bool = False) -> None:
         with self._calling(name, "create") as engine:
             self._box_root_ids(engine, name)
+            if egress:
+                self._check_egress_network(engine, name)
+
+    def _check_egress_network(self, engine: EngineAPI | SDKEngine, name: str) -> None:
+        """A box with an egress policy goes only on the box engine's egress network (docs/egress.md)."""
+        if self._engine != "local" or self.isolation == "none":
+            raise ProviderError("an egress policy holds a box to the host's gateway on the local box engine only: "
+                                "create it without egress, or on the local engine without isolation=none",
+                                box=name, operation="create")
+        problem = _box_engine.egress_network_problem(engine.inspect_network(_box_engine.EGRESS_NETWORK))
+        if problem:
+            raise ProviderError(f"cannot hold the box's network to the egress gateway: {problem}", box=name,
+                                operation="create")
 
     def _box_root_ids(self, engine: EngineAPI | SDKEngine, name: str) -> tuple[int, int]:
         """The host (uid, gid) of root in a box of this engine; refuses an engine that does not remap

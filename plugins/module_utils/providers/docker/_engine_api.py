@@ -250,6 +250,9 @@ class EngineAPI:
     def remove_volume(self, name: str, *, force: bool = True) -> None:
         self._write("DELETE", f"/volumes/{_quote(name)}?force={int(force)}", ok=(204,))
 
+    def inspect_network(self, name: str) -> dict[str, Any] | None:
+        return self._found(f"/networks/{_quote(name)}")
+
     # -- exec -----------------------------------------------------------------------------------
     def exec(
         self,

@@ -111,6 +111,9 @@ class SDKEngine:
         with _errors():
             self._api.remove_volume(name, force=force)
 
+    def inspect_network(self, name: str) -> dict[str, Any] | None:
+        return _unless_missing(lambda: self._api.inspect_network(name))
+
     def info(self) -> dict[str, Any]:
         with _errors():
             return dict(self._api.info())
