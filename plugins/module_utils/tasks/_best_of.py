@@ -18,6 +18,7 @@ import threading
 import time
 from typing import Any
 
+from ..agent import _agent
 from ..core import _host_files
 from ..core._provider import Provider
 from ..providers._module import PROVIDER_ARGUMENT_SPEC, provider_from_params
@@ -174,6 +175,7 @@ def _one_run(run: dict[str, Any], params: dict[str, Any], workspace: str, task: 
     facts = provider.find(run["box"])
     if facts is None:
         raise RuntimeError("the box was gone right after its create")
+    base = _commit_carried(provider, run["box"], workspace)
     session = run["agent"] if run["command"] is None else "task"
     env = {**params.get("env", {}), **run["env"], "AGENTBOX_TASK": task}
     started = time.monotonic()
@@ -204,7 +206,21 @@ def _one_run(run: dict[str, Any], params: dict[str, Any], workspace: str, task: 
         run["reason"] = reason
     if state == "failed":
         return
-    _collect(provider, run, facts.labels.get("base_commit") or "", check, params["check_timeout"])
+    _collect(provider, run, base, check, params["check_timeout"])
+
+
+def _commit_carried(provider: Provider, box: str, workspace: str) -> str:
+    """The workspace's uncommitted work, carried into the box, committed on the box's branch before the agent
+    starts (as the host user), so each run's diff is the agent's alone; the commit the agent starts from."""
+    identity = _agent.git_identity(workspace)
+    name, email = identity.get("name") or "agentbox", identity.get("email") or "agentbox@localhost"
+    env = {"GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": email, "GIT_COMMITTER_NAME": name, "GIT_COMMITTER_EMAIL": email}
+    script = (
+        "git add -A && (git diff --cached --quiet || git commit -q --no-verify -m \"best_of: the workspace's "
+        'uncommitted work at the start") && git rev-parse HEAD'
+    )
+    done = provider.exec(box, ["bash", "-c", script], workdir="/workspace", env=env, timeout=120, limit=1 << 20)
+    return done.check("committing the carried-over work", box).text.strip()
 
 
 def _follow(provider: Provider, box: str, session: str, deadline: float, poll: float) -> tuple[str, str]:

@@ -24,6 +24,8 @@ _PYTEST = re.compile(
 )
 _JEST = re.compile(r"^Tests:\s+(?P<body>[^\n]*\btotal)\s*$", re.M)
 _COUNT = re.compile(r"(\d+) (passed|failed|errors?)\b")
+_UNITTEST_RAN = re.compile(r"^Ran (\d+) tests? in [\d.]+s\s*\n\s*\n(OK|FAILED \((?P<why>[^)\n]*)\))", re.M)
+_UNITTEST_BAD = re.compile(r"(?:failures|errors|unexpected successes)=(\d+)")
 _GO_PASS = re.compile(r"^\s*--- PASS: ", re.M)
 _GO_FAIL = re.compile(r"^\s*--- FAIL: ", re.M)
 _GO_OK_PKG = re.compile(r"^ok\s+\S+", re.M)
@@ -93,8 +95,13 @@ def default_check(project: Any) -> str | None:
 
 
 def test_counts(output: str) -> tuple[int | None, int | None]:
-    """(passed, failed) as pytest, jest or go test printed them; None where the output does not say."""
+    """(passed, failed) as pytest, jest, go test or Python's unittest printed them; None where the output
+    does not say."""
     text = output[-200_000:]
+    ran = list(_UNITTEST_RAN.finditer(text))
+    if ran:
+        failed = sum(int(n) for n in _UNITTEST_BAD.findall(ran[-1].group("why") or ""))
+        return int(ran[-1].group(1)) - failed, failed
     for pattern in (_PYTEST, _JEST):
         found = list(pattern.finditer(text))
         if found:

@@ -17,13 +17,15 @@ JEST_OUT = "PASS src/a.test.js\nFAIL src/b.test.js\n\nTest Suites: 1 failed, 1 p
 GO_OUT = "=== RUN   TestA\n--- PASS: TestA (0.00s)\n=== RUN   TestB\n--- FAIL: TestB (0.00s)\n    --- PASS: TestB/sub (0.00s)\nFAIL\nFAIL\texample.com/x\t0.01s\n"
 
 
-def test_test_counts_read_pytest_jest_and_go_test_output() -> None:
+def test_test_counts_read_pytest_jest_go_test_and_unittest_output() -> None:
     assert report.test_counts(PYTEST_OUT) == (3, 1)
     assert report.test_counts("== 2 failed, 4 passed, 1 error in 1.0s ==\n") == (4, 3)
     assert report.test_counts("============ 12 passed in 3.40s ============\n") == (12, 0)
     assert report.test_counts(JEST_OUT) == (7, 2)
     assert report.test_counts(GO_OUT) == (2, 1)
     assert report.test_counts("ok  \texample.com/x\t0.01s\nok  \texample.com/y\t0.02s\n") == (2, 0)
+    assert report.test_counts("..\n------\nRan 3 tests in 0.001s\n\nFAILED (failures=1, errors=1)\n") == (1, 2)
+    assert report.test_counts("test_add ... ok\n\n------\nRan 2 tests in 0.000s\n\nOK\n") == (2, 0)
     assert report.test_counts("make: all good\n") == (None, None)
 
 
