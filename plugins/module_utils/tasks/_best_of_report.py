@@ -219,6 +219,7 @@ def page(result: dict[str, Any]) -> str:
     for run in runs:
         stat = run.get("diff_stat") or {}
         rc = run.get("check_rc")
+        diff = f"+{stat.get('insertions', 0)} -{stat.get('deletions', 0)}" if stat else "-"
         check = "-" if rc is None else f'<span class="{"ok" if rc == 0 else "bad"}">{esc(str(rc))}</span>'
         rows.append(
             f'<tr class="run{" winner" if run.get("box") == winner else ""}" data-box="{esc(str(run.get("box")))}">'
@@ -229,8 +230,7 @@ def page(result: dict[str, Any]) -> str:
             f'<td class="num" data-field="check">{check}</td>'
             f'<td class="num" data-field="passed">{esc(_cell(run.get("tests_passed")))}</td>'
             f'<td class="num" data-field="failed">{esc(_cell(run.get("tests_failed")))}</td>'
-            f'<td class="num" data-field="diff">+{esc(str(stat.get("insertions", 0)))} '
-            f"-{esc(str(stat.get('deletions', 0)))}</td>"
+            f'<td class="num" data-field="diff">{esc(diff)}</td>'
             f'<td class="num" data-field="files">{len(run.get("files") or [])}</td>'
             f'<td class="num" data-field="seconds">{esc(_cell(run.get("seconds")))}</td>'
             f'<td class="num" data-field="tokens">{esc(_cell(run.get("tokens")))}</td>'

@@ -139,9 +139,9 @@ def test_best_of_five_runs_the_check_judges_adopt_brings_the_winner_and_keep_win
         assert result["winner"] == "claude" and result["winner_box"] == good["box"]
 
         # The table: one line per run, the winner starred.
-        lines = [line.split("ok: [localhost]")[-1] for line in out.splitlines()]
-        table = next(i for i, line in enumerate(lines) if re.search(r'"#\s+agent\s+box\s+state\s+check', line))
-        rows = [re.sub(r'^\s*"|",?$', "", line).split() for line in lines[table + 1 : table + 6]]
+        lines = [line.strip() for line in out.splitlines()]
+        table = next(i for i, line in enumerate(lines) if re.match(r"#\s+agent\s+box\s+state\s+check\s", line))
+        rows = [line.split() for line in lines[table + 1 : table + 6]]
         assert [row[:5] for row in rows] == [
             ["1*", "claude", good["box"], "done", "0"], ["2", "claude", bad["box"], "done", "1"],
             ["3", "claude", hung["box"], "timeout", "1"], ["4", "verbose", verbose["box"], "done", "0"],
@@ -206,7 +206,7 @@ def _page_in_chromium(page: Path, result: dict, tmp_path: Path) -> None:
             "check": "-" if run["check_rc"] is None else str(run["check_rc"]),
             "passed": "-" if run["tests_passed"] is None else str(run["tests_passed"]),
             "failed": "-" if run["tests_failed"] is None else str(run["tests_failed"]),
-            "diff": f"+{stat.get('insertions', 0)} -{stat.get('deletions', 0)}", "files": str(len(run["files"])),
+            "diff": f"+{stat['insertions']} -{stat['deletions']}" if stat else "-", "files": str(len(run["files"])),
             "seconds": str(run["seconds"]), "tokens": "-" if run["tokens"] is None else str(run["tokens"]),
             "reason": run.get("reason") or "-",
         }, (row, run)  # fmt: skip

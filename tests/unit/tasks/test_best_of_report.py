@@ -98,6 +98,7 @@ def test_table_and_page_show_every_field_and_escape_what_boxes_wrote() -> None:
     assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "&lt;b&gt;x&lt;/b&gt;" in html and '<tr class="run winner" data-box="bo-x-1">' in html
     assert '<span data-field="winner">winner: bo-x-1</span>' in html
+    assert '<td class="num" data-field="diff">+2 -0</td>' in html and '<td class="num" data-field="diff">-</td>' in html
 
 
 def test_the_module_refuses_bad_input_before_any_box(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
