@@ -54,7 +54,7 @@ def _project(root: Path) -> Path:
             for name, port, body in (("api-good", 8101, GOOD), ("api-bad", 8102, BAD))
         },
     }
-    repo = make_repo(root, {"README.md": "add two numbers\n", "test_calc.py": TESTS, "standin.py": STANDIN.read_text(),
+    repo = make_repo(root, {"README.md": "add two numbers\n", "test_calc.py": TESTS, ".gitignore": "__pycache__/\n", "standin.py": STANDIN.read_text(),
                             "agentbox.yaml": json.dumps(project, indent=2) + "\n"})  # fmt: skip
     git(repo, "config", "user.name", "Host Person")
     git(repo, "config", "user.email", "host.person@example.invalid")
