@@ -304,19 +304,21 @@ def _adopt(params: dict[str, Any], winner: dict[str, Any]) -> dict[str, Any]:
 
 
 def _clean_up(params: dict[str, Any], runs: list[dict[str, Any]], winner: dict[str, Any] | None) -> list[str]:
-    """keep=winner: every other box and its branch go; keep=none: every box goes (the winner's branch stays)."""
+    """keep=winner: every other box and its branch go; keep=none: every box goes, and the losers' branches when
+    there is a winner (with none, every branch stays: nothing was chosen, nothing of the work is lost)."""
     if params["keep"] == "all" or (params["keep"] == "winner" and winner is None):
         return []
     provider_options = {key: params.get(key) for key in PROVIDER_ARGUMENT_SPEC}
     removed = []
     for run in runs:
         is_winner = winner is not None and run["box"] == winner["box"]
+        loser = winner is not None and not is_winner
         if is_winner and params["keep"] == "winner":
             continue
         try:
             run_box_task(_defaults(BOX_ARGUMENT_SPEC, **provider_options, name=run["box"], state="absent",
-                                   workspace=params["workspace"], delete_branch=not is_winner,
-                                   fetch=is_winner), False)  # fmt: skip
+                                   workspace=params["workspace"], delete_branch=loser,
+                                   fetch=not loser), False)  # fmt: skip
             removed.append(run["box"])
         except Exception as exc:  # noqa: BLE001 - the others are still removed; this one is said
             run["reason"] = f"{run.get('reason') or ''} not removed: {exc}".strip()[:500]
