@@ -164,12 +164,12 @@ def _one_run(run: dict[str, Any], params: dict[str, Any], workspace: str, task: 
     provider_options = {key: params.get(key) for key in PROVIDER_ARGUMENT_SPEC}
     run["state"] = "creating"
     save()
-    created, _ = run_box_task(
+    created = run_box_task(
         _defaults(
             BOX_ARGUMENT_SPEC, **provider_options, name=run["box"], workspace=workspace, checkpoint=params.get("from")
         ),
         False,
-    )
+    )[0]
     run["branch"] = created["box"].get("branch")
     provider = _provider(params)
     facts = provider.find(run["box"])

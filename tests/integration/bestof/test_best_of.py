@@ -70,8 +70,7 @@ def _kill_when_working(world: World, run_index: int, deadline: float) -> str:
             runs = json.loads(result.read_text())["runs"]
             box = runs[run_index - 1]["box"]
             if runs[run_index - 1]["state"] == "working":
-                code, _ = world.sh(box, "grep -q working /run/agentbox/agents/task.history", user="root")
-                if code == 0:
+                if world.sh(box, "grep -q working /run/agentbox/agents/task.history", user="root")[0] == 0:
                     world.client.containers.get(f"agentbox-{box}").kill()
                     return box
         time.sleep(0.5)

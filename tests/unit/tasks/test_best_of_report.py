@@ -14,7 +14,10 @@ from tests.unit.support.inprocess import run_module_inprocess
 
 PYTEST_OUT = "collected 5 items\n\ntest_a.py ..F.s\n\n=========== 1 failed, 3 passed, 1 skipped in 0.12s ===========\n"
 JEST_OUT = "PASS src/a.test.js\nFAIL src/b.test.js\n\nTest Suites: 1 failed, 1 passed, 2 total\nTests:       2 failed, 7 passed, 9 total\n"
-GO_OUT = "=== RUN   TestA\n--- PASS: TestA (0.00s)\n=== RUN   TestB\n--- FAIL: TestB (0.00s)\n    --- PASS: TestB/sub (0.00s)\nFAIL\nFAIL\texample.com/x\t0.01s\n"
+GO_OUT = (
+    "=== RUN   TestA\n--- PASS: TestA (0.00s)\n=== RUN   TestB\n--- FAIL: TestB (0.00s)\n"
+    "    --- PASS: TestB/sub (0.00s)\nFAIL\nFAIL\texample.com/x\t0.01s\n"
+)
 
 
 def test_test_counts_read_pytest_jest_go_test_and_unittest_output() -> None:
