@@ -206,15 +206,25 @@ def _one_run(run: dict[str, Any], params: dict[str, Any], workspace: str, task: 
         run["reason"] = reason
     if state == "failed":
         return
-    _collect(provider, run, base, check, params["check_timeout"])
+    _collect(provider, run, base, check, params["check_timeout"], _git_identity_env(workspace))
+
+
+def _git_identity_env(workspace: str) -> dict[str, str]:
+    """The host user's git identity for the commits made in the box (a fallback name where it has none)."""
+    identity = _agent.git_identity(workspace)
+    name, email = identity.get("name") or "agentbox", identity.get("email") or "agentbox@localhost"
+    return {
+        "GIT_AUTHOR_NAME": name,
+        "GIT_AUTHOR_EMAIL": email,
+        "GIT_COMMITTER_NAME": name,
+        "GIT_COMMITTER_EMAIL": email,
+    }
 
 
 def _commit_carried(provider: Provider, box: str, workspace: str) -> str:
     """The workspace's uncommitted work, carried into the box, committed on the box's branch before the agent
     starts (as the host user), so each run's diff is the agent's alone; the commit the agent starts from."""
-    identity = _agent.git_identity(workspace)
-    name, email = identity.get("name") or "agentbox", identity.get("email") or "agentbox@localhost"
-    env = {"GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": email, "GIT_COMMITTER_NAME": name, "GIT_COMMITTER_EMAIL": email}
+    env = _git_identity_env(workspace)
     script = (
         "git add -A && (git diff --cached --quiet || git commit -q --no-verify -m \"best_of: the workspace's "
         'uncommitted work at the start") && git rev-parse HEAD'
@@ -249,12 +259,14 @@ def _follow(provider: Provider, box: str, session: str, deadline: float, poll: f
         time.sleep(min(poll, max(0.0, deadline - time.monotonic())) or 0.1)
 
 
-def _collect(provider: Provider, run: dict[str, Any], base: str, check: str, check_timeout: float) -> None:
+def _collect(
+    provider: Provider, run: dict[str, Any], base: str, check: str, check_timeout: float, identity: dict[str, str]
+) -> None:
     """Commit what the agent left on its branch, run the check, read the diff against the box's base."""
     box = run["box"]
     commit = (f'git add -A && (git diff --cached --quiet || git commit -q --no-verify -m "best_of: run {run["index"]} '
               f'({run["agent"]})")')  # fmt: skip
-    committed = provider.exec(box, ["bash", "-c", commit], workdir="/workspace", timeout=120, limit=1 << 20,
+    committed = provider.exec(box, ["bash", "-c", commit], workdir="/workspace", env=identity, timeout=120, limit=1 << 20,
                               what="commit of the run")  # fmt: skip
     if committed.rc != 0:
         run["reason"] = f"commit failed (exit {committed.rc}): {committed.stderr.decode('utf-8', 'replace')[-300:]}"
