@@ -130,7 +130,7 @@ def run_best_of(params: dict[str, Any], check_mode: bool) -> tuple[dict[str, Any
     warnings: list[str] = []
     winner = report.pick(runs, params["adopt"])
     if params["adopt"] and winner is None:
-        warnings.append("no run passed its check: nothing adopted, every box kept")
+        warnings.append("no run passed its check: nothing adopted, every branch kept")
     if winner is not None:
         result["winner"], result["winner_box"] = winner["agent"], winner["box"]
         result["adopted"] = _adopt(params, winner)
@@ -144,7 +144,8 @@ def run_best_of(params: dict[str, Any], check_mode: bool) -> tuple[dict[str, Any
 def _public(result: dict[str, Any]) -> dict[str, Any]:
     """The result without the diffs' text (those go to the page) and without the agents' env."""
     out = dict(result)
-    out["runs"] = [{k: v for k, v in run.items() if k not in ("diff", "env")} for run in result["runs"]]
+    # dict(run) first: one copy under the GIL, while the run's thread may be adding keys to it.
+    out["runs"] = [{k: v for k, v in dict(run).items() if k not in ("diff", "env")} for run in result["runs"]]
     return out
 
 
