@@ -57,6 +57,8 @@ NOT_RUN: dict[str, str] = {
     "registry (a Debian mirror, minutes); the role's own debootstrap path is tested in test_box_image.py",
     r"^(K=|curl )": "needs the emulator started in the same shell (the block's $K and $E); test_daytona_emulator.py "
     "drives the same /_emulator/faults API",
+    r"playbooks/best_of\.yml .*(claude|TASK\.md)": "starts coding agents' CLIs, which need their vendors' APIs "
+    "(unreachable here); test_best_of.py runs best_of.yml with Claude Code against local stand-ins",
     r"pytest ": "test commands: the suite runs them",
     r"playbooks/doctor\.yml": "fails by design in the check's fresh HOME (no relay, no key yet); test_doctor.py runs it "
     "there, failing with each fix and then passing",

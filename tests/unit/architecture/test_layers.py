@@ -152,6 +152,8 @@ RANKS: dict[str, dict[str, int]] = {
     "module_utils/tasks": {
         "_doctor": WORKFLOW,
         "_agent_task": GLUE,
+        "_best_of": GLUE,
+        "_best_of_report": PURE,
         "_box_task": GLUE,
         "_init_task": GLUE,
         "_relay_main": GLUE,
