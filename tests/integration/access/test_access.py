@@ -599,7 +599,7 @@ def test_ssh_alias_and_named_shells_of_a_box_on_a_remote_engine(
         gone = run_module("agentbox_box", {**common, "state": "absent"})
         assert not gone["failed"], gone.get("msg")
     assert f"agentbox-{name}" not in (home / ".agentbox" / "ssh_config").read_text()
-    assert engine.agentbox_objects() == []
+    assert engine.agentbox_objects(name) == []
 
 
 def test_named_shells(at_shared_home: Path, served_box: SharedBox) -> None:
