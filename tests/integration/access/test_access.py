@@ -503,7 +503,7 @@ def test_access_rides_in_the_boot_exec_and_its_failure_is_a_warning(
     unbooted_name = f"nosshd-{secrets.token_hex(3)}"
     boxes.append(unbooted_name)
     unbooted = run_module_direct("agentbox_box", {"name": unbooted_name, "workspace": str(repo_factory("ws2")),
-                                           "image": no_sshd_image, "boot": False})  # fmt: skip
+                                                  "image": no_sshd_image, "boot": False})  # fmt: skip
     assert not unbooted["failed"], unbooted.get("msg")
     assert unbooted["box"]["state"] == "running" and unbooted["seed"]["mode"] == "worktree"
     assert any(

@@ -40,7 +40,7 @@ from ansible_collections.agentbox.box.plugins.module_utils.git import _ship  # n
 from ansible_collections.agentbox.box.plugins.module_utils.providers.docker import _image_transfer  # noqa: E402
 from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._docker import DockerProvider  # noqa: E402
 from ansible_collections.agentbox.box.plugins.module_utils.ssh import _ssh  # noqa: E402
-from tests.conftest import make_repo, run_module  # noqa: E402
+from tests.conftest import make_repo, run_module_direct  # noqa: E402
 from tests.integration.support.engines import FLEET_IMAGE as IMAGE  # noqa: E402
 from tests.integration.support.engines import REPO, EngineFleet  # noqa: E402
 
@@ -542,7 +542,9 @@ def test_inventory_engines_and_the_connection_reach_a_box_over_ssh(fleet, tmp_pa
 def test_checkpoint_capture_and_restore_on_a_remote_engine_through_the_modules(fleet, tmp_path, docker_client):
     """agentbox_box and agentbox_checkpoint with provider=docker_ssh: the checkpoint is committed on the
     engine (never on the local one), a new box from it is warm and carries the host's current work on
-    its own branch, removal leaves nothing, and the host's status, index and stash never change."""
+    its own branch, removal leaves nothing, and the host's status, index and stash never change. The
+    modules run by their own main (no ansible start each); test_module_end_to_end_with_user_at_host_port
+    goes through ansible."""
     engine = fleet.engines[0]
     provider = DockerProvider(engine=engine.alias, ssh_options={}, isolation="none")
     home = tmp_path / "home"  # the checkpoint manifests go here, not to the real ~/.agentbox
@@ -564,14 +566,14 @@ def test_checkpoint_capture_and_restore_on_a_remote_engine_through_the_modules(f
     common = {"provider": "docker_ssh", "engine": engine.alias, "isolation": "none"}
     ckpt_name = ""
     try:
-        created = run_module("agentbox_box", {**common, "name": source, "workspace": str(repo), "image": IMAGE},
-                             env=env)  # fmt: skip
+        created = run_module_direct("agentbox_box", {**common, "name": source, "workspace": str(repo), "image": IMAGE},
+                                    env=env)  # fmt: skip
         assert not created["failed"] and created["seed"]["mode"] == "shipped", created.get("msg")
         warm = secrets.token_hex(16)
         run(provider, source, "sh", "-c", f"printf '{warm}' > /workspace/warm.log && mkdir -p /workspace/deps "
             f"&& printf dep > /workspace/deps/cached.log")  # fmt: skip
 
-        saved = run_module("agentbox_checkpoint", {**common, "box": source}, env=env)
+        saved = run_module_direct("agentbox_checkpoint", {**common, "box": source}, env=env)
         assert not saved["failed"] and saved["changed"] is True, saved.get("msg")
         ckpt_name = saved["checkpoint"]["name"]
         project = _naming.project_id(str(repo))
@@ -590,7 +592,7 @@ def test_checkpoint_capture_and_restore_on_a_remote_engine_through_the_modules(f
         git(repo, "checkout", "--", "notes.txt")
         (repo / "later.txt").write_text("untracked, made after the checkpoint\n")
         current = host_state(repo)
-        restored_box = run_module(
+        restored_box = run_module_direct(
             "agentbox_box", {**common, "name": restored, "workspace": str(repo), "image": IMAGE, "checkpoint": ckpt_name},
             env=env,
         )  # fmt: skip
@@ -608,10 +610,10 @@ def test_checkpoint_capture_and_restore_on_a_remote_engine_through_the_modules(f
         assert host_state(repo) | {"refs": ""} == current | {"refs": ""}
 
         for box in (restored, source):
-            gone = run_module("agentbox_box", {**common, "name": box, "state": "absent"}, env=env)
+            gone = run_module_direct("agentbox_box", {**common, "name": box, "state": "absent"}, env=env)
             assert not gone["failed"], gone.get("msg")
-        removed = run_module("agentbox_checkpoint", {**common, "name": ckpt_name, "workspace": str(repo),
-                                                     "state": "absent"}, env=env)  # fmt: skip
+        removed = run_module_direct("agentbox_checkpoint", {**common, "name": ckpt_name, "workspace": str(repo),
+                                                            "state": "absent"}, env=env)  # fmt: skip
         assert not removed["failed"] and removed["changed"] is True, removed.get("msg")
         ckpt_name = ""
         assert engine.shell(f"docker image inspect {image}", check=False).returncode != 0
@@ -627,5 +629,5 @@ def test_checkpoint_capture_and_restore_on_a_remote_engine_through_the_modules(f
             if provider.find(box) is not None:
                 provider.destroy(box)
         if ckpt_name:
-            run_module("agentbox_checkpoint", {**common, "name": ckpt_name, "workspace": str(repo), "state": "absent"},
-                       env=env)  # fmt: skip
+            run_module_direct("agentbox_checkpoint",
+                              {**common, "name": ckpt_name, "workspace": str(repo), "state": "absent"}, env=env)
