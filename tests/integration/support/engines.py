@@ -113,8 +113,9 @@ class Engine:
 class EngineFleet:
     """Start `count` engines (plus `bare` engines with sshd but no dockerd); remove all on exit."""
 
-    def __init__(self, count: int = 2, bare: int = 0, prefix: str | None = None, tmpfs_size: str = "6g",
+    def __init__(self, count: int = 2, bare: int = 0, prefix: str | None = None, tmpfs_size: str | list[str] = "6g",
                  export_env: bool = True):
+        """tmpfs_size: each engine's Docker storage, or a list of sizes, the engines' in order."""
         self.count = count
         self.export_env = export_env  # False: AGENTBOX_SSH_CONFIG only inside exported()
         self.bare = bare
@@ -200,11 +201,12 @@ class EngineFleet:
 
     def _start_engine(self, number: int, public_key: str, dockerd: bool) -> Engine:
         container = f"{self.prefix}{number}"
+        size = self.tmpfs_size[number - 1] if isinstance(self.tmpfs_size, list) else self.tmpfs_size
         command = [
             "docker", "run", "-d", "--name", container, "--hostname", container,
             "--label", f"{TEST_LABEL}=engine", "--label", f"{TEST_LABEL}.run={self.run_id}",
             *BOX_CAPS, *BOX_SECURITY, "--cgroupns", "private",
-            "--tmpfs", f"/var/lib/docker:size={self.tmpfs_size}",
+            "--tmpfs", f"/var/lib/docker:size={size}",
             "-p", "127.0.0.1:0:22",
             "-e", f"ENGINE_AUTHORIZED_KEY={public_key}", "-e", f"ENGINE_DOCKERD={1 if dockerd else 0}",
             "--entrypoint", "bash", ENGINE_IMAGE, "-c", ENGINE_SCRIPT,
@@ -286,7 +288,7 @@ def _locked(path: Path) -> Iterator[None]:
 
 @contextmanager
 def run_fleet(box_image: str, shared: Path) -> Iterator[EngineFleet]:
-    """The run's fleet (two engines, 3g each, box_image on both as FLEET_IMAGE): the first worker to ask
+    """The run's fleet (two engines, box_image on both as FLEET_IMAGE): the first worker to ask
     makes it under a file lock in `shared` (a directory every worker of the run sees), the other reuses it,
     and the last one out (counted under the lock) removes it and the local tag. A worker that asks after the
     last one left makes a new one."""
@@ -296,8 +298,10 @@ def run_fleet(box_image: str, shared: Path) -> Iterator[EngineFleet]:
             fleet = pickle.loads(state.read_bytes())
         else:
             subprocess.run(["docker", "tag", box_image, FLEET_IMAGE], check=True, capture_output=True)
-            # 3g each: the box image (1.1 GB), its load, checkpoints; a test that fills the disk fills this.
-            fleet = EngineFleet(count=2, tmpfs_size="3g", export_env=False)
+            # The box image (1.1 GB), its load, checkpoints. engines[0] holds both workers' boxes at once and a
+            # second load of the image (the first-stream test: the load's tar lands on the disk before its
+            # layers are found present); engines[1] is filled by the disk-full test, so it stays small.
+            fleet = EngineFleet(count=2, tmpfs_size=["5g", "3g"], export_env=False)
             try:
                 fleet.start()
                 fleet.load_image(FLEET_IMAGE)
