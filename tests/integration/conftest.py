@@ -1,34 +1,32 @@
-"""Expensive things the integration modules share, made once per pytest worker (session scope; under
-xdist each worker has its own): the remote engine fleet with the box image loaded.
+"""Expensive things the integration modules share, made once per test run: the remote engine fleet with the
+box image loaded, shared by the xdist workers (tests/integration/support/engines.py run_fleet).
 """
 
 from __future__ import annotations
 
-import subprocess
+import os
 from collections.abc import Iterator
 
 import pytest
 
-from tests.integration.support.engines import FLEET_IMAGE, EngineFleet
+from tests.integration.support.engines import EngineFleet, run_fleet
 
 
 @pytest.fixture(scope="session")
-def loaded_engines(box_image: str) -> Iterator[EngineFleet]:
+def loaded_engines(box_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineFleet]:
     """Two engines (sshd + dockerd) with the box image on each as FLEET_IMAGE, streamed once (the reports
-    in image_reports). Take `engine_fleet`, which also points AGENTBOX_SSH_CONFIG at them."""
-    subprocess.run(["docker", "tag", box_image, FLEET_IMAGE], check=True, capture_output=True)
-    try:
-        # 3g each: the box image (1.1 GB), its load, checkpoints; a test that fills the disk fills this.
-        with EngineFleet(count=2, tmpfs_size="3g", export_env=False) as fleet:
-            fleet.load_image(FLEET_IMAGE)
-            yield fleet
-    finally:
-        subprocess.run(["docker", "rmi", FLEET_IMAGE], check=False, capture_output=True)
+    in image_reports), for the whole run: under xdist the workers' base temps share a parent, the run's.
+    Take `engine_fleet`, which also points AGENTBOX_SSH_CONFIG at them."""
+    base = tmp_path_factory.getbasetemp()
+    with run_fleet(box_image, base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) as fleet:
+        yield fleet
 
 
 @pytest.fixture(scope="module")
 def engine_fleet(loaded_engines: EngineFleet) -> Iterator[EngineFleet]:
-    """The worker's engine fleet, its SSH config in AGENTBOX_SSH_CONFIG for the module. Tests leave the
-    engines as they found them: no box, no agentbox/box:latest tag, dockerd running, the disk free."""
+    """The run's engine fleet, its SSH config in AGENTBOX_SSH_CONFIG for the module. Both workers may use it
+    at once, so a test names its own boxes and checks only those, keeps dockerd running and gives back the
+    disk. engines[1] is docker_ssh's alone (its disk-full test fills it); a test that needs an engine
+    without boxes or the box image (doctor) starts its own."""
     with loaded_engines.exported() as fleet:
         yield fleet

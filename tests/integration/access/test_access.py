@@ -2,6 +2,11 @@
 
 Every test runs with a temporary HOME (its own ~/.ssh key and ~/.agentbox), so the real ones are
 never touched; OpenSSH reads the aliases through `-F <HOME>/.agentbox/ssh_config`.
+
+The tests are about the way into a box, not Ansible's path to a module: the modules run by their own main
+(tests/conftest.py run_module_direct, no ansible start; agentbox_box's action plugin calls the same task
+function); the playbooks (attach, create_box, shell, forward, checkpoint, switch_box) still run through
+ansible-playbook.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import pytest
 from ansible_collections.agentbox.box.plugins.module_utils.access import _forwards
 from ansible_collections.agentbox.box.plugins.module_utils.box import _box
 from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._docker import DockerProvider
-from tests.conftest import REPO, make_repo, run_module
+from tests.conftest import REPO, make_repo, run_module_direct
 from tests.integration.support.engines import FLEET_IMAGE, EngineFleet
 
 pytestmark = pytest.mark.integration
@@ -104,7 +109,7 @@ def module_box(home: Path, prefix: str, **args: Any) -> Iterator[SharedBox]:
     try:
         with pytest.MonkeyPatch.context() as patch:
             enter_home(patch, home)
-            made = run_module("agentbox_box", {"name": name, "workspace": str(make_repo(root / "ws")), **args})
+            made = run_module_direct("agentbox_box", {"name": name, "workspace": str(make_repo(root / "ws")), **args})
         assert not made["failed"], made.get("msg")
         yield SharedBox(name, made["box"]["web_url"])
     finally:
@@ -139,7 +144,7 @@ def ssh(home: Path, alias: str, command: str, *extra: str, stdin: str | None = N
 
 def create(workspace: Path, name: str, boxes: list[str]) -> dict:
     boxes.append(name)
-    result = run_module("agentbox_box", {"name": name, "workspace": str(workspace)})
+    result = run_module_direct("agentbox_box", {"name": name, "workspace": str(workspace)})
     assert not result["failed"], result.get("msg")
     return result
 
@@ -203,13 +208,13 @@ def test_ssh_alias_local_box(home: Path, repo_factory, boxes: list[str]) -> None
 
     # The alias follows a stop and a start (the keys lived on the box's tmpfs).
     assert move_to(name, "stopped")["state"] == "stopped"
-    moved = run_module("agentbox_box", {"name": name, "state": "started"})
+    moved = run_module_direct("agentbox_box", {"name": name, "state": "started"})
     assert not moved["failed"], moved.get("msg")
     again = ssh(home, alias, "git -C /workspace rev-parse --abbrev-ref HEAD")
     assert again.returncode == 0 and again.stdout.strip() == f"agentbox/{name}", again.stderr
 
     # Destroy removes the entry and its host key.
-    gone = run_module("agentbox_box", {"name": name, "state": "absent"})
+    gone = run_module_direct("agentbox_box", {"name": name, "state": "absent"})
     assert not gone["failed"], gone.get("msg")
     assert alias not in config.read_text()
     assert alias not in (home / ".agentbox" / "known_hosts").read_text()
@@ -324,10 +329,10 @@ def test_ssh_alias_and_web_url_of_a_box_restored_from_a_checkpoint(home: Path, r
         ).stdout.split()
         port = next(line.rsplit(":", 1)[1] for line in published if line.startswith("127.0.0.1:"))
         assert re.search(r"web: +(http://[^\s']+)", made.stdout).group(1) == f"http://127.0.0.1:{port}/", made.stdout
-        assert run_module("agentbox_box_info", {"name": restored})["box"]["web_url"] == f"http://127.0.0.1:{port}/"
+        assert run_module_direct("agentbox_box_info", {"name": restored})["box"]["web_url"] == f"http://127.0.0.1:{port}/"
     finally:
         destroy_quietly([restored, source])  # the checkpoint's image goes once no box runs from it
-        removed = run_module("agentbox_checkpoint", {"workspace": str(repo), "name": checkpoint, "state": "absent"})
+        removed = run_module_direct("agentbox_checkpoint", {"workspace": str(repo), "name": checkpoint, "state": "absent"})
         assert not removed["failed"], removed.get("msg")
 
 
@@ -344,7 +349,7 @@ def test_attach_missing_box_removes_stale_alias(home: Path, repo_factory, boxes:
     assert f"no box called '{name}'" in done.stdout and "stale alias" in done.stdout, done.stdout
     assert f"agentbox-{name}" not in config.read_text()
     # Destroy still removes what the removed container left (its volumes).
-    gone = run_module("agentbox_box", {"name": name, "state": "absent"})
+    gone = run_module_direct("agentbox_box", {"name": name, "state": "absent"})
     assert not gone["failed"], gone.get("msg")
     assert volume_names(f"io.agentbox.box={name}") == []
 
@@ -494,7 +499,7 @@ def test_access_rides_in_the_boot_exec_and_its_failure_is_a_warning(
     and the warning says what failed."""
     name = f"nosshd-{secrets.token_hex(3)}"
     boxes.append(name)
-    created = run_module("agentbox_box", {"name": name, "workspace": str(repo_factory("ws")), "image": no_sshd_image})
+    created = run_module_direct("agentbox_box", {"name": name, "workspace": str(repo_factory("ws")), "image": no_sshd_image})
     assert not created["failed"], created.get("msg")
     assert created["box"]["state"] == "running" and created["boot"]["ok"] is True
     assert any(
@@ -505,8 +510,8 @@ def test_access_rides_in_the_boot_exec_and_its_failure_is_a_warning(
     # say "exited 4"), and the box is made.
     unbooted_name = f"nosshd-{secrets.token_hex(3)}"
     boxes.append(unbooted_name)
-    unbooted = run_module("agentbox_box", {"name": unbooted_name, "workspace": str(repo_factory("ws2")),
-                                           "image": no_sshd_image, "boot": False})  # fmt: skip
+    unbooted = run_module_direct("agentbox_box", {"name": unbooted_name, "workspace": str(repo_factory("ws2")),
+                                                  "image": no_sshd_image, "boot": False})  # fmt: skip
     assert not unbooted["failed"], unbooted.get("msg")
     assert unbooted["box"]["state"] == "running" and unbooted["seed"]["mode"] == "worktree"
     assert any(
@@ -514,7 +519,7 @@ def test_access_rides_in_the_boot_exec_and_its_failure_is_a_warning(
         for warning in unbooted["access"]["warnings"]
     ), unbooted["access"]
     # The same failure through attach, which runs the access alone (its own exec).
-    attached = run_module("agentbox_access", {"name": name, "ide": "print"})
+    attached = run_module_direct("agentbox_access", {"name": name, "ide": "print"})
     assert not attached["failed"], attached.get("msg")
     assert any(
         "preparing SSH access in the box" in warning and "no OpenSSH server in the box" in warning
@@ -535,7 +540,7 @@ def test_ssh_alias_and_named_shells_of_a_box_on_a_remote_engine(
     common = {"name": name, "provider": "docker_ssh", "engine": engine.alias, "isolation": "none"}
     where = ("-e", f"box={name}", "-e", "provider=docker_ssh", "-e", f"engine={engine.alias}")
     try:
-        created = run_module("agentbox_box", {**common, "workspace": str(repo), "ports": [8123], "image": FLEET_IMAGE})
+        created = run_module_direct("agentbox_box", {**common, "workspace": str(repo), "ports": [8123], "image": FLEET_IMAGE})
         assert not created["failed"], created.get("msg")
         alias = created["access"]["alias"]
         assert created["access"]["warnings"] == []
@@ -557,7 +562,7 @@ def test_ssh_alias_and_named_shells_of_a_box_on_a_remote_engine(
 
         remote = DockerProvider(engine=engine.alias, ssh_options={}, isolation="none")
         assert move_to(name, "stopped", remote)["state"] == "stopped"
-        moved = run_module("agentbox_box", {**common, "state": "started"})
+        moved = run_module_direct("agentbox_box", {**common, "state": "started"})
         assert not moved["failed"], moved.get("msg")
         again = ssh(home, alias, "git -C /workspace rev-parse --abbrev-ref HEAD")
         assert again.returncode == 0 and again.stdout.strip() == f"agentbox/{name}", again.stderr
@@ -581,7 +586,7 @@ def test_ssh_alias_and_named_shells_of_a_box_on_a_remote_engine(
             assert wait_for_http(url + "token") == token
 
         # ide=ssh and any box off the local engine: the Remote-SSH URI.
-        way_in = run_module("agentbox_access", {**common, "ide": "vscode"})
+        way_in = run_module_direct("agentbox_access", {**common, "ide": "vscode"})
         assert way_in["uri"] == f"vscode-remote://ssh-remote+{alias}/workspace"
 
         # Named shells on the remote box.
@@ -600,10 +605,10 @@ def test_ssh_alias_and_named_shells_of_a_box_on_a_remote_engine(
         listed = playbook("playbooks/shell.yml", *where, "-e", "state=list")
         assert f"shells in {name}: none" in listed.stdout, listed.stdout
     finally:
-        gone = run_module("agentbox_box", {**common, "state": "absent"})
+        gone = run_module_direct("agentbox_box", {**common, "state": "absent"})
         assert not gone["failed"], gone.get("msg")
     assert f"agentbox-{name}" not in (home / ".agentbox" / "ssh_config").read_text()
-    assert engine.agentbox_objects() == []
+    assert engine.agentbox_objects(name) == []
     for pid in pids:  # the forwards ended with the box
         wait_gone(pid)
 
@@ -642,19 +647,19 @@ def test_named_shells(at_shared_home: Path, served_box: SharedBox) -> None:
 
 def test_forward_local_and_web_url_after_start(at_shared_home: Path, served_box: SharedBox) -> None:
     name = served_box.name
-    forwarded = run_module("agentbox_forward", {"name": name})
+    forwarded = run_module_direct("agentbox_forward", {"name": name})
     assert forwarded["url"] == served_box.web_url and forwarded["changed"] is False
     try:
         assert move_to(name, "stopped")["state"] == "stopped"
-        not_running = run_module("agentbox_forward", {"name": name})
+        not_running = run_module_direct("agentbox_forward", {"name": name})
         assert not_running["failed"] and "is stopped" in not_running["msg"]
         # After a start the published port is new: box_state.yml prints the URL as it is now.
         started = playbook("playbooks/box_state.yml", "-e", f"box={name}", "-e", "state=started")
         assert started.returncode == 0, started.stdout + started.stderr
     except BaseException:
-        run_module("agentbox_box", {"name": name, "state": "started"})  # the shared box as the next test expects
+        run_module_direct("agentbox_box", {"name": name, "state": "started"})  # the shared box as the next test expects
         raise
-    now = run_module("agentbox_forward", {"name": name})["url"]
+    now = run_module_direct("agentbox_forward", {"name": name})["url"]
     served_box.web_url = now
     assert f"web: {now}" in started.stdout
 
@@ -713,10 +718,10 @@ def test_ssh_wake_of_a_stopped_box_says_its_new_web_url(at_shared_home: Path, un
     assert woke.returncode == 0 and woke.stdout == "vscode\n", woke.stderr
     assert "was stopped" in woke.stderr, woke.stderr
     said = re.findall(r"agentbox: box '[^']+': web (\S+)", woke.stderr)
-    facts = run_module("agentbox_box_info", {"name": name})["box"]
+    facts = run_module_direct("agentbox_box_info", {"name": name})["box"]
     assert facts["state"] == "running" and facts["web_url"], facts
     assert said == [facts["web_url"]], woke.stderr
-    assert run_module("agentbox_forward", {"name": name})["url"] == facts["web_url"]
+    assert run_module_direct("agentbox_forward", {"name": name})["url"] == facts["web_url"]
     # The entry is still current: the next login takes the direct path (no wake, nothing said).
     assert f"Host {alias}\n" in config.read_text()
     again = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
@@ -735,7 +740,7 @@ def test_editor_servers_and_extensions_are_each_box_s_own(home: Path, repo_facto
     repo = repo_factory("ws")
     first, second = f"ed-{secrets.token_hex(3)}", f"ed-{secrets.token_hex(3)}"
     create(repo, first, boxes)
-    made = run_module("agentbox_box", {"name": second, "workspace": str(repo), "boot": False})
+    made = run_module_direct("agentbox_box", {"name": second, "workspace": str(repo), "boot": False})
     boxes.append(second)
     assert not made["failed"], made.get("msg")
     alias = f"agentbox-{first}"
@@ -759,7 +764,7 @@ def test_editor_servers_and_extensions_are_each_box_s_own(home: Path, repo_facto
     wrote = ssh(home, alias, planted)
     assert wrote.returncode == 0, wrote.stderr
     assert move_to(first, "stopped")["state"] == "stopped"
-    assert not run_module("agentbox_box", {"name": first, "state": "started"})["failed"]
+    assert not run_module_direct("agentbox_box", {"name": first, "state": "started"})["failed"]
     kept = ssh(home, alias, f"cat ~/.vscode-server/marker ~/.vscode-server/extensions/planted-{first}")
     assert kept.stdout.split() == ["server", "ext"], kept.stdout + kept.stderr
     seen = subprocess.run(["docker", "exec", f"agentbox-{second}", "sh", "-c",
@@ -769,7 +774,7 @@ def test_editor_servers_and_extensions_are_each_box_s_own(home: Path, repo_facto
     assert seen.count("No such file") == 2, seen
 
     # Destroy removes every editor volume of the box.
-    assert not run_module("agentbox_box", {"name": first, "state": "absent"})["failed"]
+    assert not run_module_direct("agentbox_box", {"name": first, "state": "absent"})["failed"]
     assert volume_names(f"io.agentbox.box={first}") == []
 
 
@@ -794,7 +799,7 @@ def test_attach_starts_a_stopped_box_and_runs_only_the_editor_asked_for(
     assert printed.returncode == 0, printed.stdout + printed.stderr
     assert "printed only" in printed.stdout, printed.stdout
     assert not calls.exists(), calls.read_text()
-    facts = run_module("agentbox_box_info", {"name": name})["box"]
+    facts = run_module_direct("agentbox_box_info", {"name": name})["box"]
     assert facts["state"] == "running", facts
     assert f"web:     {facts['web_url']}" in printed.stdout, printed.stdout  # the URL after the start
 

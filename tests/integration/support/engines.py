@@ -13,13 +13,16 @@ Usage:
         fleet.engines[0].alias, fleet.engines[0].destination, fleet.env
 
 Tests that need engines with the box image take the `engine_fleet` fixture (tests/integration/conftest.py):
-two engines started once per pytest worker, the box image loaded on each once, as FLEET_IMAGE.
+two engines started once per test run (shared by the xdist workers, see run_fleet), the box image loaded on
+each once, as FLEET_IMAGE. Both workers may use them at once: a test names its own boxes and checks only them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import os
+import pickle
 import secrets
 import shutil
 import socket
@@ -43,11 +46,12 @@ TEST_LABEL = "io.agentbox.test"
 SSH_CONFIG_ENV = "AGENTBOX_SSH_CONFIG"
 BOX_CAPS = ["--cap-add", "SYS_ADMIN", "--cap-add", "NET_ADMIN", "--device", "/dev/fuse"]
 BOX_SECURITY = ["--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined"]
-# The box image as the shared fleet's engines hold it: a tag of this worker's, so a build that moves
+# The box image as the shared fleet's engines hold it: a tag of this run's (the same in every xdist worker), so a build that moves
 # agentbox/box:latest meanwhile neither makes the engines load a second 1.1 GB image nor changes what
 # "the same image" means. The engines never hold agentbox/box:latest itself: a test that wants the
 # engine without the box image (doctor's warning, the first stream) has it that way.
-FLEET_IMAGE = f"agentbox-test/engine-box-{secrets.token_hex(4)}:pinned"
+RUN_KEY = os.environ.get("PYTEST_XDIST_TESTRUNUID") or secrets.token_hex(8)
+FLEET_IMAGE = f"agentbox-test/engine-box-{RUN_KEY[:8]}:pinned"
 
 # Runs as the engine container's main process. Non-privileged containers see cgroup v1
 # hierarchies read-only: mount fresh ones (allowed with SYS_ADMIN in a private cgroup namespace)
@@ -94,20 +98,24 @@ class Engine:
             ["docker", "exec", self.container, "sh", "-c", script], capture_output=True, text=True, check=check
         )
 
-    def agentbox_objects(self) -> list[str]:
-        """Containers and volumes on this engine carrying io.agentbox labels (what a box leaves)."""
-        out = self.shell(
-            "docker ps -a --filter label=io.agentbox.box --format 'container {{.Names}}'; "
-            "docker volume ls --filter label=io.agentbox.box --format 'volume {{.Name}}'"
-        ).stdout
+    def agentbox_objects(self, *boxes: str) -> list[str]:
+        """Containers and volumes on this engine carrying io.agentbox labels (what a box leaves): those of
+        `boxes`, or of every box. On the shared fleet name the boxes: the other worker's may be there."""
+        labels = [f"label=io.agentbox.box={box}" for box in boxes] or ["label=io.agentbox.box"]
+        out = self.shell("".join(
+            f"docker ps -a --filter {label} --format 'container {{{{.Names}}}}'; "
+            f"docker volume ls --filter {label} --format 'volume {{{{.Name}}}}'; "
+            for label in labels
+        )).stdout
         return [line for line in out.splitlines() if line.strip()]
 
 
 class EngineFleet:
     """Start `count` engines (plus `bare` engines with sshd but no dockerd); remove all on exit."""
 
-    def __init__(self, count: int = 2, bare: int = 0, prefix: str | None = None, tmpfs_size: str = "6g",
+    def __init__(self, count: int = 2, bare: int = 0, prefix: str | None = None, tmpfs_size: str | list[str] = "6g",
                  export_env: bool = True):
+        """tmpfs_size: each engine's Docker storage, or a list of sizes, the engines' in order."""
         self.count = count
         self.export_env = export_env  # False: AGENTBOX_SSH_CONFIG only inside exported()
         self.bare = bare
@@ -193,11 +201,12 @@ class EngineFleet:
 
     def _start_engine(self, number: int, public_key: str, dockerd: bool) -> Engine:
         container = f"{self.prefix}{number}"
+        size = self.tmpfs_size[number - 1] if isinstance(self.tmpfs_size, list) else self.tmpfs_size
         command = [
             "docker", "run", "-d", "--name", container, "--hostname", container,
             "--label", f"{TEST_LABEL}=engine", "--label", f"{TEST_LABEL}.run={self.run_id}",
             *BOX_CAPS, *BOX_SECURITY, "--cgroupns", "private",
-            "--tmpfs", f"/var/lib/docker:size={self.tmpfs_size}",
+            "--tmpfs", f"/var/lib/docker:size={size}",
             "-p", "127.0.0.1:0:22",
             "-e", f"ENGINE_AUTHORIZED_KEY={public_key}", "-e", f"ENGINE_DOCKERD={1 if dockerd else 0}",
             "--entrypoint", "bash", ENGINE_IMAGE, "-c", ENGINE_SCRIPT,
@@ -265,6 +274,53 @@ class EngineFleet:
         if names:
             subprocess.run(["docker", "rm", "-f", "-v", *names], check=False, capture_output=True)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with open(path, "a+", encoding="utf-8") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextmanager
+def run_fleet(box_image: str, shared: Path) -> Iterator[EngineFleet]:
+    """The run's fleet (two engines, box_image on both as FLEET_IMAGE): the first worker to ask
+    makes it under a file lock in `shared` (a directory every worker of the run sees), the other reuses it,
+    and the last one out (counted under the lock) removes it and the local tag. A worker that asks after the
+    last one left makes a new one."""
+    state, users = shared / "fleet.pickle", shared / "fleet.users"
+    with _locked(shared / "fleet.lock"):
+        if state.exists():
+            fleet = pickle.loads(state.read_bytes())
+        else:
+            subprocess.run(["docker", "tag", box_image, FLEET_IMAGE], check=True, capture_output=True)
+            # The box image (1.1 GB), its load, checkpoints. engines[0] holds both workers' boxes at once and a
+            # second load of the image (the first-stream test: the load's tar lands on the disk before its
+            # layers are found present); engines[1] is filled by the disk-full test, so it stays small.
+            fleet = EngineFleet(count=2, tmpfs_size=["5g", "3g"], export_env=False)
+            try:
+                fleet.start()
+                fleet.load_image(FLEET_IMAGE)
+            except BaseException:
+                fleet.stop()
+                subprocess.run(["docker", "rmi", FLEET_IMAGE], check=False, capture_output=True)
+                raise
+            state.write_bytes(pickle.dumps(fleet))
+        users.write_text(str(int(users.read_text() or 0) + 1 if users.exists() else 1))
+    try:
+        yield fleet
+    finally:
+        with _locked(shared / "fleet.lock"):
+            left = int(users.read_text()) - 1
+            users.write_text(str(left))
+            if left == 0:
+                fleet.stop()
+                subprocess.run(["docker", "rmi", FLEET_IMAGE], check=False, capture_output=True)
+                state.unlink()
 
 
 def _ssh_banner(port: int) -> bool:

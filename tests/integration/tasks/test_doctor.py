@@ -81,12 +81,20 @@ def test_doctor_on_this_machine_says_what_is_missing_then_ok(home: Path) -> None
     assert not [line for line in lines.values() if line.startswith("FAIL")], lines
 
 
-def test_doctor_on_remote_engines(home: Path, tmp_path: Path, engine_fleet: EngineFleet) -> None:
+@pytest.fixture(scope="module")
+def fresh_engine() -> Iterator[EngineFleet]:
+    """An engine of its own (sshd + dockerd, no box image, no box): the run's shared fleet has the other
+    worker's boxes on it at any time, and doctor reports every unisolated box it finds."""
+    with EngineFleet(count=1, tmpfs_size="512m", export_env=False) as fleet:
+        yield fleet
+
+
+def test_doctor_on_remote_engines(home: Path, tmp_path: Path, fresh_engine: EngineFleet) -> None:
     nothing = f"root@127.0.0.1:{free_port()}"
-    engine = engine_fleet.engines[0]
+    engine = fresh_engine.engines[0]
     inventory = tmp_path / "engines.yml"
     inventory.write_text(f"engines:\n  hosts:\n    {engine.alias}: {{}}\n    down: {{agentbox_engine: '{nothing}'}}\n")
-    rc, lines = doctor(home, "-i", str(inventory), env=engine_fleet.env)
+    rc, lines = doctor(home, "-i", str(inventory), env=fresh_engine.env)
     assert rc != 0
     where = f"engine {engine.alias}"
     assert lines[f"{where}: SSH answers"].startswith("ok")

@@ -1,6 +1,7 @@
 """agentbox_box's disk and network options on boxd, through the module itself against the emulator and the
 real SDK: the disk and the egress allow list reach boxd (read back from the emulator's state and from the
-SDK's machines.get); Daytona-only options and a block_all boxd cannot honour fail before anything is made.
+SDK's machines.get). Daytona-only options and a block_all boxd cannot honour fail before the provider is asked:
+tests/unit/providers/test_box_provider_options.py (its boxd: cases, with no boxd listening).
 """
 
 from __future__ import annotations
@@ -65,18 +66,4 @@ def test_disk_and_network_reach_boxd(world: World) -> None:
     finally:
         gone = world.box(name=name, state="absent")
         assert not gone["failed"], gone
-    assert world.machines(name) == []
-
-
-@pytest.mark.parametrize(("args", "message"), [
-    ({"network": "block_all"}, "boxd has no block_all"),
-    ({"network": ["github.com", "not a host"]}, "not a host is neither a host name nor a CIDR"),
-    ({"disk": 0}, "at least 1"),
-    ({"ephemeral": True}, "ephemeral can only be set for Daytona boxes"),
-    ({"auto_delete": 5, "disk": 10}, "auto_delete can only be set for Daytona boxes"),
-])  # fmt: skip
-def test_bad_options_fail_before_anything_is_made(world: World, args: dict, message: str) -> None:
-    name = f"bxo-{secrets.token_hex(3)}"
-    done = world.box(name=name, **args)
-    assert done["failed"] and message in done["msg"], done
     assert world.machines(name) == []
