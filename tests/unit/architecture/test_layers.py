@@ -109,6 +109,7 @@ RANKS: dict[str, dict[str, int]] = {
         "_image_flatten": PROVIDER,
         "_image_store": PROVIDER,
         "_image_transfer": PROVIDER,
+        "_pool_containers": PROVIDER,
     },
     "module_utils/providers/daytona": {
         "_daytona_idle": PURE,
@@ -133,6 +134,7 @@ RANKS: dict[str, dict[str, int]] = {
     "module_utils/box": {
         "_box": WORKFLOW,
         "_rollback": WORKFLOW,
+        "_pool": WORKFLOW,
     },
     "module_utils/agent": {
         "_agent_record": HOST,
