@@ -9,13 +9,13 @@ module: agentbox_pool
 short_description: Set, fill, show or remove a warm pool of paused boxes
 version_added: 0.1.0
 description:
-  - A warm pool keeps boxes created, booted to ready and paused, without a workspace, per (provider, engine, image
+  - "A warm pool keeps boxes created, booted to ready and paused, without a workspace, per (provider, engine, image
     fingerprint, checkpoint); see docs/pool.md. Pooled boxes carry the label C(io.agentbox.pool) and no
-    C(io.agentbox.box): listings, the inventory, destroy and prune of users' boxes never see them.
+    C(io.agentbox.box): listings, the inventory, destroy and prune of users' boxes never see them."
   - O(state=present) records the pool's settings in C(~/.agentbox/pool/pools.json) and brings the pool to its size
     (one refill pass); the host daemon refills it afterwards. O(state=absent) removes the pool and its boxes.
     O(state=show) changes nothing and reports the pools and the pooled boxes of the engine.
-  - Available on the C(docker) and C(docker_ssh) providers. On Daytona and boxd a warm pool is not available: the
+  - Available on the C(docker) and C(docker_ssh) providers. On Daytona and boxd a warm pool is not available; the
     module says so and changes nothing.
 author:
   - agentbox.box developers (@agentbox)

@@ -128,6 +128,12 @@ def set_pool(provider: Provider, image: str, checkpoint: str | None, settings: P
     return key
 
 
+def owner(path: str | None = None) -> str:
+    """Whose pooled boxes these are (12 hex of sha1 of the settings file's path): a refill or drain touches only
+    its own, so two users (or test runs) sharing an engine never remove each other's."""
+    return hashlib.sha1(os.path.realpath(path or pools_path()).encode()).hexdigest()[:12]
+
+
 def _lock_path(path: str | None) -> str:
     path = path or pools_path()
     _host_files.ensure_private_dir(os.path.dirname(path))
@@ -155,7 +161,7 @@ def refill(provider: Provider, path: str | None = None) -> dict[str, Any]:
                 continue
             wanted[key] = entry
         now = time.time()
-        for item in store.pooled():
+        for item in store.pooled(owner=owner(path)):
             entry = wanted.get(item["key"])
             created = _naming.parse_iso(item["created"]) or 0.0
             why = ""
@@ -168,16 +174,16 @@ def refill(provider: Provider, path: str | None = None) -> dict[str, Any]:
             if why:
                 store.remove(item["container"], item["labels"].get("pool_box", ""))
                 report["removed"].append({"container": item["container"], "why": why})
-        for volume in store.volumes_left():
+        for volume in store.volumes_left(owner(path)):
             store.remove_volume(volume)
             report["removed"].append({"volume": volume, "why": "its pooled box is gone"})
         for key, entry in wanted.items():
             settings = PoolSettings(int(entry.get("size", 0)), str(entry.get("max_memory") or ""),
                                     int(entry.get("ttl_minutes", DEFAULT_TTL_MINUTES)))
-            have = len(store.pooled(key))
-            while have < _allowed(settings, entry):
+            have = len(store.pooled(key, owner(path)))
+            while have < allowed(settings, entry):
                 try:
-                    made, memory = make_pooled(provider, key, entry["image"], entry.get("checkpoint"))
+                    made, memory = make_pooled(provider, key, entry["image"], entry.get("checkpoint"), owner(path))
                 except ProviderError as exc:
                     report["problems"].append(f"pool {key}: a box could not be made: {exc}")
                     break
@@ -189,20 +195,20 @@ def refill(provider: Provider, path: str | None = None) -> dict[str, Any]:
     return report
 
 
-def _allowed(settings: PoolSettings, entry: dict[str, Any]) -> int:
+def allowed(settings: PoolSettings, entry: dict[str, Any]) -> int:
     """Boxes the pool may hold: its size, fewer when max_memory cannot hold that many (by the last box's memory)."""
     if not settings.max_memory or not entry.get("box_memory"):
         return settings.size
     return min(settings.size, memory_bytes(settings.max_memory) // max(int(entry["box_memory"]), 1))
 
 
-def make_pooled(provider: Provider, key: str, image: str, checkpoint: str | None) -> tuple[str, int]:
+def make_pooled(provider: Provider, key: str, image: str, checkpoint: str | None, owner_id: str) -> tuple[str, int]:
     """Create one pooled box, boot it to ready and pause it: (its container, the memory it held, bytes)."""
     box_id = _naming.new_box_id()
     name = f"pool-{key[:8]}-{box_id}"
     _key, fingerprint = image_key(provider, image, checkpoint)
     labels = {_naming.label(k): v for k, v in {
-        "kind": "pool", "pool": key, "pool_box": name, "id": box_id, "created": _naming.now_iso(), "image": image,
+        "kind": "pool", "pool": key, "pool_box": name, "pool_owner": owner_id, "id": box_id, "created": _naming.now_iso(), "image": image,
         "image_fingerprint": fingerprint, "provider": provider.name, "engine": provider.engine,
         "checkpoint": checkpoint or "",
     }.items()}
@@ -219,12 +225,35 @@ def make_pooled(provider: Provider, key: str, image: str, checkpoint: str | None
     return facts.container, memory
 
 
+def refill_all(path: str | None = None) -> list[dict[str, Any]]:
+    """One refill pass on every engine a pool is set for (the host daemon's, between its requests); an engine
+    that fails is a problem in its report, never an exception."""
+    from ..providers._registry import get_provider
+
+    reports = []
+    for provider_name, engine in sorted({(v.get("provider"), v.get("engine")) for v in configured(path).values()}):
+        report: dict[str, Any] = {"provider": provider_name, "engine": engine}
+        provider = None
+        try:
+            options = {"engine": engine} if provider_name == "docker_ssh" else {}
+            provider = get_provider(str(provider_name), **options)
+            report.update(refill(provider, path))
+        except Exception as exc:  # noqa: BLE001 - one engine down must not stop the others' pools
+            report["problems"] = [str(exc)]
+        finally:
+            close = getattr(provider, "close", None)
+            if close is not None:
+                close()
+        reports.append(report)
+    return reports
+
+
 def drain(provider: Provider, key: str | None = None, path: str | None = None) -> list[str]:
     """Remove the pooled boxes (of `key`) on this provider's engine; their containers."""
     store = provider.pool_store()  # type: ignore[attr-defined]
     removed = []
     with _host_files.locked(_lock_path(path)):
-        for item in store.pooled(key):
+        for item in store.pooled(key, owner(path)):
             store.remove(item["container"], item["labels"].get("pool_box", ""))
             removed.append(item["container"])
     return removed
@@ -248,6 +277,6 @@ def show(provider: Provider, path: str | None = None) -> dict[str, Any]:
     store = getattr(provider, "pool_store", None)
     pools = {k: v for k, v in configured(path).items()
              if v.get("provider") == provider.name and v.get("engine") == provider.engine}
-    boxes = store().pooled() if store is not None else []
+    boxes = store().pooled(owner=owner(path)) if store is not None else []
     return {"pools": pools, "boxes": [{k: v for k, v in b.items() if k != "labels"} for b in boxes],
             "available": store is not None}

@@ -27,9 +27,10 @@ class PoolContainers:
     def _engine(self) -> EngineAPI | SDKEngine:
         return self._calls()
 
-    def pooled(self, key: str | None = None) -> list[dict[str, Any]]:
-        """Every pooled container (of `key`): {container, key, id, state, created, labels}, oldest first."""
+    def pooled(self, key: str | None = None, owner: str | None = None) -> list[dict[str, Any]]:
+        """Every pooled container (of `key`, of `owner`): {container, key, id, state, created, labels}, oldest first."""
         wanted = [label("kind") + "=pool"] + ([f"{label('pool')}={key}"] if key else [])
+        wanted += [f"{label('pool_owner')}={owner}"] if owner else []
         try:
             summaries = self._engine().containers(wanted)
         except (EngineAPIError, EngineUnanswered) as exc:
@@ -71,11 +72,11 @@ class PoolContainers:
         with contextlib.suppress(EngineAPIError):
             engine.remove_volume(docker_volume_name(box), force=True)
 
-    def volumes_left(self) -> list[str]:
-        """Pool volumes whose container is gone (a fill killed mid-create): the next refill removes them."""
+    def volumes_left(self, owner: str) -> list[str]:
+        """`owner`'s pool volumes whose container is gone (a fill killed mid-create): the next refill removes them."""
         engine = self._engine()
-        boxes = {item["labels"].get("pool_box", "") for item in self.pooled()}
-        return [str(v["Name"]) for v in engine.volumes([label("pool_box")])
+        boxes = {item["labels"].get("pool_box", "") for item in self.pooled(owner=owner)}
+        return [str(v["Name"]) for v in engine.volumes([f"{label('pool_owner')}={owner}"])
                 if (v.get("Labels") or {}).get(label("pool_box")) not in boxes]
 
     def remove_volume(self, name: str) -> None:
