@@ -4,6 +4,8 @@ or a hand left behind, and says so when the pool's image is gone."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import threading
 import uuid
 from pathlib import Path
@@ -14,7 +16,7 @@ import pytest
 
 from ansible_collections.agentbox.box.plugins.module_utils.box import _pool
 from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._docker import DockerProvider
-from tests.conftest import run_module_direct
+from tests.conftest import REPO, run_module_direct
 from tests.integration.box.conftest import box_task
 
 pytestmark = pytest.mark.integration
@@ -66,6 +68,13 @@ def test_pool_yml_fills_paused_boxes_that_users_never_see(tmp_path: Path, client
         refused = box_task({"name": name, "state": "absent"})
         assert refused["failed"] and "not made by agentbox" in refused["msg"], refused
         assert len(pooled(client, path)) == 2
+        # list_boxes.yml shows them apart, after the users' table.
+        played = subprocess.run([str(REPO / ".venv/bin/ansible-playbook"), "playbooks/list_boxes.yml"], cwd=REPO,
+                                env={**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), **env},
+                                capture_output=True, text=True, check=False)
+        assert played.returncode == 0, played.stdout[-3000:]
+        table, _sep, apart = played.stdout.partition("warm pool (not users")
+        assert all(box.name in apart and box.name not in table for box in boxes), played.stdout[-3000:]
         shown = run_module_direct("agentbox_pool", {"state": "show"}, env=env)
         assert not shown["changed"] and set(shown["pools"]) == {made["key"]}
         assert sorted(b["container"] for b in shown["boxes"]) == sorted(b.name for b in boxes)
