@@ -25,7 +25,7 @@ import os
 import time
 from typing import Any
 
-from ..core import _host_files, _naming
+from ..core import _host_files, _journal, _naming
 from ..core._boot import boot_box
 from ..core._provider import BoxSpec, Provider, ProviderError
 
@@ -215,6 +215,7 @@ def make_pooled(provider: Provider, key: str, image: str, checkpoint: str | None
     spec = BoxSpec(name=name, box_id=box_id, project="", workspace="", image=image, labels=labels, ports=[WEB_PORT])
     facts = provider.create(spec)
     try:
+        _journal.pause_point("pool_created")  # tests: a refill killed between the create and the pause
         boot_box(provider, name)
         run = provider.exec(name, ["cat", MEMORY_FILE], user="root")
         memory = int(run.stdout.decode().strip() or 0) if run.rc == 0 else 0

@@ -4,8 +4,11 @@ or a hand left behind, and says so when the pool's image is gone."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
+import sys
 import threading
 import uuid
 from pathlib import Path
@@ -18,6 +21,7 @@ from ansible_collections.agentbox.box.plugins.module_utils.box import _pool
 from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._docker import DockerProvider
 from tests.conftest import REPO, run_module_direct
 from tests.integration.box.conftest import box_task
+from tests.integration.box.test_create_crash import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -148,3 +152,43 @@ def test_a_pool_whose_image_is_gone_keeps_no_box_and_says_why(pools: str, client
     report = _pool.refill(provider, pools)
     assert report["made"] == [] and pooled(client, pools) == []
     assert len(report["problems"]) == 1 and f"image {tag!r} is not on engine" in report["problems"][0]
+
+
+def test_a_refill_killed_mid_create_leaks_nothing_after_the_next_refill(tmp_path: Path,
+                                                                       client: docker.DockerClient) -> None:
+    """kill -9 of pool.yml's module while its pooled box exists but is not booted nor paused: the next refill
+    removes that box and its volumes and makes a fresh one."""
+    home = tmp_path / "h"
+    home.mkdir()
+    path = str(home / ".agentbox" / "pool" / "pools.json")
+    report = tmp_path / "paused-at"
+    args = tmp_path / "args.json"
+    args.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {"size": 1}}))
+    pythonpath = os.pathsep.join(p for p in (str(REPO / ".collections"), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "HOME": str(home), "PYTHONPATH": pythonpath, "AGENTBOX_TEST_PAUSE_AT": "pool_created",
+           "AGENTBOX_TEST_PAUSE_FILE": str(report)}
+    proc = subprocess.Popen([sys.executable, "-m", "ansible_collections.agentbox.box.plugins.modules.agentbox_pool",
+                             str(args)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: report.exists() or proc.poll() is not None, "the refill reaching its wait point")
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        [half] = pooled(client, path)
+        assert half.status == "running"  # created, never paused: what the kill left
+        volumes = {v.name for v in client.volumes.list(filters={"label": f"io.agentbox.pool_owner={_pool.owner(path)}"})}
+        assert volumes
+        again = run_module_direct("agentbox_pool", {"size": 1}, env={"HOME": str(home)})
+        assert not again["failed"], again
+        assert [r["container"] for r in again["refill"]["removed"] if "container" in r] == [half.name]
+        [fresh] = pooled(client, path)
+        assert fresh.name != half.name and fresh.status == "paused"
+        left = {v.name for v in client.volumes.list(filters={"label": f"io.agentbox.pool_owner={_pool.owner(path)}"})}
+        assert not left & volumes
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for container in pooled(client, path):
+            container.remove(force=True, v=True)
+        for volume in client.volumes.list(filters={"label": f"io.agentbox.pool_owner={_pool.owner(path)}"}):
+            volume.remove(force=True)
