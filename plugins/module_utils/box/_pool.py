@@ -13,7 +13,7 @@ listings, the inventory, destroy and prune of users' boxes never see it. `refill
 daemon between requests) brings each pool to its size under a host lock, so whatever it finds not paused
 there is what a killed refill left: it goes, as do boxes past their time to live, boxes of a key no pool
 has any more (the image or checkpoint changed: the fingerprint says so), and volumes without a container.
-`take` is the claim: a rename on the engine, which only one caller can win.
+`take` is the claim: an unpause on the engine, which only one caller can win, then a rename.
 """
 
 from __future__ import annotations
@@ -261,8 +261,8 @@ def drain(provider: Provider, key: str | None = None, path: str | None = None) -
 
 
 def take(provider: Provider, key: str, container: str) -> dict[str, Any] | None:
-    """Claim a paused pooled box of `key` by renaming it to `container`; the pooled box's record (under its
-    new container name) or None when the pool has none left. Two callers never get the same box."""
+    """Claim a paused pooled box of `key` (unpaused, renamed to `container`); the pooled box's record (under its
+    new container name, running) or None when the pool has none left. Two callers never get the same box."""
     store = getattr(provider, "pool_store", None)
     if store is None:
         return None

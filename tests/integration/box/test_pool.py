@@ -113,8 +113,8 @@ def test_two_concurrent_claims_never_take_the_same_pooled_box(pools: str, client
         thread.join()
     taken = [w for w in won if w]
     assert len(taken) == 1 and won.count(None) == 1
-    names = {c.name for c in pooled(client, pools)}
-    assert names == {taken[0]["container"]}  # the one box, under the winner's name only
+    names = {c.name: c.status for c in pooled(client, pools)}
+    assert names == {taken[0]["container"]: "running"}  # the one box, under the winner's name only, running
     # The taken box is no longer the pool's: the next refill makes a new one and leaves the taken one alone.
     again = _pool.refill(provider, pools)
     assert len(again["made"]) == 1

@@ -228,8 +228,7 @@ class EngineAPI:
         self._write("DELETE", f"/containers/{_quote(container)}?{query}", ok=(204,))
 
     def rename_container(self, container: str, name: str) -> None:
-        """Rename; the engine refuses (409) when `name` is taken and answers 404 when `container` is gone,
-        so of two renames of one container to different names only one succeeds (the warm pool's claim)."""
+        """Rename; the engine refuses (409) when `name` is taken and answers 404 when `container` is gone."""
         query = urllib.parse.urlencode({"name": name})
         self._write("POST", f"/containers/{_quote(container)}/rename?{query}", ok=(204,))
 

@@ -1,8 +1,8 @@
 # Copyright (c) agentbox.box contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The engine side of the warm pool (box/_pool): the pooled containers of a Docker engine, found by their
-io.agentbox.pool label (never io.agentbox.box, so no listing of users' boxes sees them), taken by a rename
-that only one caller can win, and removed with their volumes.
+io.agentbox.pool label (never io.agentbox.box, so no listing of users' boxes sees them), taken by an unpause
+that only one caller can win (then renamed), and removed with their volumes.
 
 Note that this module_utils is PRIVATE to the collection: it can change at any time.
 """
@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from ...core._naming import docker_volume_name, label, strip_labels
+from ...core._naming import container_name, docker_volume_name, label, strip_labels
 from ...core._provider import ProviderError
 from ._engine_api import EngineAPI, EngineAPIError, EngineUnanswered
 from ._engine_sdk import SDKEngine
@@ -28,7 +28,8 @@ class PoolContainers:
         return self._calls()
 
     def pooled(self, key: str | None = None, owner: str | None = None) -> list[dict[str, Any]]:
-        """Every pooled container (of `key`, of `owner`): {container, key, id, state, created, labels}, oldest first."""
+        """Every pooled container (of `key`, of `owner`) still under its pool name: {container, key, id, state,
+        created, labels}, oldest first."""
         wanted = [label("kind") + "=pool"] + ([f"{label('pool')}={key}"] if key else [])
         wanted += [f"{label('pool_owner')}={owner}"] if owner else []
         try:
@@ -38,8 +39,11 @@ class PoolContainers:
         found = []
         for summary in summaries:
             labels = strip_labels(summary.get("Labels"))
+            name = str((summary.get("Names") or ["/"])[0]).lstrip("/")
+            if name != container_name(labels.get("pool_box", "")):
+                continue  # claimed (renamed): no longer the pool's, whatever its labels say
             found.append({
-                "container": str((summary.get("Names") or ["/"])[0]).lstrip("/"),
+                "container": name,
                 "key": labels.get("pool", ""),
                 "id": labels.get("id", ""),
                 "state": summary.get("State", ""),
@@ -49,14 +53,27 @@ class PoolContainers:
         return sorted(found, key=lambda item: item["created"])
 
     def take(self, container: str, new_name: str) -> bool:
-        """Rename `container` to `new_name`; False when another caller took it first (it is gone under its
-        name: 404) or `new_name` is taken (409). The rename is the claim: the engine serialises it."""
+        """Claim the paused `container`: unpause it, then rename it to `new_name`; False when another caller
+        took it first. The unpause is the claim: the engine checks and clears the paused state under the
+        container's own lock, so of two racing unpauses one gets 409 (a rename is no such lock: the engine
+        looks the old name up before it locks, and two renames of one container both succeed, one after the
+        other). A claimer killed between the two leaves a pooled box that is not paused: the next refill
+        removes it."""
+        engine = self._engine()
         try:
-            self._engine().rename_container(container, new_name)
+            engine.unpause_container(container)
         except EngineAPIError as exc:
             if exc.status in (404, 409):
                 return False
             raise ProviderError(f"pooled box {container} could not be taken: {exc.message}") from exc
+        except EngineUnanswered as exc:
+            raise ProviderError(f"engine {self.engine} did not answer: {exc}") from exc
+        try:
+            engine.rename_container(container, new_name)
+        except EngineAPIError as exc:
+            if exc.status == 404:  # a refill removed it between the two (it saw a pooled box not paused)
+                return False
+            raise ProviderError(f"pooled box {container} could not be renamed {new_name}: {exc.message}") from exc
         except EngineUnanswered as exc:
             raise ProviderError(f"engine {self.engine} did not answer: {exc}") from exc
         return True
