@@ -63,7 +63,7 @@ class PoolContainers:
         try:
             engine.unpause_container(container)
         except EngineAPIError as exc:
-            if exc.status in (404, 409):
+            if exc.status in (404, 409) or "is not paused" in exc.message:  # older engines answer 500
                 return False
             raise ProviderError(f"pooled box {container} could not be taken: {exc.message}") from exc
         except EngineUnanswered as exc:
