@@ -229,14 +229,14 @@ def make_pooled(provider: Provider, key: str, image: str, checkpoint: str | None
 def refill_all(path: str | None = None) -> list[dict[str, Any]]:
     """One refill pass on every engine a pool is set for (the host daemon's, between its requests); an engine
     that fails is a problem in its report, never an exception."""
-    from ..providers._registry import get_provider
+    from ..providers._registry import SSH_ENGINE_PROVIDERS, get_provider
 
     reports = []
     for provider_name, engine in sorted({(v.get("provider"), v.get("engine")) for v in configured(path).values()}):
         report: dict[str, Any] = {"provider": provider_name, "engine": engine}
         provider = None
         try:
-            options = {"engine": engine} if provider_name == "docker_ssh" else {}
+            options = {"engine": engine} if provider_name in SSH_ENGINE_PROVIDERS else {}
             provider = get_provider(str(provider_name), **options)
             report.update(refill(provider, path))
         except Exception as exc:  # noqa: BLE001 - one engine down must not stop the others' pools
