@@ -103,17 +103,20 @@ from ansible_collections.agentbox.box.plugins.module_utils.providers._module imp
     provider_from_params,
     run_provider_module,
 )
+from ansible_collections.agentbox.box.plugins.module_utils.providers._registry import ENGINE_PROVIDERS
 
 
 def _run(module: AnsibleModule) -> dict:
     params = module.params
-    provider = provider_from_params(params)
     result: dict = {"changed": False, "box": {}}
+    if params["provider"] not in ENGINE_PROVIDERS:  # before the provider is made: no credential needed to be told
+        if params["state"] == "show":
+            return {**result, "pools": {}, "boxes": [], "available": False}
+        module.fail_json(msg=f"a warm pool is not available on provider {params['provider']}: it keeps no paused "
+                             "boxes there (docs/pool.md); creates there go on as before", box={})
+    provider = provider_from_params(params)
     if params["state"] == "show" or module.check_mode:
         return {**result, **_pool.show(provider)}
-    if not _pool.show(provider)["available"]:
-        module.fail_json(msg=f"a warm pool is not available on provider {provider.name}: it has no paused boxes to "
-                             "keep (docs/pool.md); creates there go on as before", box={})
     if params["state"] == "absent":
         key = _pool.set_pool(provider, params["image"], params["checkpoint"], _pool.PoolSettings(size=0))
         removed = _pool.drain(provider, key)

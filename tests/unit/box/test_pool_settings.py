@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.agentbox.box.plugins.module_utils.box import _pool
+from tests.unit.support.inprocess import run_module_inprocess
 
 
 def test_the_pool_key_changes_with_each_part_of_it() -> None:
@@ -44,3 +45,14 @@ def test_a_broken_pools_file_is_no_pool_and_owners_differ_by_file(tmp_path: Path
     path.write_text('{"pools": {"k": {"size": 1}}}')
     assert _pool.configured(str(path)) == {"k": {"size": 1}}
     assert _pool.owner(str(path)) != _pool.owner(str(tmp_path / "other.json"))
+
+
+@pytest.mark.parametrize("provider", ["daytona", "boxd"])
+def test_pool_yml_on_a_cloud_provider_says_a_pool_is_not_available(provider: str, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    result = run_module_inprocess("agentbox_pool", {"provider": provider, "size": 2})
+    assert result["failed"] and f"a warm pool is not available on provider {provider}" in result["msg"], result
+    assert not (tmp_path / ".agentbox" / "pool" / "pools.json").exists()
+    shown = run_module_inprocess("agentbox_pool", {"provider": provider, "state": "show"})
+    assert not shown["failed"] and shown["available"] is False and shown["boxes"] == [], shown
