@@ -127,5 +127,24 @@ async def run_forever(relay: Any) -> None:
                                         policy["interval"])
             except Exception:  # retried at the next interval
                 LOG.exception("idle policy pass failed")
+        await refill_pools()
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(relay.stopping.wait(), policy["interval"])
+
+
+async def refill_pools() -> None:
+    """The warm pools (box/_pool) brought to their size, off the event loop: never on a user's create path."""
+    from ..box import _pool
+
+    if not _pool.configured():
+        return
+    try:
+        for report in await asyncio.to_thread(_pool.refill_all):
+            for made in report.get("made", []):
+                LOG.info("pool: made %s", made)
+            for removed in report.get("removed", []):
+                LOG.info("pool: removed %s (%s)", removed.get("container") or removed.get("volume"), removed["why"])
+            for problem in report.get("problems", []):
+                LOG.warning("pool on %s %s: %s", report["provider"], report["engine"], problem)
+    except Exception:  # retried at the next interval
+        LOG.exception("pool refill failed")

@@ -112,6 +112,7 @@ RANKS: dict[str, dict[str, int]] = {
         "_image_flatten": PROVIDER,
         "_image_store": PROVIDER,
         "_image_transfer": PROVIDER,
+        "_pool_containers": PROVIDER,
     },
     "module_utils/providers/daytona": {
         "_daytona_idle": PURE,
@@ -137,6 +138,7 @@ RANKS: dict[str, dict[str, int]] = {
         "_box": WORKFLOW,
         "_rollback": WORKFLOW,
         "_prepare": WORKFLOW,
+        "_pool": WORKFLOW,
     },
     "module_utils/agent": {
         "_agent_record": HOST,

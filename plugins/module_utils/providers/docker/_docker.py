@@ -781,6 +781,12 @@ class DockerProvider(Provider):
 
         return ImageStore(self, self._calls)
 
+    def pool_store(self) -> Any:
+        """The engine side of the warm pool: pooled containers on this engine (_pool_containers)."""
+        from ._pool_containers import PoolContainers  # lazy: only the pool needs it
+
+        return PoolContainers(self._calls, self._engine)
+
     def image_exists(self, image: str) -> bool:
         with self._calling("", "image lookup") as engine:
             return engine.inspect_image(image) is not None

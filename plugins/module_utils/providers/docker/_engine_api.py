@@ -227,6 +227,11 @@ class EngineAPI:
         query = urllib.parse.urlencode({"force": int(force), "v": int(volumes)})
         self._write("DELETE", f"/containers/{_quote(container)}?{query}", ok=(204,))
 
+    def rename_container(self, container: str, name: str) -> None:
+        """Rename; the engine refuses (409) when `name` is taken and answers 404 when `container` is gone."""
+        query = urllib.parse.urlencode({"name": name})
+        self._write("POST", f"/containers/{_quote(container)}/rename?{query}", ok=(204,))
+
     # -- volumes --------------------------------------------------------------------------------
     def create_volume(
         self, name: str, labels: dict[str, str], driver: str | None = None, driver_opts: dict[str, str] | None = None

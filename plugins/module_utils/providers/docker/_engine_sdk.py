@@ -88,6 +88,10 @@ class SDKEngine:
         with _errors():
             self._api.remove_container(container, force=force, v=volumes)
 
+    def rename_container(self, container: str, name: str) -> None:
+        with _errors():
+            self._api.rename(container, name)
+
     def inspect_container(self, container: str) -> dict[str, Any] | None:
         return _unless_missing(lambda: self._api.inspect_container(container))
 
