@@ -36,7 +36,8 @@ def test_custom_command_states_reach_the_inventory_and_survive_a_stop_and_start(
     assert "tmux attach -t helper" in out
     world.wait_for(box, "grep -q waiting /run/agentbox/agents/helper.state.json", "waiting")
     # The relay reads the box at its next pass (every second here) and keeps it in its record.
-    world.wait_until(lambda: world.agent_state(box) == "waiting", "the inventory showing waiting")
+    world.recorded(box, "waiting", "the relay recording waiting")
+    assert world.agent_state(box) == "waiting"
     # The inventory reads the relay's record, not the box: with the relay stopped (its record still fresh),
     # listing the box starts no exec in it.
     world.ok("relay.yml", {"state": "stopped"})
@@ -55,8 +56,9 @@ def test_custom_command_states_reach_the_inventory_and_survive_a_stop_and_start(
     world.sh(box, "tmux send-keys -t helper 'yes, go ahead' Enter")
     world.wait_for(box, "grep -q idle /run/agentbox/agents/helper.state.json", "idle after the answer")
     assert world.sh(box, "cat /workspace/answer.txt")[1] == "yes, go ahead\n"
-    world.wait_until(lambda: world.agent_state(box) == "idle", "the inventory showing idle")
+    world.recorded(box, "idle", "the relay recording idle")
     listing = world.inventory(box)
+    assert listing["_meta"]["hostvars"][box]["agentbox_agent_state"] == "idle"
     assert listing["agent_idle"]["hosts"] == [box] and "hosts" not in listing.get("agent_waiting", {})
     history = world.sh(box, "cat /run/agentbox/agents/helper.history")[1]
     assert [json.loads(line)["state"] for line in history.splitlines()] == ["idle", "waiting", "working", "idle"]
@@ -67,7 +69,8 @@ def test_custom_command_states_reach_the_inventory_and_survive_a_stop_and_start(
     world.ok("box_state.yml", {"box": box, "state": "started"})
     world.wait_for(box, "tmux has-session -t helper && grep -q waiting /run/agentbox/agents/helper.state.json",
                    "the session back after the start")  # fmt: skip
-    world.wait_until(lambda: world.agent_state(box) == "waiting", "the inventory showing waiting after the start")
+    world.recorded(box, "waiting", "the relay recording waiting after the start")
+    assert world.agent_state(box) == "waiting"
     listed = world.ok("list_boxes.yml", {})
     assert any(box in line and "helper:waiting" in line for line in listed.splitlines()), listed[-2000:]
 

@@ -29,7 +29,6 @@ import docker
 import pytest
 
 from tests.boxd_emulator import running_emulator
-from tests.conftest import run_module_direct
 from tests.integration.agent import world as shared
 from tests.integration.agent.world import a_key_and_a_port, claude_code_does_the_first_prompt, claude_code_resumed
 
@@ -54,9 +53,10 @@ class BoxdWorld(shared.World):
     ) -> subprocess.CompletedProcess:
         return super().playbook(name, {"provider": "boxd", **extra}, {**self.env, **(env or {})})
 
-    def destroy(self, box: str) -> None:
-        run_module_direct("agentbox_box", {"name": box, "state": "absent", "delete_branch": True, "provider": "boxd"},
-                          env={**self.env, "HOME": str(self.home)})  # fmt: skip
+    provider_args = {"provider": "boxd"}
+
+    def module_env(self) -> dict[str, str]:
+        return {**super().module_env(), **self.env}
 
     def sh(self, box: str, script: str, user: str = "vscode") -> tuple[int, str]:
         run = self.provider.exec(box, ["bash", "-c", script], user=user, timeout=120)
@@ -137,8 +137,7 @@ def test_claude_code_on_boxd_with_a_scripted_api_in_the_box(world: BoxdWorld, wo
     world.ok("agent.yml", {"box": box, "agent": "helper", "command": ask, "session": "helper"})
     world.wait_for(box, "grep -q waiting /run/agentbox/agents/helper.state.json", "waiting")
     # From the relay's record: it reads the box at its next pass (every second in the test's HOME).
-    world.wait_until(lambda: world.inventory(box)["_meta"]["hostvars"][box]["agentbox_agent_state"] == "waiting",
-                     "the inventory showing waiting")  # fmt: skip
+    world.recorded(box, "waiting", "the relay recording waiting")
     listing = world.inventory(box)
     assert listing["agent_waiting"]["hosts"] == [box] and box in listing["boxd"]["hosts"], listing
     assert listing["_meta"]["hostvars"][box]["agentbox_agent_state"] == "waiting"

@@ -83,10 +83,26 @@ class World:
         return done.stdout
 
     def box(self, workspace: Path, **extra: Any) -> str:
+        """A running box of `workspace` (`checkpoint` to restore one). With `agent`, create_box.yml makes it and
+        starts that agent (its second play); without, agentbox_box's own main in a fresh Python, as the
+        playbook's create task runs it: the create is these tests' set-up, create_box.yml is proven elsewhere."""
         name = f"agt-{secrets.token_hex(3)}"
         self.boxes.append(name)
-        self.ok("create_box.yml", {"workspace": str(workspace), "box": name, "checkpoint": "none", **extra})
+        if "agent" in extra:
+            self.ok("create_box.yml", {"workspace": str(workspace), "box": name, "checkpoint": "none", **extra})
+            return name
+        args = {"name": name, "workspace": str(workspace), "image": "agentbox/box:latest", "checkpoint": "none",
+                "state": "started", **self.provider_args, **extra}  # fmt: skip
+        made = run_module_direct("agentbox_box", args, env=self.module_env())
+        assert not made["failed"], made
         return name
+
+    # The provider's arguments and environment for a module run directly (the local engine: none).
+    provider_args: dict[str, Any] = {}
+
+    def module_env(self) -> dict[str, str]:
+        """A module's environment as playbook() gives it: this HOME, the relay's idle policy from its file."""
+        return {"HOME": str(self.home), "AGENTBOX_IDLE_INTERVAL": ""}
 
     # Where the API stand-in keeps its files: on a tmpfs no checkpoint looks at (it plays the API, which lives
     # outside the box; its log holds the keys it saw).
@@ -143,6 +159,21 @@ class World:
                 raise AssertionError(f"{what}: not within {timeout:.0f}s; the relay's log ends:\n{tail}")
             time.sleep(0.3)
 
+    def recorded(self, box: str, state: str, what: str) -> None:
+        """Wait until the relay's record (~/.agentbox/relay/agents.json of this HOME, what the inventory reads)
+        holds `state` for the box's agent: one file read a try, where polling the inventory starts Ansible each
+        time. The caller then asks the inventory once."""
+
+        def found() -> bool:
+            try:
+                record = json.loads((self.home / ".agentbox" / "relay" / "agents.json").read_text())
+            except (OSError, ValueError):
+                return False
+            return any(entry.get("name") == box and (entry.get("agent") or {}).get("state") == state
+                       for entry in record.get("boxes", {}).values())  # fmt: skip
+
+        self.wait_until(found, what)
+
     def agent_state(self, box: str, **options: Any) -> str:
         """The inventory's agentbox_agent_state of the box."""
         return self.inventory(box, **options)["_meta"]["hostvars"][box]["agentbox_agent_state"]
@@ -171,8 +202,8 @@ class World:
 
     def destroy(self, box: str) -> None:
         """The box removed by agentbox_box's own main, under this HOME (destroy_box.yml is proven elsewhere)."""
-        run_module_direct("agentbox_box", {"name": box, "state": "absent", "delete_branch": True},
-                          env={"HOME": str(self.home)})  # fmt: skip
+        run_module_direct("agentbox_box", {"name": box, "state": "absent", "delete_branch": True,
+                                           **self.provider_args}, env=self.module_env())  # fmt: skip
 
     def cleanup(self) -> None:
         for box in self.boxes:
