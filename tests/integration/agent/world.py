@@ -48,7 +48,7 @@ class World:
         # Short: the relay's socket paths (under HOME) are bounded to 107 bytes; removed by cleanup().
         self.home = Path(tempfile.mkdtemp(prefix="abh-", dir="/tmp"))
         self.home.chmod(0o755)
-        # The relay that create_box.yml starts for this HOME reads its boxes' agents every second: its idle
+        # The relay that the first box's create starts for this HOME reads its boxes' agents every second: its idle
         # policy, which the suite turns off for the shared HOME (conftest), is on in this private one.
         policy = self.home / ".agentbox" / "idle" / "policy.json"
         policy.parent.mkdir(parents=True)
