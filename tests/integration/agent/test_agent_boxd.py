@@ -1,6 +1,6 @@
 """Claude Code in a boxd box, on the local boxd emulator (real SDK; machines are real containers), through
-the playbooks a user runs. Issue 20: the agent on boxd, as tests/integration/agent/test_agent_box.py does it
-on the local engine (its World, fixtures and stand-in are reused here).
+the playbooks a user runs. Issue 20: the agent on boxd, as tests/integration/agent/test_agent_claude_code.py
+does it on the local engine: world.py's World, stand-in and Claude Code checks serve both.
 
 - The stand-in for the Messages API (tests/fixtures/messages_standin.py) runs inside the box, on the box's
   own loopback, and ANTHROPIC_BASE_URL points at 127.0.0.1 in the box: the box reaches nothing else, and
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,21 +29,14 @@ import docker
 import pytest
 
 from tests.boxd_emulator import running_emulator
-from tests.conftest import run_module_direct
-from tests.integration.agent import test_agent_box as shared
+from tests.integration.agent import world as shared
+from tests.integration.agent.world import a_key_and_a_port, claude_code_does_the_first_prompt, claude_code_resumed
 
 pytestmark = pytest.mark.integration
 
-workspace = shared.workspace
-PROMPT = shared.PROMPT
-RESUMED_ARGV = (
-    "p=$(cat /run/agentbox/agents/claude.pid) && tmux has-session -t claude && "
-    "tr '\\0' '\\n' < /proc/$p/cmdline | grep -qx -- --continue && tr '\\0' '\\n' < /proc/$p/cmdline"
-)
-
 
 class BoxdWorld(shared.World):
-    """test_agent_box's World with every playbook on `provider=boxd` and every box command through boxd's exec."""
+    """world.py's World with every playbook on `provider=boxd` and every box command through boxd's exec."""
 
     def __init__(self, client: docker.DockerClient, root: Path, emu: Any) -> None:
         from ansible_collections.agentbox.box.plugins.module_utils.providers.boxd._boxd import BoxdProvider
@@ -61,9 +53,10 @@ class BoxdWorld(shared.World):
     ) -> subprocess.CompletedProcess:
         return super().playbook(name, {"provider": "boxd", **extra}, {**self.env, **(env or {})})
 
-    def destroy(self, box: str) -> None:
-        run_module_direct("agentbox_box", {"name": box, "state": "absent", "delete_branch": True, "provider": "boxd"},
-                          env={**self.env, "HOME": str(self.home)})  # fmt: skip
+    provider_args = {"provider": "boxd"}
+
+    def module_env(self) -> dict[str, str]:
+        return {**super().module_env(), **self.env}
 
     def sh(self, box: str, script: str, user: str = "vscode") -> tuple[int, str]:
         run = self.provider.exec(box, ["bash", "-c", script], user=user, timeout=120)
@@ -92,19 +85,25 @@ class BoxdWorld(shared.World):
         assert done.returncode == 0, done.stderr[-3000:]
         return json.loads(done.stdout, object_hook=lambda d: d.get("__ansible_unsafe", d) if len(d) == 1 else d)
 
+    # The stand-in's files go to /dev/shm, a tmpfs no snapshot keeps; it is started detached from the exec's
+    # streams (every box command goes through boxd's exec, never the container).
+    standin_dir = "/dev/shm/standin"
+
     def start_standin(self, box: str, port: int) -> None:
-        """The API stand-in on the box's loopback, detached from the exec's streams. It plays the API, which lives
-        outside the box: its files (a log of the keys it saw) go to /dev/shm, a tmpfs no snapshot keeps."""
-        code, output = self.sh(box, f"mkdir -p /dev/shm/standin && cat > /dev/shm/standin/api.py <<'EOF'\n"
+        code, output = self.sh(box, f"mkdir -p {self.standin_dir} && cat > {self.standin_dir}/api.py <<'EOF'\n"
                                     f"{shared.STANDIN.read_text()}\nEOF")  # fmt: skip
         assert code == 0, output
         code, output = self.sh(
             box,
-            f"setsid python3 /dev/shm/standin/api.py {port} /dev/shm/standin/log.jsonl "
+            f"setsid python3 {self.standin_dir}/api.py {port} {self.standin_dir}/log.jsonl "
             "/workspace/from-agent.txt 'written by Claude Code\n' </dev/null >/dev/null 2>&1 &",
         )
         assert code == 0, output
         self.wait_for(box, f"curl -fsS http://127.0.0.1:{port}/v1/models >/dev/null", "the stand-in answering")
+
+    def attach_command(self, box: str) -> str:
+        # The one ssh form every output prints: -F while ~/.ssh/config does not include the aliases.
+        return f"ssh -F ~/.agentbox/ssh_config -t agentbox-{box} tmux attach -t claude"
 
 
 @pytest.fixture
@@ -125,34 +124,11 @@ def snapshot_images(client: docker.DockerClient, emu: Any) -> list[str]:
 
 def test_claude_code_on_boxd_with_a_scripted_api_in_the_box(world: BoxdWorld, workspace: Path) -> None:
     box = world.box(workspace)
-    key = f"sk-ant-test-{secrets.token_hex(12)}"
-    port = 8000 + secrets.randbelow(1000)
+    key, port = a_key_and_a_port()
     world.start_standin(box, port)
     host_env = {"ANTHROPIC_BASE_URL": f"http://127.0.0.1:{port}", "ANTHROPIC_API_KEY": key}
-
-    out = world.ok("agent.yml", {"box": box, "prompt": PROMPT}, env=host_env)
-    # The one ssh form every output prints: -F while ~/.ssh/config does not include the aliases.
-    flat = " ".join(out.split())  # the YAML callback folds long lines
-    assert f"ssh -F ~/.agentbox/ssh_config -t agentbox-{box} tmux attach -t claude" in flat, out[-2000:]
-    assert key not in out
-
-    # The file the stand-in's tool call wrote, and the states the CLI's real hooks reported.
-    assert world.wait_for(box, "cat /workspace/from-agent.txt", "the agent's file") == "written by Claude Code\n"
-    history = world.wait_for(
-        box,
-        "h=/run/agentbox/agents/claude.history; grep -q '\"working\"' $h && tail -1 $h | grep -q '\"idle\"' && cat $h",
-        "the state going idle",
-    )
-    states = [json.loads(line)["state"] for line in history.splitlines()]
-    assert "working" in states and states.index("working") < len(states) - 1 - states[::-1].index("idle"), states
-    assert "agent: claude (tmux session claude) idle since" in world.sh(box, "agentbox-ctl status")[1]
-    requests = [json.loads(line) for line in world.sh(box, "cat /dev/shm/standin/log.jsonl")[1].splitlines()]
-    conversation = [r for r in requests if r["tools"]]
-    assert conversation and all(r["x_api_key"] == key for r in requests), requests
-    assert any(PROMPT in text for r in conversation for text in r["user_texts"]), conversation[0]["user_texts"]
-    pid = world.sh(box, "cat /run/agentbox/agents/claude.pid")[1].strip()
-    argv = world.sh(box, f"cat /proc/{pid}/cmdline")[1].split("\0")
-    assert argv[0] == "claude" and argv[-2:] == [PROMPT, ""], argv
+    # The file, the states, the key and the prompt at the API, the argv (world.py, as on the local engine).
+    pid = claude_code_does_the_first_prompt(world, box, key, host_env)
 
     # A question asked (waiting), as a second session, reaches the inventory through its `boxd:` key.
     ask = (
@@ -161,8 +137,7 @@ def test_claude_code_on_boxd_with_a_scripted_api_in_the_box(world: BoxdWorld, wo
     world.ok("agent.yml", {"box": box, "agent": "helper", "command": ask, "session": "helper"})
     world.wait_for(box, "grep -q waiting /run/agentbox/agents/helper.state.json", "waiting")
     # From the relay's record: it reads the box at its next pass (every second in the test's HOME).
-    world.wait_until(lambda: world.inventory(box)["_meta"]["hostvars"][box]["agentbox_agent_state"] == "waiting",
-                     "the inventory showing waiting")  # fmt: skip
+    world.recorded(box, "waiting", "the relay recording waiting")
     listing = world.inventory(box)
     assert listing["agent_waiting"]["hosts"] == [box] and box in listing["boxd"]["hosts"], listing
     assert listing["_meta"]["hostvars"][box]["agentbox_agent_state"] == "waiting"
@@ -192,10 +167,7 @@ def test_claude_code_on_boxd_with_a_scripted_api_in_the_box(world: BoxdWorld, wo
     world.ok("box_state.yml", {"box": box, "state": "stopped"}, env=host_env)
     assert world.machine(box)["status"] == "stopped"
     world.ok("box_state.yml", {"box": box, "state": "started"}, env=host_env)
-    argv = world.wait_for(box, RESUMED_ARGV, "claude --continue after the start").splitlines()
-    assert PROMPT.splitlines()[0] not in argv and "--dangerously-skip-permissions" in argv, argv
-    assert world.sh(box, "cat /run/agentbox/agents/claude/api-key")[1] == key
-    assert world.sh(box, "stat -f -c %T /run/agentbox/agents/claude/")[1].strip() == "tmpfs"
+    claude_code_resumed(world, box, key, "after the start")
 
     # Stopped gracefully, then started again: the session ends, the state says so, and it comes back.
     world.ok("agent.yml", {"box": box, "state": "stopped"})

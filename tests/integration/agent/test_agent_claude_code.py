@@ -1,5 +1,6 @@
-"""Claude Code in real boxes on the local engine, through the playbooks a user runs (test_agent_box.py's World
-and fixtures: a temporary HOME whose relay reads the boxes every second).
+"""Claude Code in real boxes on the local engine, through the playbooks a user runs (world.py's World and
+conftest.py's fixtures: a temporary HOME whose relay reads the boxes every second). The checks of the first
+prompt and of the resume after a start are world.py's, shared with test_agent_boxd.py.
 
 - The real Claude Code binary, with no network: the test runs a scripted stand-in for the Messages API
   inside the box on its loopback (tests/fixtures/messages_standin.py) and points ANTHROPIC_BASE_URL at it
@@ -14,68 +15,34 @@ and fixtures: a temporary HOME whose relay reads the boxes every second).
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.integration.agent import test_agent_box as shared
-from tests.integration.agent.test_agent_box import PROMPT, STANDIN, World, checkpoint_image, images_holding, said
+from tests.integration.agent.world import (
+    World,
+    a_key_and_a_port,
+    checkpoint_image,
+    claude_code_does_the_first_prompt,
+    claude_code_resumed,
+    images_holding,
+    said,
+)
 
 pytestmark = pytest.mark.integration
-
-world = shared.world
-workspace = shared.workspace
 
 
 def test_claude_code_end_to_end_with_a_scripted_api_in_the_box(world: World, workspace: Path) -> None:
     box = world.box(workspace)
-    key = f"sk-ant-test-{secrets.token_hex(12)}"
-    port = 8000 + secrets.randbelow(1000)
-    container = world.client.containers.get(f"agentbox-{box}")
-    # The stand-in plays the API, which lives outside the box: its files (a log of the keys it saw) go
-    # on the tmpfs, where no checkpoint looks.
-    code, _output = world.sh(box, f"mkdir -p /run/agentbox/standin && cat > /run/agentbox/standin/api.py <<'EOF'\n{STANDIN.read_text()}\nEOF")
-    assert code == 0
-    container.exec_run(
-        ["python3", "/run/agentbox/standin/api.py", str(port), "/run/agentbox/standin/log.jsonl", "/workspace/from-agent.txt",
-         "written by Claude Code\n"],
-        user="vscode",
-        detach=True,
-    )  # fmt: skip
-    world.wait_for(box, f"curl -fsS http://127.0.0.1:{port}/v1/models >/dev/null", "the stand-in answering")
-
+    key, port = a_key_and_a_port()
+    world.start_standin(box, port)
     # Many retries: an API that cannot be reached (below) keeps the agent retrying while the test looks at it.
     host_env = {"ANTHROPIC_BASE_URL": f"http://127.0.0.1:{port}", "ANTHROPIC_API_KEY": key,
                 "CLAUDE_CODE_MAX_RETRIES": "1000"}  # fmt: skip
-    out = world.ok("agent.yml", {"box": box, "prompt": PROMPT}, env=host_env)
-    attach = f"docker -H {os.environ['DOCKER_HOST']} exec -it -u vscode agentbox-{box} tmux attach -t claude"
-    assert attach in " ".join(out.split())  # the output callback wraps long lines
-    assert key not in out
-
-    # The file the tool call wrote, in /workspace, and the states the real hooks reported.
-    assert world.wait_for(box, "cat /workspace/from-agent.txt", "the agent's file") == "written by Claude Code\n"
-    history = world.wait_for(
-        box,
-        "h=/run/agentbox/agents/claude.history; grep -q '\"working\"' $h && tail -1 $h | grep -q '\"idle\"' && cat $h",
-        "the state going idle",
-    )
-    states = [json.loads(line)["state"] for line in history.splitlines()]
-    assert "working" in states and states.index("working") < len(states) - 1 - states[::-1].index("idle"), states
-    status = world.sh(box, "agentbox-ctl status")[1]
-    assert "agent: claude (tmux session claude) idle since" in status, status
-
-    # The key reached the API (the host's key, from its environment) and the prompt arrived intact.
-    requests = [json.loads(line) for line in world.sh(box, "cat /run/agentbox/standin/log.jsonl")[1].splitlines()]
-    conversation = [r for r in requests if r["tools"]]
-    assert conversation and all(r["x_api_key"] == key for r in requests), requests
-    assert any(PROMPT in text for r in conversation for text in r["user_texts"]), conversation[0]["user_texts"]
-    pid = world.sh(box, "cat /run/agentbox/agents/claude.pid")[1].strip()
-    argv = world.sh(box, f"cat /proc/{pid}/cmdline")[1].split("\0")
-    assert argv[0] == "claude" and "--dangerously-skip-permissions" in argv and argv[-2:] == [PROMPT, ""], argv
+    # The file, the states, the key and the prompt at the API, the argv (world.py).
+    pid = claude_code_does_the_first_prompt(world, box, key, host_env)
 
     # The box commits as the host user, with nothing else of the host's git config.
     world.sh(box, "cd /workspace && git add from-agent.txt && git commit -qm 'from the agent'")
@@ -95,10 +62,7 @@ def test_claude_code_end_to_end_with_a_scripted_api_in_the_box(world: World, wor
     out = world.ok("agent.yml", {"box": box, "prompt": second}, env=host_env)
     assert "sent: the prompt, to the running session" in said(out)
 
-    def api_requests() -> list[dict[str, Any]]:
-        return [json.loads(line) for line in world.sh(box, "cat /run/agentbox/standin/log.jsonl")[1].splitlines()]
-
-    world.wait_until(lambda: any(second in text for r in api_requests() if r["tools"] for text in r["user_texts"]),
+    world.wait_until(lambda: any(second in text for r in world.api_requests(box) if r["tools"] for text in r["user_texts"]),
                      "the second prompt at the API")  # fmt: skip
     world.wait_for(box, "h=/run/agentbox/agents/claude.history; [ $(grep -c working $h) -ge 2 ] && tail -1 $h | "
                         "grep -q idle", "working, then idle again")  # fmt: skip
@@ -121,17 +85,11 @@ def test_claude_code_end_to_end_with_a_scripted_api_in_the_box(world: World, wor
 
     # A box stop and start, and a box restored from the checkpoint: Claude Code runs again, resuming its
     # conversation, with the key given again from the host (the tmpfs was emptied), the prompt not replayed.
-    resumed_argv = (
-        "p=$(cat /run/agentbox/agents/claude.pid) && tmux has-session -t claude && "
-        "tr '\\0' '\\n' < /proc/$p/cmdline | grep -qx -- --continue && tr '\\0' '\\n' < /proc/$p/cmdline"
-    )
     world.ok("box_state.yml", {"box": box, "state": "stopped"}, env=host_env)
     world.ok("box_state.yml", {"box": box, "state": "started"}, env=host_env)
-    argv = world.wait_for(box, resumed_argv, "claude --continue after the start").splitlines()
-    assert PROMPT.splitlines()[0] not in argv and "--dangerously-skip-permissions" in argv, argv
-    assert world.sh(box, "cat /run/agentbox/agents/claude/api-key")[1] == key
+    claude_code_resumed(world, box, key, "after the start")
     restored = world.box(workspace, checkpoint=reference.rsplit(":", 1)[1])
-    world.wait_for(restored, resumed_argv, "claude --continue in the restored box")
+    claude_code_resumed(world, restored, None, "in the restored box")  # made without the key
 
     # The stand-in went with the box's stop: the API cannot be reached, and the agent given a prompt retries on
     # connection errors, `working` all along. No progress (its transcript stays as it was): stalled after

@@ -1,4 +1,9 @@
-"""Boxes on the local engine: agentbox_box and agentbox_worktree against real git and Docker."""
+"""Boxes on the local engine: agentbox_box and agentbox_worktree against real git and Docker.
+
+Each path runs through Ansible once (`run_module`: a create, a fetch, check mode of both modules, a resume, a
+refusal, a failure while seeding); the other runs are the task in-process (`box_task`) or the module's main in
+a fresh Python (`run_module_direct`, where a test needs processes of their own: the race) or as Ansible runs it
+on the target."""
 
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from tests.conftest import chown_tree, git, make_repo, run_module
+from tests.conftest import chown_tree, git, make_repo, run_module, run_module_direct
 from tests.integration.box.conftest import box_task
 
 pytestmark = pytest.mark.integration
@@ -260,7 +265,8 @@ def test_two_boxes_racing_for_one_branch_name_get_distinct_branches(engine, boxe
     boxes.extend(names)
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(lambda n: run_module("agentbox_box", {"name": n, "workspace": str(repo)}), names))
+        # Two processes, as two ansible runs would be (the module's main each: no ansible start to skew the race).
+        results = list(pool.map(lambda n: run_module_direct("agentbox_box", {"name": n, "workspace": str(repo)}), names))
 
     branches = [result["box"]["branch"] for result in results]
     c_won = [f"agentbox/{base}-2", f"agentbox/{base}-2-2"]
@@ -288,7 +294,7 @@ def test_nested_repos_worktree_workspace_and_plain_copy(engine, boxes, tmp_path)
     nested, copied, linked = box_name("n"), box_name("p"), box_name("l")
     boxes.extend([nested, copied, linked])
 
-    result = run_module("agentbox_box", {"name": nested, "workspace": str(outer)})
+    result = run_module_direct("agentbox_box", {"name": nested, "workspace": str(outer)})
     assert result["seed"]["mode"] == "worktree" and len(result["seed"]["worktrees"]) == 2
     rc, out = exec_in(engine, nested, "cd /workspace/lib && git branch --show-current && cat inner.txt inner-wip.txt")
     assert rc == 0 and out.split("\n")[:3] == [f"agentbox/{nested}", "inner", "nested untracked"]
@@ -391,12 +397,12 @@ def test_empty_box_seeded_later_by_agentbox_worktree(engine, boxes, tmp_path):
 
     planned = run_module("agentbox_worktree", {"box": name}, check_mode=True)
     assert planned["changed"] is True
-    seeded = run_module("agentbox_worktree", {"box": name})
+    seeded = run_module_direct("agentbox_worktree", {"box": name})
     assert seeded["changed"] is True and seeded["seed"]["modified"] == 1
-    assert run_module("agentbox_worktree", {"box": name})["changed"] is False
+    assert run_module_direct("agentbox_worktree", {"box": name})["changed"] is False
     rc, out = exec_in(engine, name, "cat /workspace/a.txt")
     assert rc == 0 and out == "changed\n"
-    fetched = run_module("agentbox_worktree", {"box": name, "state": "fetched"})
+    fetched = run_module_direct("agentbox_worktree", {"box": name, "state": "fetched"})
     assert fetched["changed"] is False and fetched["fetched"]["repos"][0]["branch"] == f"agentbox/{name}"
 
 
@@ -456,7 +462,7 @@ def test_root_owned_repository_is_made_writable_for_the_box(engine, boxes, tmp_p
         "cd /workspace && cat wip.txt && git add wip.txt && git -c user.email=a@b -c user.name=agent commit -q -m boxed",
     )
     assert rc == 0, out
-    assert run_module("agentbox_worktree", {"box": name, "state": "fetched"})["changed"]
+    assert run_module_direct("agentbox_worktree", {"box": name, "state": "fetched"})["changed"]
     assert git(repo, "log", "-1", "--format=%s", f"agentbox/{name}").strip() == "boxed"
     assert (repo / "a.txt").stat().st_mode == mode_before  # the working tree is not touched
     assert (repo / "a.txt").stat().st_uid == 0

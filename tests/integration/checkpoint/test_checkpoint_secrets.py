@@ -2,7 +2,8 @@
 one gets its own `env`; playbooks/checkpoint.yml takes a flattened project default. One box holds both
 (secrets, and an API key in `env` as users pass them out of habit); it is captured once layered (the
 module, as Ansible runs it: lab.py) and once flattened (the playbook), and each image is searched
-once, its config and its exported filesystem, for every value."""
+once, its config and its exported filesystem, for every value (the layered one while the playbook
+flattens: the two use different resources, the search reads one image and the flatten writes another)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import secrets
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -51,18 +53,21 @@ def sealed(client: Any) -> Iterator[dict[str, Any]]:
         lab.sh(box, f"cd /workspace && echo '{work_marker.decode()}' > work.txt")
         needles = [token.encode(), api_key.encode(), env_key.encode(), work_marker]
         layered = lab.ok_checkpoint(box=box, name="sec-0")["checkpoint"]
-        # The flattened one (the costly kind) through the playbook, as a user takes a project default.
-        playbook = checkpoint_playbook(lab, "-e", f"box={box}", "-e", "checkpoint=pb-flat", "-e", "merged=true",
-                                       "-e", "set_default=true")  # fmt: skip
-        assert playbook.returncode == 0, playbook.stdout[-3000:] + playbook.stderr[-2000:]
-        listed = lab.module("agentbox_checkpoint_info", {"box": box})
-        flattened = {c["name"]: c for c in listed["checkpoints"]}["pb-flat"]
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            # One pass over the exported filesystem for every value, started now: the layered image is made.
+            layered_found = pool.submit(filesystem_contains, lab.client, layered["image"], needles)
+            # The flattened one (the costly kind) through the playbook, as a user takes a project default.
+            playbook = checkpoint_playbook(lab, "-e", f"box={box}", "-e", "checkpoint=pb-flat", "-e", "merged=true",
+                                           "-e", "set_default=true")  # fmt: skip
+            assert playbook.returncode == 0, playbook.stdout[-3000:] + playbook.stderr[-2000:]
+            listed = lab.module("agentbox_checkpoint_info", {"box": box})
+            flattened = {c["name"]: c for c in listed["checkpoints"]}["pb-flat"]
+            found = {"layered": layered_found.result(),
+                     "flattened": filesystem_contains(lab.client, flattened["image"], needles)}  # fmt: skip
         kinds: dict[str, dict[str, Any]] = {}
-        for saved in (layered, flattened):
+        for kind, saved in (("layered", layered), ("flattened", flattened)):
             inspect = subprocess.run(["docker", "image", "inspect", saved["image"]], capture_output=True, check=True).stdout
-            # One pass over the exported filesystem for every value.
-            found = filesystem_contains(lab.client, saved["image"], needles)
-            kinds["flattened" if saved is flattened else "layered"] = {"saved": saved, "inspect": inspect, "found": found}
+            kinds[kind] = {"saved": saved, "inspect": inspect, "found": found[kind]}
         yield {"lab": lab, "workspace": workspace, "box": box, "token": token, "api_key": api_key,
                "env_key": env_key, "work_marker": work_marker, "held": held, "kinds": kinds,
                "playbook": playbook, "listed": listed}  # fmt: skip

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, chown_tree, make_repo
+from tests.conftest import REPO, chown_tree, make_repo, run_module_direct
 from tests.integration.support.engines import EngineFleet
 
 LATEST = "agentbox/box:latest"
@@ -44,11 +44,12 @@ def test_first_image_stream_prints_progress_and_figures(tmp_path: Path, engine_f
                 seen.append((line.rstrip("\n"), proc.poll() is None))
             assert proc.wait() == 0, "\n".join(text for text, _stream in seen)[-4000:]
     finally:
-        subprocess.run([str(REPO / ".venv/bin/ansible-playbook"), str(REPO / "playbooks/destroy_box.yml"),
-                        "-e", "box=nc-stream", "-e", "provider=docker_ssh", "-e", f"engine={engine.alias}"],
-                       cwd=REPO, env=env, capture_output=True, check=False)  # fmt: skip
-        subprocess.run([str(REPO / ".venv/bin/ansible-playbook"), str(REPO / "playbooks/relay.yml"),
-                        "-e", "state=stopped"], cwd=REPO, env=env, capture_output=True, check=False)  # fmt: skip
+        # The box and the relay create_box.yml started, removed by the modules' own main (no ansible start:
+        # destroy_box.yml and relay.yml are proven elsewhere).
+        module_env = {**engine_fleet.env, "HOME": str(home)}
+        run_module_direct("agentbox_box", {"name": "nc-stream", "state": "absent", "provider": "docker_ssh",
+                                           "engine": engine.alias}, env=module_env)  # fmt: skip
+        run_module_direct("agentbox_relay", {"state": "stopped"}, env=module_env)
         # The shared engine as it was: without agentbox/box:latest (its layers stay, under the fleet's tag).
         engine.shell(f"docker rmi {LATEST} >/dev/null 2>&1; docker image prune -f >/dev/null", check=False)
     lines = [text for text, _stream in seen]

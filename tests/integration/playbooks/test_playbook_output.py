@@ -18,7 +18,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from tests.conftest import REPO, chown_tree, git, make_repo
+from tests.conftest import REPO, chown_tree, git, make_repo, run_module_direct
 from tests.integration.box.conftest import box_task
 
 pytestmark = pytest.mark.integration
@@ -99,7 +99,7 @@ def player() -> Iterator[Player]:
     # A clean-up, not a check: in-process, in the module's HOME (its journal and relay registrations).
     for box in made.made:
         box_task({"name": box, "state": "absent"}, env={"HOME": str(home)})
-    made.run("relay.yml", "state=stopped")
+    run_module_direct("agentbox_relay", {"state": "stopped"}, env={"HOME": str(home)})  # relay.yml: proven elsewhere
     shutil.rmtree(home, ignore_errors=True)
     engine = docker.from_env()
     for box in made.made:

@@ -2,6 +2,10 @@
 disk, network (block_all, an allow list), ephemeral and auto_delete, and the region (daytona_target) with
 region-scoped checkpoint snapshots. What the sandbox got is read back through the SDK, as a user of the live
 service would read it; bad values fail before anything is made.
+
+The modules run as Ansible runs them on the target, their own main in a fresh Python
+(tests/conftest.py (run_module_direct)): these tests are about what the options do. Through Ansible: the
+refused calls (one playbook, every case a task) and the unpinned image's warning, as Ansible prints it.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from tests.conftest import REPO, make_repo, run_module
+from tests.conftest import REPO, make_repo, run_module, run_module_direct
 from tests.daytona_emulator import TEST_IMAGE, ensure_test_image, remove_test_image, running_emulator
 
 pytestmark = pytest.mark.integration
@@ -42,7 +46,7 @@ class Emu:
         options = {"provider": "daytona", "workspace": str(self.workspace), "seed": False, "boot": False, **args}
         saved = os.environ.pop("DAYTONA_TARGET", None)
         try:
-            return run_module("agentbox_box", options, env=self.env())
+            return run_module_direct("agentbox_box", options, env=self.env())
         finally:
             if saved is not None:
                 os.environ["DAYTONA_TARGET"] = saved
@@ -197,7 +201,7 @@ def test_an_ephemeral_box_is_deleted_when_it_stops_and_never_paused(emu: Emu) ->
         refused = emu.box(name=short, state="paused")
         assert refused["failed"] and "the box is ephemeral" in refused["msg"], refused
         assert sdk.get(short).state == "started"  # the refusal changed nothing
-        refused = run_module("agentbox_checkpoint", {"box": short, "name": "never", "provider": "daytona"},
+        refused = run_module_direct("agentbox_checkpoint", {"box": short, "name": "never", "provider": "daytona"},
                              env=emu.env())  # fmt: skip
         assert refused["failed"] and "the box is ephemeral" in refused["msg"], refused
         sdk.get(short).stop()  # as Daytona's own auto-stop would: an ephemeral sandbox goes with its stop
@@ -226,11 +230,11 @@ def test_the_idle_policies_leave_an_ephemeral_box_to_daytona(emu: Emu) -> None:
                   'sed -i "s/\\"since\\": \\"[^\\"]*\\"/\\"since\\": \\"$2\\"/" '
                   "/run/agentbox/agents/claude.state.json")  # fmt: skip
         provider.exec(short, ["sh", "-c", script, "sh", str(old), since]).check("making the box idle")
-        reaped = run_module("agentbox_reap", {"provider": "daytona", "name": short, "idle_timeout": 1}, env=emu.env())
+        reaped = run_module_direct("agentbox_reap", {"provider": "daytona", "name": short, "idle_timeout": 1}, env=emu.env())
         assert not reaped["failed"], reaped
         assert reaped["paused"] == [] and reaped["boxes"][0]["action"] == "skipped", reaped
         assert "ephemeral" in reaped["boxes"][0]["reason"], reaped
-        policy = run_module("agentbox_idle", {"provider": "daytona", "project": made["box"]["project"],
+        policy = run_module_direct("agentbox_idle", {"provider": "daytona", "project": made["box"]["project"],
                                               "max_running": 0, "idle_minutes": 1,
                                               "state_file": str(emu.root / "paused.json")}, env=emu.env())  # fmt: skip
         assert not policy["failed"], policy
@@ -251,7 +255,7 @@ def test_a_box_lives_in_its_region_and_its_checkpoints_restore_only_there(emu: E
         assert not emu.box(name=source, daytona_target="eu", seed=True)["failed"]
         sdk = emu.sdk()
         assert sdk.get(source).target == "eu"
-        done = run_module("agentbox_checkpoint", {"box": source, "name": checkpoint, "provider": "daytona",
+        done = run_module_direct("agentbox_checkpoint", {"box": source, "name": checkpoint, "provider": "daytona",
                                                   "workspace": str(emu.workspace)}, env=emu.env())  # fmt: skip
         assert not done["failed"], done
         refused = emu.box(name=elsewhere, checkpoint=checkpoint, daytona_target="us")
@@ -263,5 +267,5 @@ def test_a_box_lives_in_its_region_and_its_checkpoints_restore_only_there(emu: E
         assert sdk.get(restored).target == "eu"
     finally:
         emu.destroy(source, elsewhere, restored)
-        run_module("agentbox_checkpoint", {"name": checkpoint, "state": "absent", "provider": "daytona",
+        run_module_direct("agentbox_checkpoint", {"name": checkpoint, "state": "absent", "provider": "daytona",
                                            "workspace": str(emu.workspace)}, env=emu.env())  # fmt: skip
