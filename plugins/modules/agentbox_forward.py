@@ -10,7 +10,7 @@ short_description: A URL on this machine for a port of a box
 version_added: 0.2.0
 description:
   - Any port of a running box, without recreating it. Ports published at create (the web port 80 and the box's
-    O(ports)) are used as they are; any other port of a box on a Docker engine gets a forward on this machine.
+    O(agentbox.box.agentbox_box#module:ports)) are used as they are; any other port of a box on a Docker engine gets a forward on this machine.
   - Local engine - a published port's URL is returned as it is now (published ports change when a box is stopped
     and started, so ask again after a start). Any other port - a detached forwarder on this machine's
     C(127.0.0.1:<local_port>) (V(0) picks a free port); each connection runs a small relay in the box

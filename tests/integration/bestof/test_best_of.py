@@ -28,7 +28,7 @@ import docker
 import pytest
 
 from tests.conftest import chown_tree, git, make_repo
-from tests.integration.agent.test_agent_box import REPO, STANDIN, World
+from tests.integration.agent.world import REPO, STANDIN, World
 from tests.integration.support.fleet_page import CHROMIUM_FLAGS, chromium_binary
 
 pytestmark = pytest.mark.integration

@@ -19,13 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.agent import test_agent_box as shared
-from tests.integration.agent.test_agent_box import PROMPT, REPO, STANDIN, World
+from tests.integration.agent import conftest as agent_fixtures
+from tests.integration.agent.world import PROMPT, REPO, STANDIN, World
 
 pytestmark = pytest.mark.integration
 
-world = shared.world
-workspace = shared.workspace
+world = agent_fixtures.world  # the agent tests' fixtures, shared
+workspace = agent_fixtures.workspace
+
 RELAY = str(REPO / "scripts/agentbox-relay")
 
 

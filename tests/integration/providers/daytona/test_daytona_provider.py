@@ -5,13 +5,12 @@ the in-box start sequence, checkpoints (sandbox snapshots) and the inventory/con
 The tests of this module share one emulator and, through module fixtures, one box (`created`) and one
 checkpoint restored into a second box (`checkpointed`); each test leaves the shared box running, so they
 pass in any order. The destroy test makes its own box. HOME is a temp dir, so checkpoint manifests never
-touch the real ~/.agentbox. The playbooks, the inventory and the connection run through Ansible; a module
-a test only needs for set-up or to read a result runs its own main in a fresh Python
-(tests/conftest.py (run_module_direct)), as Ansible runs it on the target.
+touch the real ~/.agentbox.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -30,7 +29,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from tests.conftest import REPO, chown_tree, git, make_repo, run_module_direct
+from tests.conftest import REPO, chown_tree, git, make_repo
 from tests.daytona_emulator import running_emulator
 
 pytestmark = pytest.mark.integration
@@ -306,7 +305,7 @@ def test_pause_and_resume(world: World, created: dict) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert _sandbox(world, world.box)["state"] == "started"
 
-    _module(world, "agentbox_box", {"provider": "daytona", "name": world.box, "state": "paused"})  # paused: above
+    world.playbook("box_state.yml", f"box={world.box}", "state=paused")
     world.playbook("box_state.yml", f"box={world.box}", "state=started")
     assert _sandbox(world, world.box)["state"] == "started"
     provider = world.provider()
@@ -387,17 +386,12 @@ def test_checkpoint_info_and_prune(world: World, checkpointed: dict) -> None:
 
 
 def _module(world: World, module: str, args: dict) -> dict:
-    """The module's main in a fresh Python (no ansible start), under the world's HOME and emulator; it must succeed."""
-    env = {"HOME": str(world.home), "DAYTONA_API_URL": world.api_url, "DAYTONA_API_KEY": world.api_key,
-           "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory", "GIT_CONFIG_VALUE_0": "*"}  # fmt: skip
-    saved = os.environ.pop("DAYTONA_TARGET", None)  # as World.env(): the emulator's default region
-    try:
-        done = run_module_direct(module, args, env=env)
-    finally:
-        if saved is not None:
-            os.environ["DAYTONA_TARGET"] = saved
-    assert not done["failed"], done
-    return done
+    argv = [str(VENV_BIN / "ansible"), "-i", "localhost,", "-c", "local", "localhost",
+            "-e", f"ansible_python_interpreter={sys.executable}", "-m", f"agentbox.box.{module}", "-a", json.dumps(args)]  # fmt: skip
+    env = {**world.env(), "ANSIBLE_CALLBACK_RESULT_FORMAT": "json"}
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    return json.loads(done.stdout.partition(" => ")[2])
 
 
 def test_destroy_leaves_no_sandbox_snapshot_or_container(world: World) -> None:
@@ -405,10 +399,8 @@ def test_destroy_leaves_no_sandbox_snapshot_or_container(world: World) -> None:
     ws = make_repo(world.root / "ws-destroy", {"README.md": "to be destroyed\n"})
     chown_tree(ws)
     box = f"{world.box}-d"
-    # Made by the modules (create_box.yml and checkpoint.yml are proven on the shared box); destroyed below by
-    # destroy_box.yml, the subject of this test.
-    _module(world, "agentbox_box", {"provider": "daytona", "name": box, "workspace": str(ws)})
-    _module(world, "agentbox_checkpoint", {"provider": "daytona", "box": box, "name": "gone1"})
+    world.playbook("create_box.yml", f"workspace={ws}", f"box={box}")
+    world.playbook("checkpoint.yml", f"box={box}", "checkpoint=gone1")
     sandbox_id = _sandbox(world, box)["id"]
     container_id = world.admin.sandbox_internal(sandbox_id)["_emulator"]["containerId"]
     project = world.provider().find(box).project
@@ -417,8 +409,11 @@ def test_destroy_leaves_no_sandbox_snapshot_or_container(world: World) -> None:
     assert any(manifests.rglob("manifest.json")), "no manifest was written"
 
     world.playbook("destroy_box.yml", f"box={box}")
-    _module(world, "agentbox_checkpoint", {"provider": "daytona", "workspace": str(ws), "name": "gone1",
-                                           "state": "absent"})  # fmt: skip
+    argv = [str(VENV_BIN / "ansible"), "-i", "localhost,", "-c", "local", "localhost",
+            "-e", f"ansible_python_interpreter={sys.executable}", "-m", "agentbox.box.agentbox_checkpoint",
+            "-a", f"provider=daytona workspace={ws} name=gone1 state=absent"]  # fmt: skip
+    done = subprocess.run(argv, cwd=REPO, env=world.env(), capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert _sandbox(world, box) is None
     assert [s["name"] for s in world.admin.state()["snapshots"] if "-gone1-" in s["name"]] == []
     assert docker.from_env().containers.list(all=True, filters={"id": container_id}) == []
