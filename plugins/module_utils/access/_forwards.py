@@ -121,7 +121,8 @@ def start_forwarder(box: str, relay_argv: list[str], local_port: int) -> tuple[i
     argv = [sys.executable, "-c", source, "--box", box, "--port", str(local_port), "--", *relay_argv]
     process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                start_new_session=True, close_fds=True)  # fmt: skip
-    assert process.stdout is not None
+    if process.stdout is None:  # stdout=PIPE always gives one; the type says Optional
+        raise RuntimeError("the forwarder started without its stdout pipe")
     line = process.stdout.readline(1000).decode("utf-8", "replace").strip()
     process.stdout.close()
     if not line.startswith("ok "):

@@ -95,8 +95,9 @@ def upstream_of(env: Mapping[str, str], api: str) -> str:
     return given.rstrip("/") if urlsplit(given).scheme == "https" and urlsplit(given).hostname else APIS[api]["upstream"]
 
 
-def keep_on_host(box_id: str, agent: str, env: dict[str, str], files: dict[str, str]) -> tuple[dict[str, str],
-                                                                                                dict[str, str], str]:
+def keep_on_host(
+    box_id: str, agent: str, env: dict[str, str], files: dict[str, str]
+) -> tuple[dict[str, str], dict[str, str], str]:
     """For an agent in a box with a policy: write its credential to the host's file for the gateway and
     return (env, files) to send into the box instead (base URL at the gateway, a placeholder key, no
     sign-in file) and what the gateway will use (a name, never a value). An agent the gateway carries no

@@ -154,8 +154,9 @@ def test_a_pool_whose_image_is_gone_keeps_no_box_and_says_why(pools: str, client
     assert len(report["problems"]) == 1 and f"image {tag!r} is not on engine" in report["problems"][0]
 
 
-def test_a_refill_killed_mid_create_leaks_nothing_after_the_next_refill(tmp_path: Path,
-                                                                       client: docker.DockerClient) -> None:
+def test_a_refill_killed_mid_create_leaks_nothing_after_the_next_refill(
+    tmp_path: Path, client: docker.DockerClient
+) -> None:
     """kill -9 of pool.yml's module while its pooled box exists but is not booted nor paused: the next refill
     removes that box and its volumes and makes a fresh one."""
     home = tmp_path / "h"

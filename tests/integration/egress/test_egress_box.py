@@ -133,7 +133,7 @@ def test_a_stopped_gateway_is_said_at_once_with_how_to_start_it_and_nothing_goes
     try:
         started = time.monotonic()
         _rc, out = in_box(box, "curl -sS -D - http://pypi.org/simple/six/; "
-                              "curl -sS -o /dev/null https://pypi.org/simple/six/; echo rc=$?")
+                          "curl -sS -o /dev/null https://pypi.org/simple/six/; echo rc=$?")
         assert time.monotonic() - started < 30, out
         assert "503 agentbox egress gateway not reachable: start it on the host" in out, out
         assert "ansible-playbook playbooks/relay.yml (or scripts/agentbox-relay start)" in out

@@ -202,7 +202,7 @@ def test_an_ephemeral_box_is_deleted_when_it_stops_and_never_paused(emu: Emu) ->
         assert refused["failed"] and "the box is ephemeral" in refused["msg"], refused
         assert sdk.get(short).state == "started"  # the refusal changed nothing
         refused = run_module_direct("agentbox_checkpoint", {"box": short, "name": "never", "provider": "daytona"},
-                             env=emu.env())  # fmt: skip
+                                    env=emu.env())  # fmt: skip
         assert refused["failed"] and "the box is ephemeral" in refused["msg"], refused
         sdk.get(short).stop()  # as Daytona's own auto-stop would: an ephemeral sandbox goes with its stop
         assert not emu.exists(short)
@@ -235,8 +235,8 @@ def test_the_idle_policies_leave_an_ephemeral_box_to_daytona(emu: Emu) -> None:
         assert reaped["paused"] == [] and reaped["boxes"][0]["action"] == "skipped", reaped
         assert "ephemeral" in reaped["boxes"][0]["reason"], reaped
         policy = run_module_direct("agentbox_idle", {"provider": "daytona", "project": made["box"]["project"],
-                                              "max_running": 0, "idle_minutes": 1,
-                                              "state_file": str(emu.root / "paused.json")}, env=emu.env())  # fmt: skip
+                                                     "max_running": 0, "idle_minutes": 1,
+                                                     "state_file": str(emu.root / "paused.json")}, env=emu.env())  # fmt: skip
         assert not policy["failed"], policy
         entry = next(e for e in policy["boxes"] if e["name"] == short)
         assert policy["paused"] == [] and entry["action"] == "keep" and "ephemeral" in entry["reason"], policy
@@ -256,7 +256,7 @@ def test_a_box_lives_in_its_region_and_its_checkpoints_restore_only_there(emu: E
         sdk = emu.sdk()
         assert sdk.get(source).target == "eu"
         done = run_module_direct("agentbox_checkpoint", {"box": source, "name": checkpoint, "provider": "daytona",
-                                                  "workspace": str(emu.workspace)}, env=emu.env())  # fmt: skip
+                                                         "workspace": str(emu.workspace)}, env=emu.env())  # fmt: skip
         assert not done["failed"], done
         refused = emu.box(name=elsewhere, checkpoint=checkpoint, daytona_target="us")
         assert refused["failed"], refused
@@ -268,4 +268,4 @@ def test_a_box_lives_in_its_region_and_its_checkpoints_restore_only_there(emu: E
     finally:
         emu.destroy(source, elsewhere, restored)
         run_module_direct("agentbox_checkpoint", {"name": checkpoint, "state": "absent", "provider": "daytona",
-                                           "workspace": str(emu.workspace)}, env=emu.env())  # fmt: skip
+                                                  "workspace": str(emu.workspace)}, env=emu.env())  # fmt: skip
