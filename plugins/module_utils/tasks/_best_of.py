@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import threading
 import time
@@ -285,9 +286,8 @@ def _collect(
     diff = provider.exec(box, ["bash", "-c", f'git diff {base} HEAD | head -c {DIFF_LIMIT}'], workdir="/workspace",
                          timeout=60, limit=DIFF_LIMIT + 4096, what="diff")  # fmt: skip
     run["diff"] = diff.text
-    run["commit"] = provider.exec(
-        box, ["git", "rev-parse", "HEAD"], workdir="/workspace", timeout=30, limit=4096
-    ).text.strip()
+    said = provider.exec(box, ["git", "rev-parse", "HEAD"], workdir="/workspace", timeout=30, limit=4096).text.strip()
+    run["commit"] = said if re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", said) else ""  # the box's word: a hash or nothing
     checked = provider.exec(box, ["bash", "-lc", check], workdir="/workspace", timeout=check_timeout,
                             limit=16 << 20, what="check output")  # fmt: skip
     output = (checked.stdout + b"\n" + checked.stderr).decode("utf-8", "replace")
@@ -302,18 +302,22 @@ def _collect(
 def _adopt(params: dict[str, Any], winner: dict[str, Any]) -> dict[str, Any]:
     """The winner's branch into the host repository (agentbox/<box>); the host's working tree, index and
     stash are not touched: only the branch ref moves."""
-    from ..git import _gitlayer, _ship
+    from ..git import _git, _gitlayer, _ship
 
     provider = _provider(params)
     facts = provider.find(winner["box"])
     if facts is None:
         raise RuntimeError(f"the winner's box {winner['box']} is gone: its branch cannot be fetched")
-    if provider.shares_host_filesystem and not _gitlayer.has_layers(facts):
-        return {"branch": facts.branch, "commit": winner.get("commit")}
-    fetched = _ship.fetch_box_branch(provider, facts, facts.workspace, force=True)
+    fetched: dict[str, Any] = {}
+    if not provider.shares_host_filesystem or _gitlayer.has_layers(facts):
+        fetched = _ship.fetch_box_branch(provider, facts, facts.workspace, force=True)
     if _gitlayer.has_layers(facts):
         _gitlayer.refresh_view(provider, facts)
-    return {"branch": facts.branch, "commit": winner.get("commit"), "repos": fetched.get("repos", [])}
+    # The adopted commit as the host's repository now has it under the branch, not as the box said it.
+    adopted = _git.git(facts.workspace, "rev-parse", "--verify", "--end-of-options", f"refs/heads/{facts.branch}",
+                       check=False)  # fmt: skip
+    commit = adopted.stdout.decode("ascii", "replace").strip() if adopted.returncode == 0 else ""
+    return {"branch": facts.branch, "commit": commit, "repos": fetched.get("repos", [])}
 
 
 def _clean_up(params: dict[str, Any], runs: list[dict[str, Any]], winner: dict[str, Any] | None) -> list[str]:

@@ -151,6 +151,8 @@ def test_best_of_five_runs_the_check_judges_adopt_brings_the_winner_and_keep_win
         log = git(workspace, "log", "--format=%s", f"{base}..agentbox/{good['box']}").splitlines()
         assert log == ["best_of: run 1 (claude)", "best_of: the workspace's uncommitted work at the start"]
         assert git(workspace, "show", f"agentbox/{good['box']}:solution.py") == GOOD
+        # The adopted commit in the result is the host repository's, read there after the fetch.
+        assert result["adopted"]["commit"] == git(workspace, "rev-parse", f"agentbox/{good['box']}").strip()
         assert git(workspace, "diff", "--name-only", base, f"agentbox/{good['box']}").split() == [
             "notes.txt",
             "solution.py",
