@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite, as CI runs it: set-up, quality gates, then every test against the real
-# engine. Usage: scripts/test.sh [pytest args...]   (AGENTBOX_SKIP_GATES=1 runs only pytest, and then
-# the run never reports "all steps passed": the quality gates did not run)
+# The whole test suite, as CI runs it: set-up, then every test against the real engine with the
+# quality gates running beside it. Usage: scripts/test.sh [pytest args...]   (AGENTBOX_SKIP_GATES=1
+# runs only pytest, and then the run never reports "all steps passed": the quality gates did not run)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH=$PWD/.venv/bin:$PATH ANSIBLE_CONFIG=$PWD/ansible.cfg ANSIBLE_NOCOLOR=1 PY_COLORS=0
@@ -61,17 +61,50 @@ export DOCKER_HOST=${AGENTBOX_ENGINE:-unix:///run/agentbox-engine/docker.sock}
 setup_step "browser" bash scripts/ensure-browser.sh
 setup_step "box image" ansible-playbook playbooks/build_image.yml
 
+# The quality gates run beside pytest, one after another in the background: pytest alone leaves about a
+# quarter of the two cores idle (it waits on the engine, SSH and boxes booting), which the gates fill.
+# Each gate's output goes to its own file and is printed, with its verdict, when pytest has ended.
+gate_dir=$(mktemp -d /tmp/agentbox-gates.XXXXXX)
+gates_pid=
 if [ "${AGENTBOX_SKIP_GATES:-0}" != 1 ]; then
-  step "ruff" ruff check .  # every Python file, in-box programs included (ruff.toml extend-include)
-  step "ansible-lint" ansible-lint --offline playbooks roles
-  step "ansible-test sanity" bash scripts/sanity.sh
-  for scenario in roles/*/molecule/default; do
-    role_dir=${scenario%/molecule/default}
-    step "molecule ${role_dir#roles/}" bash -c "cd '$role_dir' && molecule test"
-  done
+  gate() {  # gate NAME COMMAND...: like step, into $gate_dir (NN-NAME.log, and NN-NAME.rc when it ended)
+    local name=$1 log started=$SECONDS rc=0
+    shift
+    log=$gate_dir/$(printf '%02d' "$(find "$gate_dir" -name '*.log' | wc -l)")-${name// /_}
+    "$@" >"$log.log" 2>&1 </dev/null || rc=$?
+    echo "$rc $((SECONDS - started))" >"$log.rc"
+  }
+  (
+    # sanity first: it copies the checkout as it is at the start (tests may make files there for a while).
+    gate "ansible-test sanity" bash scripts/sanity.sh
+    gate "ruff" ruff check .  # every Python file, in-box programs included (ruff.toml extend-include)
+    gate "ansible-lint" ansible-lint --offline playbooks roles
+    for scenario in roles/*/molecule/default; do
+      role_dir=${scenario%/molecule/default}
+      gate "molecule ${role_dir#roles/}" bash -c "cd '$role_dir' && molecule test"
+    done
+  ) &
+  gates_pid=$!
+  echo "=== quality gates: started beside pytest (ruff, ansible-lint, ansible-test sanity, molecule); reported after it"
 fi
+gates_report() {  # print each gate's output and verdict, in the order they ran; a gate that left no verdict failed
+  local log name rc seconds
+  [ -n "$gates_pid" ] || return 0
+  wait "$gates_pid"
+  for log in "$gate_dir"/*.log; do
+    name=$(basename "$log" .log); name=${name#*-}; name=${name//_/ }
+    echo "=== $name"
+    cat "$log"
+    if [ -s "${log%.log}.rc" ] && read -r rc seconds <"${log%.log}.rc" && [ "$rc" = 0 ]; then
+      echo "=== $name: ok ($seconds s, beside pytest)"
+    else
+      echo "=== $name: FAILED (${seconds:-?} s, beside pytest)"
+      failed+=("$name")
+    fi
+  done
+}
 
-# pytest last: its closing line is the suite's verdict (exit 5, no tests, counts as a failure).
+# pytest: exit 5 (no tests) counts as a failure; the gates' verdicts follow it, then the counts.
 # Two workers (much of the suite waits on the engine, SSH and subprocesses); a module's tests stay
 # on one worker, so a module's expensive shared fixtures (emulator, engine fleet) are made once.
 # Module order and the order of tests in each module are shuffled (the seed is printed: rerun
@@ -94,9 +127,11 @@ for engine in box:"$DOCKER_HOST" user:"$user_engine"; do
 done
 AGENTBOX_COUNT_DIR=$count_dir step "pytest" pytest -p no:cacheprovider -n "${AGENTBOX_TEST_WORKERS:-2}" --dist loadfile \
   -p random_order --random-order-bucket=module --durations=10 "$@"
+gates_report
 kill "${watchers[@]}" 2>/dev/null
 rm -f "$count_pth"
 wait "${watchers[@]}" 2>/dev/null
+rm -rf "$gate_dir"
 boxes() { grep -c . "$1" 2>/dev/null || true; }  # lines naming a box (other containers print an empty line)
 # One line a process (a venv may list its site-packages twice: the same pid then writes two).
 sort -u "$count_dir/ansible" 2>/dev/null | awk '{print $2}' >"$count_dir/ansible.once"
