@@ -67,10 +67,11 @@ setup_step "box image" ansible-playbook playbooks/build_image.yml
 gate_dir=$(mktemp -d /tmp/agentbox-gates.XXXXXX)
 gates_pid=
 if [ "${AGENTBOX_SKIP_GATES:-0}" != 1 ]; then
-  gate() {  # gate NAME COMMAND...: like step, into $gate_dir (NN-NAME.log, and NN-NAME.rc when it ended)
+  gate() {  # gate NAME COMMAND...: like step, into $gate_dir (NN.name, NN.log, and NN.rc when it ended)
     local name=$1 log started=$SECONDS rc=0
     shift
-    log=$gate_dir/$(printf '%02d' "$(find "$gate_dir" -name '*.log' | wc -l)")-${name// /_}
+    log=$gate_dir/$(printf '%02d' "$(find "$gate_dir" -name '*.log' | wc -l)")
+    echo "$name" >"$log.name"
     "$@" >"$log.log" 2>&1 </dev/null || rc=$?
     echo "$rc $((SECONDS - started))" >"$log.rc"
   }
@@ -92,7 +93,7 @@ gates_report() {  # print each gate's output and verdict, in the order they ran;
   [ -n "$gates_pid" ] || return 0
   wait "$gates_pid"
   for log in "$gate_dir"/*.log; do
-    name=$(basename "$log" .log); name=${name#*-}; name=${name//_/ }
+    name=$(cat "${log%.log}.name")
     echo "=== $name"
     cat "$log"
     if [ -s "${log%.log}.rc" ] && read -r rc seconds <"${log%.log}.rc" && [ "$rc" = 0 ]; then
