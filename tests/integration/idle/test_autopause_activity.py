@@ -84,5 +84,13 @@ def test_an_open_ssh_session_keeps_it_running(idle_box: dict) -> None:
     finally:
         session.communicate(input="", timeout=60)
     assert session.returncode == 0, session.stderr
+    # The client has gone; the box's sshd (`sshd -i` behind the ProxyCommand) notices its closed input
+    # and exits a moment later, on a busy machine after the client: the policy is asked once it has.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        left = idle_box["container"].exec_run(["pgrep", "-c", "-f", r"^(sshd|sshd-session): vscode \[priv\]"])
+        if left.output.strip() == b"0":
+            break
+        time.sleep(0.2)
     gone = policy(idle_box, idle_box["now"] + 13 * 3600)
     assert gone["action"] == "pause", gone
