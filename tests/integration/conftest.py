@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.integration.journeys import JOURNEYS
 from tests.integration.support.engines import EngineFleet, run_fleet
 
 
@@ -30,3 +31,11 @@ def engine_fleet(loaded_engines: EngineFleet) -> Iterator[EngineFleet]:
     without boxes or the box image (doctor) starts its own."""
     with loaded_engines.exported() as fleet:
         yield fleet
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the end-to-end journeys (tests/integration/journeys.py) so `pytest -m journey` runs them alone."""
+    for item in items:
+        path, _, name = item.nodeid.partition("::")
+        if f"{path.removeprefix('tests/integration/')}::{name.split('[')[0]}" in JOURNEYS:
+            item.add_marker(pytest.mark.journey)
