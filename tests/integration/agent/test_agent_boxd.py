@@ -19,7 +19,6 @@ does it on the local engine: world.py's World, stand-in and Claude Code checks s
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -69,21 +68,8 @@ class BoxdWorld(shared.World):
         assert found is not None, facts.container
         return found
 
-    def inventory(self, box: str) -> dict[str, Any]:
-        config = self.root / "test.agentbox.yml"
-        config.write_text(json.dumps({"plugin": "agentbox.box.boxes", "include": [box],
-                                      "boxd": {"base_url": self.emu.base_url}}))  # fmt: skip
-        done = subprocess.run(
-            [shared.ANSIBLE_INVENTORY, "-i", str(config), "--list"],
-            cwd=shared.REPO,
-            env={**os.environ, **self.env, "HOME": str(self.home), "ANSIBLE_CONFIG": str(shared.REPO / "ansible.cfg")},
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        return json.loads(done.stdout, object_hook=lambda d: d.get("__ansible_unsafe", d) if len(d) == 1 else d)
+    def inventory(self, box: str, **options: Any) -> dict[str, Any]:
+        return super().inventory(box, boxd={"base_url": self.emu.base_url}, **options)
 
     # The stand-in's files go to /dev/shm, a tmpfs no snapshot keeps; it is started detached from the exec's
     # streams (every box command goes through boxd's exec, never the container).

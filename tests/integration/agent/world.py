@@ -190,7 +190,7 @@ class World:
         done = subprocess.run(
             [ANSIBLE_INVENTORY, "-i", str(config), "--list"],
             cwd=REPO,
-            env={**os.environ, "HOME": str(self.home), "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")},
+            env={**os.environ, **self.module_env(), "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")},
             capture_output=True,
             text=True,
             timeout=300,
