@@ -70,6 +70,10 @@ options:
         runs unless O(keep_from) or boxes of the run still start from it).
     type: str
     aliases: [checkpoint]
+  image:
+    description: The box image the boxes start from (without O(from)), as for C(agentbox_box).
+    type: str
+    default: agentbox/box:latest
   keep_from:
     description: Keep the checkpoint a fork (O(from) a box) was made through.
     type: bool
@@ -135,7 +139,8 @@ id:
   type: str
 runs:
   description: One per run - agent, box, branch, state (done, waiting, timeout, failed), check_rc, tests_passed,
-    tests_failed, diff_stat, files, seconds, tokens, reason.
+    tests_failed, diff_stat, files, seconds, tokens, reason; create_seconds and check_seconds (the time of its
+    create and of its check); engine (with O(engines)).
   returned: always
   type: list
   elements: dict

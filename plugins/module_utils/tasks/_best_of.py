@@ -40,6 +40,7 @@ BEST_OF_ARGUMENT_SPEC: dict[str, Any] = {
     "timeout": {"type": "float", "default": 1800},
     "from": {"type": "str", "aliases": ["checkpoint"]},
     "keep_from": {"type": "bool", "default": False},
+    "image": {"type": "str", "default": _box.DEFAULT_IMAGE},
     "adopt": {"type": "str"},
     "keep": {"type": "str", "default": "all", "choices": ["all", "winner", "none"]},
     "max_runs": {"type": "int", "default": report.MAX_RUNS},
@@ -282,7 +283,7 @@ def _refuse_missing_programs(provider: Provider, params: dict[str, Any], workspa
                 where = f"box {source.name}"
                 done = provider.exec(source.name, argv, timeout=60, limit=1 << 16, what="check's programs")
             else:
-                image = _box.DEFAULT_IMAGE
+                image = params["image"]
                 if params.get("from") and params["from"] != "none":
                     from ..checkpoint import _restore
 
@@ -339,13 +340,16 @@ def _one_run(run: dict[str, Any], params: dict[str, Any], workspace: str, task: 
     provider_options = {key: params.get(key) for key in PROVIDER_ARGUMENT_SPEC}
     run["state"] = "creating"
     save()
+    creating = time.monotonic()
     created = run_box_task(
         _defaults(
-            BOX_ARGUMENT_SPEC, **provider_options, name=run["box"], workspace=workspace, checkpoint=params.get("from")
+            BOX_ARGUMENT_SPEC, **provider_options, name=run["box"], workspace=workspace, checkpoint=params.get("from"),
+            image=params["image"],
         ),
         False,
     )[0]
     run["branch"] = created["box"].get("branch")
+    run["create_seconds"] = round(time.monotonic() - creating, 1)
     provider = _provider(params)
     facts = provider.find(run["box"])
     if facts is None:
@@ -462,8 +466,10 @@ def _collect(
     run["diff"] = diff.text
     said = provider.exec(box, ["git", "rev-parse", "HEAD"], workdir="/workspace", timeout=30, limit=4096).text.strip()
     run["commit"] = said if re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", said) else ""  # the box's word: a hash or nothing
+    checking = time.monotonic()
     checked = provider.exec(box, ["bash", "-lc", check], workdir="/workspace", timeout=check_timeout,
                             limit=16 << 20, what="check output")  # fmt: skip
+    run["check_seconds"] = round(time.monotonic() - checking, 1)
     output = (checked.stdout + b"\n" + checked.stderr).decode("utf-8", "replace")
     run["check_rc"] = checked.rc
     run["tests_passed"], run["tests_failed"] = report.test_counts(output)
