@@ -79,7 +79,7 @@ def main() -> None:
     parser.add_argument("--check-seconds", type=float, default=1.0)
     parser.add_argument("--runs", type=int, default=1)
     args = parser.parse_args()
-    results = [one_run(args.n, args.agent_seconds, args.check_seconds) for _ in range(args.runs)]
+    results = [one_run(args.n, args.agent_seconds, args.check_seconds) for _run in range(args.runs)]
     m = {key: statistics.median(r[key] for r in results) for key in results[0]}
     print(f"N={args.n} local boxes, agent {args.agent_seconds:g} s, check {args.check_seconds:g} s, runs {args.runs}")
     print(f"best_of.yml wall time                 median {m['wall']:.1f} s")

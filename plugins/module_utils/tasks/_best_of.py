@@ -278,23 +278,13 @@ def _refuse_missing_programs(provider: Provider, params: dict[str, Any], workspa
     where = "the workspace"
     if pairs and not check_mode:
         argv = ["bash", "-lc", PROBE, "probe", *pairs]
+        # The checkpoint's image: an unknown, foreign or broken checkpoint is refused here, before any box.
+        image = params["image"] if source is not None else _start_image(provider, params, workspace)
+        where = f"box {source.name}" if source is not None else f"image {image}"
         try:
             if source is not None:
-                where = f"box {source.name}"
                 done = provider.exec(source.name, argv, timeout=60, limit=1 << 16, what="check's programs")
             else:
-                image = params["image"]
-                if params.get("from") and params["from"] != "none":
-                    from ..checkpoint import _restore
-
-                    project = _naming.project_id(workspace)
-                    name = params["from"]
-                    if name == "default":
-                        from ..checkpoint import _checkpoint
-
-                        name = _checkpoint.project_default(provider, project) or ""
-                    image = _restore.plan_restore(provider, project, name).image if name else image
-                where = f"image {image}"
                 done = provider.probe_image(image, argv)
         except ProviderError as exc:
             warnings.append(f"the check's programs were not looked for before the runs ({exc}): the check finds out")
@@ -309,6 +299,25 @@ def _refuse_missing_programs(provider: Provider, params: dict[str, Any], workspa
         return
     raise ValueError(f"{what}: install it in the image or a checkpoint (-e from=...), give its right path, or fix "
                      f"-e check='...'")  # fmt: skip
+
+
+def _start_image(provider: Provider, params: dict[str, Any], workspace: str) -> str:
+    """The image the runs' boxes start from: `from`'s checkpoint's (the project's default for `default`), else
+    the box image. ValueError for a checkpoint that cannot be restored (unknown, another engine's, broken)."""
+    name = params.get("from")
+    if not name or name == "none":
+        return params["image"]
+    from ..checkpoint import _checkpoint, _restore
+
+    project = _naming.project_id(workspace)
+    if name == "default":
+        name = _checkpoint.project_default(provider, project)
+        if not name:
+            return params["image"]
+    try:
+        return _restore.plan_restore(provider, project, name).image
+    except ProviderError as exc:
+        raise ValueError(f"from={name}: {exc}") from exc
 
 
 def _installs_at_boot(workspace: str) -> bool:
@@ -513,8 +522,8 @@ def _push(params: dict[str, Any], winner: dict[str, Any], task: str, warnings: l
         return {"rc": None, "error": "the box is gone"}
 
     def ask(operation: str, args: dict[str, Any]) -> dict[str, Any]:
-        request = _relay_protocol.parse_request(_relay_protocol.encode({"v": _relay_protocol.PROTOCOL_VERSION,
-                                                                         "op": operation, "args": args}))  # fmt: skip
+        message = {"v": _relay_protocol.PROTOCOL_VERSION, "op": operation, "args": args}
+        request = _relay_protocol.parse_request(_relay_protocol.encode(message))
         outcome = _relay_ops.carry_out(provider, facts, request)
         if outcome.rc != 0:
             warnings.append(f"{operation} of {facts.branch} failed (exit {outcome.rc}): {outcome.stderr.strip()[-300:]}")
