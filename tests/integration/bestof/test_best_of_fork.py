@@ -34,7 +34,7 @@ def _boxes_of(client: docker.DockerClient, workspace: Path) -> set[str]:
     return {c.name for c in client.containers.list(all=True, filters={"label": f"io.agentbox.workspace={workspace}"})}
 
 
-def test_a_check_program_missing_from_the_box_image_is_refused_before_any_box(
+def test_a_check_program_missing_from_the_box_image_or_an_unknown_checkpoint_is_refused_before_any_box(
     docker_client: docker.DockerClient, box_image: str, tmp_path: Path
 ) -> None:
     workspace = _workspace(tmp_path)
@@ -44,6 +44,8 @@ def test_a_check_program_missing_from_the_box_image_is_refused_before_any_box(
     assert (f"no-such-tool-7 (of check 'python3 -c pass && no-such-tool-7 --all') not found in image {box_image} "
             "as the box user runs it") in refused["msg"]  # fmt: skip
     assert "python3" not in refused["msg"].split(" (of check")[0]  # the image has python3: only the missing is named
+    unknown = run_module_inprocess("agentbox_best_of", {**args, "check": "true", "from": "no-such-checkpoint"})
+    assert unknown["failed"] and unknown["msg"].startswith("from=no-such-checkpoint: "), unknown["msg"]
     assert _boxes_of(docker_client, workspace) == set()
 
 
