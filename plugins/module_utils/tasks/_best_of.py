@@ -25,6 +25,7 @@ from ..box import _box
 from ..core import _host_files, _naming
 from ..core._provider import BoxFacts, Provider, ProviderError
 from ..providers._module import PROVIDER_ARGUMENT_SPEC, provider_from_params
+from ..providers._registry import SSH_ENGINE_PROVIDERS
 from . import _best_of_report as report
 from ._agent_task import AGENT_ARGUMENT_SPEC, run_agent_task
 from ._box_task import BOX_ARGUMENT_SPEC, run_box_task
@@ -116,8 +117,8 @@ def run_best_of(params: dict[str, Any], check_mode: bool) -> tuple[dict[str, Any
         raise ValueError("keep=winner needs a winner: add -e adopt=auto (or adopt=RUN)")
     if params["timeout"] <= 0:
         raise ValueError("timeout (seconds per agent) must be more than 0")
-    if params.get("engines") and params["provider"] != "docker_ssh":
-        raise ValueError(f"engines spreads the runs over docker_ssh engines: add -e provider=docker_ssh (not "
+    if params.get("engines") and params["provider"] not in SSH_ENGINE_PROVIDERS:
+        raise ValueError(f"engines spreads the runs over SSH engines: add -e provider={SSH_ENGINE_PROVIDERS[0]} (not "
                          f"{params['provider']}), or leave engines out")  # fmt: skip
     report.spread(runs, params.get("engines"))
     _check_push(params, workspace)
