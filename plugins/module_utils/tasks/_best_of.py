@@ -137,7 +137,7 @@ def run_best_of(params: dict[str, Any], check_mode: bool) -> tuple[dict[str, Any
     if check_mode:
         return result, warnings
     if source is not None:
-        params = {**params, "from": _fork(params, source, result["fork"]["checkpoint"])}
+        params = {**params, "from": _fork(_at(params, runs[0]), source, result["fork"]["checkpoint"])}
     folder = _host_files.ensure_private_dir(os.path.join(_host_files.agentbox_dir(), "best_of", run_id))
     result["result_file"] = os.path.join(folder, "result.json")
     result["page"] = os.path.join(folder, "best_of.html")
@@ -164,7 +164,7 @@ def run_best_of(params: dict[str, Any], check_mode: bool) -> tuple[dict[str, Any
             result["pushed"] = _push(_at(params, winner), winner, task, warnings)
     result["removed"] = _clean_up(params, runs, winner)
     if source is not None and not params["keep_from"]:
-        _drop_fork(params, result["fork"], warnings)
+        _drop_fork(_at(params, runs[0]), result["fork"], warnings)  # a fork's runs are on one engine
     save()
     _host_files.write_atomic(result["page"], report.page(result), 0o644)
     result["table"] = report.table(runs, winner)
