@@ -17,7 +17,9 @@ description:
     C(failed) with the reason and the others go on.
   - Writes C(~/.agentbox/best_of/<id>/result.json) (as it goes) and C(best_of.html) beside it.
   - Everything is checked before any box is made - an empty task, no check, an unknown agent, a count
-    below 1 or above O(max_runs), an O(adopt) naming no run.
+    below 1 or above O(max_runs), an O(adopt) naming no run, a program of the check that the boxes would not
+    find (looked for in the image or checkpoint the boxes start from, with a throwaway container, or in the
+    box a fork starts from; a relative path in the workspace).
   - See docs/best_of.md.
 author:
   - agentbox.box developers (@agentbox)
@@ -45,6 +47,7 @@ options:
       - A list; each a known agent (V(claude), V(codex), V(opencode)) or a mapping C({name, command, env}) for a
         custom command, run by C(bash -lc) in C(/workspace), done when it exits or reports V(idle). Repeats
         allowed. Default V([claude]).
+      - An entry's C(timeout) (seconds) is that agent's own, instead of O(timeout).
     type: raw
   n:
     description: Repeat a single agent this many times.
@@ -61,9 +64,40 @@ options:
     type: float
     default: 1800
   from:
-    description: A checkpoint every box starts from.
+    description:
+      - A checkpoint every box starts from, or a running box of the workspace to fork - every box starts from its
+        exact state, its uncommitted work included (through a checkpoint of it, C(bo-<id>-from), removed after the
+        runs unless O(keep_from) or boxes of the run still start from it).
     type: str
     aliases: [checkpoint]
+  image:
+    description: The box image the boxes start from (without O(from)), as for C(agentbox_box).
+    type: str
+    default: agentbox/box:latest
+  keep_from:
+    description: Keep the checkpoint a fork (O(from) a box) was made through.
+    type: bool
+    default: false
+  engines:
+    description:
+      - Spread the runs over these docker_ssh engines, taken in turn as C(fleet_create.yml) does - each
+        C(user@host[:port]), an C(~/.ssh/config) alias, or a mapping C({engine, ssh_private_key_file,
+        ssh_strict_host_key_checking, isolation}). C(best_of.yml) makes the list from an inventory's C(engines)
+        group (C(-i engines.yml)).
+    type: list
+    elements: raw
+  push:
+    description: Push the adopted run's branch to O(remote) from the host repository, as the relay pushes for a box.
+    type: bool
+    default: false
+  pr:
+    description: Push (as O(push)) and open the pull request with C(gh pr create), as the relay does for a box.
+    type: bool
+    default: false
+  remote:
+    description: The host repository's remote that O(push) and O(pr) go to.
+    type: str
+    default: origin
   adopt:
     description:
       - V(auto) (of the runs whose check passed, the fewest failed tests, the most passed, then the smallest
@@ -105,7 +139,8 @@ id:
   type: str
 runs:
   description: One per run - agent, box, branch, state (done, waiting, timeout, failed), check_rc, tests_passed,
-    tests_failed, diff_stat, files, seconds, tokens, reason.
+    tests_failed, diff_stat, files, seconds, tokens, reason; create_seconds and check_seconds (the time of its
+    create and of its check); engine (with O(engines)).
   returned: always
   type: list
   elements: dict
@@ -113,6 +148,14 @@ winner:
   description: The adopted run's agent, or null.
   returned: always
   type: str
+fork:
+  description: With O(from) a box - the box, the checkpoint its runs started from, and whether it was removed.
+  returned: when O(from) names a box
+  type: dict
+pushed:
+  description: With O(push) or O(pr) - the push's exit, output, remote, branch and commit; C(pr) the same for the PR.
+  returned: when pushed
+  type: dict
 result_file:
   description: The JSON result.
   returned: unless check mode

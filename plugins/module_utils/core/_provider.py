@@ -348,6 +348,11 @@ class Provider(abc.ABC):
         what was done, as create reports it under `image_transfer`."""
         raise ProviderError(f"the {self.name!r} provider does not transfer images")
 
+    def probe_image(self, image: str, argv: list[str], user: str = "vscode", timeout: float = 60) -> ExecResult | None:
+        """argv run as `user` in a throwaway container of `image` that is never a box (gone after); None where
+        the provider cannot run one without making a box (the clouds)."""
+        return None
+
     def checkpoint_store(self) -> Any:
         """The engine side of this provider's checkpoints, which _checkpoint works through: images on
         a Docker engine (_image_store), snapshots on a cloud (_snapshot_store)."""

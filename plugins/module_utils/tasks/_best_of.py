@@ -15,14 +15,17 @@ import json
 import os
 import re
 import secrets
+import shutil
 import threading
 import time
 from typing import Any
 
 from ..agent import _agent
-from ..core import _host_files
-from ..core._provider import Provider
+from ..box import _box
+from ..core import _host_files, _naming
+from ..core._provider import BoxFacts, Provider, ProviderError
 from ..providers._module import PROVIDER_ARGUMENT_SPEC, provider_from_params
+from ..providers._registry import SSH_ENGINE_PROVIDERS
 from . import _best_of_report as report
 from ._agent_task import AGENT_ARGUMENT_SPEC, run_agent_task
 from ._box_task import BOX_ARGUMENT_SPEC, run_box_task
@@ -37,15 +40,26 @@ BEST_OF_ARGUMENT_SPEC: dict[str, Any] = {
     "check_timeout": {"type": "float", "default": 900},
     "timeout": {"type": "float", "default": 1800},
     "from": {"type": "str", "aliases": ["checkpoint"]},
+    "keep_from": {"type": "bool", "default": False},
+    "image": {"type": "str", "default": _box.DEFAULT_IMAGE},
     "adopt": {"type": "str"},
     "keep": {"type": "str", "default": "all", "choices": ["all", "winner", "none"]},
     "max_runs": {"type": "int", "default": report.MAX_RUNS},
     "poll": {"type": "float", "default": 2.0},
     "env": {"type": "dict", "default": {}, "no_log": True},
+    "engines": {"type": "list", "elements": "raw"},
+    "push": {"type": "bool", "default": False},
+    "pr": {"type": "bool", "default": False},
+    "remote": {"type": "str", "default": "origin"},
     **PROVIDER_ARGUMENT_SPEC,
 }
 DIFF_LIMIT = 400_000  # bytes of each run's diff kept for the page
 CHECK_TAIL = 4000  # characters of the check's output kept in the result
+# Which of the programs given as (directory, program) pairs a login shell in /workspace does not find: one a line.
+PROBE = (
+    'while [ "$#" -gt 1 ]; do (cd "/workspace/$1" 2>/dev/null || cd /workspace 2>/dev/null; '
+    'command -v -- "$2" >/dev/null 2>&1) || printf "%s\\n" "$2"; shift 2; done'
+)
 # Claude Code's own token counts, summed from its transcripts in the box (numbers only are read).
 CLAUDE_USAGE = r"""
 import glob, json, os
@@ -103,6 +117,14 @@ def run_best_of(params: dict[str, Any], check_mode: bool) -> tuple[dict[str, Any
         raise ValueError("keep=winner needs a winner: add -e adopt=auto (or adopt=RUN)")
     if params["timeout"] <= 0:
         raise ValueError("timeout (seconds per agent) must be more than 0")
+    if params.get("engines") and params["provider"] not in SSH_ENGINE_PROVIDERS:
+        raise ValueError(f"engines spreads the runs over SSH engines: add -e provider={SSH_ENGINE_PROVIDERS[0]} (not "
+                         f"{params['provider']}), or leave engines out")  # fmt: skip
+    report.spread(runs, params.get("engines"))
+    _check_push(params, workspace)
+    warnings: list[str] = []
+    source = _fork_source(params, runs, workspace)
+    _refuse_missing_programs(_provider(_at(params, runs[0])), params, workspace, check, source, warnings, check_mode)
     run_id = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(2)
     short = secrets.token_hex(3)
     for run in runs:
@@ -110,8 +132,12 @@ def run_best_of(params: dict[str, Any], check_mode: bool) -> tuple[dict[str, Any
                    tests_failed=None, diff_stat=None, files=[], seconds=None, tokens=None)  # fmt: skip
     result: dict[str, Any] = {"changed": not check_mode, "id": run_id, "workspace": workspace, "check": check,
                               "runs": runs, "winner": None, "winner_box": None}  # fmt: skip
+    if source is not None:
+        result["fork"] = {"box": source.name, "checkpoint": f"bo-{short}-from"}
     if check_mode:
-        return result, []
+        return result, warnings
+    if source is not None:
+        params = {**params, "from": _fork(_at(params, runs[0]), source, result["fork"]["checkpoint"])}
     folder = _host_files.ensure_private_dir(os.path.join(_host_files.agentbox_dir(), "best_of", run_id))
     result["result_file"] = os.path.join(folder, "result.json")
     result["page"] = os.path.join(folder, "best_of.html")
@@ -122,20 +148,23 @@ def run_best_of(params: dict[str, Any], check_mode: bool) -> tuple[dict[str, Any
             _host_files.write_atomic(result["result_file"], json.dumps(_public(result), indent=2), 0o644)
 
     save()
-    threads = [threading.Thread(target=_guarded, args=(run, params, workspace, task, check, save), daemon=True)
-               for run in runs]  # fmt: skip
+    threads = [threading.Thread(target=_guarded, args=(run, _at(params, run), workspace, task, check, save),
+                                daemon=True) for run in runs]  # fmt: skip
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    warnings: list[str] = []
     winner = report.pick(runs, params["adopt"])
     if params["adopt"] and winner is None:
         warnings.append("no run passed its check: nothing adopted, every branch kept")
     if winner is not None:
         result["winner"], result["winner_box"] = winner["agent"], winner["box"]
-        result["adopted"] = _adopt(params, winner)
+        result["adopted"] = _adopt(_at(params, winner), winner)
+        if params["push"] or params["pr"]:
+            result["pushed"] = _push(_at(params, winner), winner, task, warnings)
     result["removed"] = _clean_up(params, runs, winner)
+    if source is not None and not params["keep_from"]:
+        _drop_fork(_at(params, runs[0]), result["fork"], warnings)  # a fork's runs are on one engine
     save()
     _host_files.write_atomic(result["page"], report.page(result), 0o644)
     result["table"] = report.table(runs, winner)
@@ -154,6 +183,161 @@ def _provider(params: dict[str, Any]) -> Provider:
     return provider_from_params(params)
 
 
+def _at(params: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
+    """The task's params for one run: its engine's options (report.spread) over the task's own."""
+    return {**params, **run.get("where", {})}
+
+
+def _check_push(params: dict[str, Any], workspace: str) -> None:
+    """push/pr: refused before any box when they cannot happen (no adopt, no such remote, no gh)."""
+    if not (params["push"] or params["pr"]):
+        return
+    from ..git import _git
+    from ..relay import _relay_protocol
+
+    if not params["adopt"]:
+        raise ValueError("push (and pr) send the adopted run's branch: add -e adopt=auto (or adopt=RUN)")
+    try:
+        _relay_protocol.check_remote(params["remote"])
+    except _relay_protocol.RequestError as exc:
+        raise ValueError(str(exc)) from exc
+    remotes = _git.git(workspace, "remote", check=False).stdout.decode("utf-8", "replace").split()
+    if params["remote"] not in remotes:
+        raise ValueError(f"the workspace has no remote {params['remote']!r} to push to (its remotes: "
+                         f"{', '.join(remotes) or 'none'}): add it (git remote add) or pass -e remote=NAME")  # fmt: skip
+    if params["pr"] and shutil.which("gh") is None:
+        raise ValueError("pr opens the pull request with GitHub's gh CLI, which is not installed on this machine: "
+                         "install it and sign in (gh auth login), or use -e push=true alone")  # fmt: skip
+
+
+def _fork_source(params: dict[str, Any], runs: list[dict[str, Any]], workspace: str) -> BoxFacts | None:
+    """The box `from` names, when it names a box of this workspace (its runs then fork it); None for a checkpoint
+    (or no `from`). Refused before any box: a box of another workspace, not running, or runs on several engines."""
+    name = params.get("from")
+    if not name or name in ("default", "none"):
+        return None
+    if len({run["where"].get("engine") for run in runs}) > 1:
+        raise ValueError(f"from={name} is one engine's box or checkpoint; the runs go to several engines: leave "
+                         "engines out (or give one) to start from it")  # fmt: skip
+    facts = _provider(_at(params, runs[0])).find(name)
+    if facts is None:
+        return None
+    if facts.project != _naming.project_id(workspace):
+        raise ValueError(f"box {name} is of workspace {facts.workspace}, not {workspace}: fork a box of this "
+                         f"workspace, or run from its own (-e workspace={facts.workspace})")  # fmt: skip
+    if facts.state != "running":
+        raise ValueError(f"box {name} is {facts.state}: start it to fork it (box_state.yml -e box={name} "
+                         "-e state=started)")  # fmt: skip
+    return facts
+
+
+def _fork(params: dict[str, Any], source: BoxFacts, name: str) -> str:
+    """A checkpoint of the box the runs fork (its committed and uncommitted work), which every run's box starts
+    from; its name."""
+    from ..checkpoint import _checkpoint
+
+    provider = _provider(params)
+    _checkpoint.capture(provider, _checkpoint.plan_capture(provider, source, name))
+    return name
+
+
+def _drop_fork(params: dict[str, Any], fork: dict[str, Any], warnings: list[str]) -> None:
+    """The fork's checkpoint removed, unless boxes of the run still start from it (the engine keeps the image of
+    a box's container): then it stays, said, with the command that removes it after them."""
+    from ..checkpoint import _checkpoint
+    from ..checkpoint._checkpoint_records import CheckpointError
+
+    provider = _provider(params)
+    found = _checkpoint.find_checkpoint(provider, _naming.project_id(params["workspace"]), fork["checkpoint"])
+    if found is None:
+        return
+    try:
+        _checkpoint.remove(provider, found)
+        fork["removed"] = True
+    except CheckpointError:
+        fork["removed"] = False
+        warnings.append(f"the fork's checkpoint {fork['checkpoint']} stays while boxes of this run start from it: "
+                        f"remove it after them with checkpoints.yml -e checkpoint={fork['checkpoint']} -e state=absent")
+
+
+def _refuse_missing_programs(provider: Provider, params: dict[str, Any], workspace: str, check: str,
+                             source: BoxFacts | None, warnings: list[str], check_mode: bool) -> None:  # fmt: skip
+    """The programs the check starts, looked for before any box: in the box a fork starts from, or in a throwaway
+    container of the image the boxes start from (the checkpoint's, or the box image), as the box user with a login
+    shell in /workspace; a relative path in the host's workspace. ValueError naming the missing ones. Where the
+    provider cannot look without a box (the clouds), or the project's own tasks may install a program at boot,
+    a program not found is left to the check (a warning for the latter). Check mode makes nothing, not even the
+    throwaway container: only the workspace is looked at."""
+    missing, pairs = [], []
+    for program, cwd in report.check_programs(check):
+        if source is None and "/" in program and not program.startswith("/"):
+            path = os.path.join(workspace, cwd or "", program)
+            if cwd is not None and not params.get("from") and not (os.path.isfile(path) and os.stat(path).st_mode & 0o111):
+                missing.append(program)
+            continue
+        pairs += [cwd or "", program]
+    where = "the workspace"
+    if pairs and not check_mode:
+        argv = ["bash", "-lc", PROBE, "probe", *pairs]
+        # The checkpoint's image: an unknown, foreign or broken checkpoint is refused here, before any box.
+        image = params["image"] if source is not None else _start_image(provider, params, workspace)
+        where = f"box {source.name}" if source is not None else f"image {image}"
+        try:
+            if source is not None:
+                done = provider.exec(source.name, argv, timeout=60, limit=1 << 16, what="check's programs")
+            else:
+                done = provider.probe_image(image, argv)
+        except ProviderError as exc:
+            warnings.append(f"the check's programs were not looked for before the runs ({exc}): the check finds out")
+            done = None
+        if done is not None and done.rc == 0:
+            missing += [line for line in done.text.splitlines() if line]
+    if not missing:
+        return
+    what = f"{', '.join(missing)} (of check {check!r}) not found in {where} as the box user runs it (bash -lc in /workspace)"
+    if source is None and _installs_at_boot(workspace):
+        warnings.append(f"{what}: expected from the tasks of agentbox.yaml at each box's start")
+        return
+    raise ValueError(f"{what}: install it in the image or a checkpoint (-e from=...), give its right path, or fix "
+                     f"-e check='...'")  # fmt: skip
+
+
+def _start_image(provider: Provider, params: dict[str, Any], workspace: str) -> str:
+    """The image the runs' boxes start from: `from`'s checkpoint's (the project's default for `default`), else
+    the box image. ValueError for a checkpoint that cannot be restored (unknown, another engine's, broken)."""
+    name = params.get("from")
+    if not name or name == "none":
+        return params["image"]
+    from ..checkpoint import _checkpoint, _restore
+
+    project = _naming.project_id(workspace)
+    if name == "default":
+        name = _checkpoint.project_default(provider, project)
+        if not name:
+            return params["image"]
+    try:
+        return _restore.plan_restore(provider, project, name).image
+    except ProviderError as exc:
+        raise ValueError(f"from={name}: {exc}") from exc
+
+
+def _installs_at_boot(workspace: str) -> bool:
+    """The project's agentbox.yaml has units besides its test task, which run as each box starts (a setup task
+    may install what the check needs)."""
+    text = _host_files.read_text(os.path.join(workspace, "agentbox.yaml"))
+    if not text:
+        return False
+    import yaml  # ansible-core's own dependency
+
+    try:
+        project = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return False
+    units = [*((project.get("tasks") or {}) if isinstance(project, dict) else {}),
+             *((project.get("services") or {}) if isinstance(project, dict) else {})]  # fmt: skip
+    return any(unit != "test" for unit in units)
+
+
 def _guarded(run: dict[str, Any], params: dict[str, Any], workspace: str, task: str, check: str, save: Any) -> None:
     try:
         _one_run(run, params, workspace, task, check, save)
@@ -166,13 +350,16 @@ def _one_run(run: dict[str, Any], params: dict[str, Any], workspace: str, task: 
     provider_options = {key: params.get(key) for key in PROVIDER_ARGUMENT_SPEC}
     run["state"] = "creating"
     save()
+    creating = time.monotonic()
     created = run_box_task(
         _defaults(
-            BOX_ARGUMENT_SPEC, **provider_options, name=run["box"], workspace=workspace, checkpoint=params.get("from")
+            BOX_ARGUMENT_SPEC, **provider_options, name=run["box"], workspace=workspace, checkpoint=params.get("from"),
+            image=params["image"],
         ),
         False,
     )[0]
     run["branch"] = created["box"].get("branch")
+    run["create_seconds"] = round(time.monotonic() - creating, 1)
     provider = _provider(params)
     facts = provider.find(run["box"])
     if facts is None:
@@ -197,10 +384,11 @@ def _one_run(run: dict[str, Any], params: dict[str, Any], workspace: str, task: 
         provider,
         False,
     )
-    state, reason = _follow(provider, run["box"], session, started + params["timeout"], params["poll"])
+    timeout = run.get("timeout") or params["timeout"]
+    state, reason = _follow(provider, run["box"], session, started + timeout, params["poll"])
     run["seconds"] = round(time.monotonic() - started, 1)
     if state == "timeout":
-        reason = f"no end after {params['timeout']:g} s (timeout): stopped"
+        reason = f"no end after {timeout:g} s (timeout): stopped"
         run_agent_task(_defaults(AGENT_ARGUMENT_SPEC, **provider_options, box=run["box"], agent=run["agent"],
                                  command=run["command"], session=session, state="stopped"), provider, False)  # fmt: skip
     run["state"] = state
@@ -288,8 +476,10 @@ def _collect(
     run["diff"] = diff.text
     said = provider.exec(box, ["git", "rev-parse", "HEAD"], workdir="/workspace", timeout=30, limit=4096).text.strip()
     run["commit"] = said if re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", said) else ""  # the box's word: a hash or nothing
+    checking = time.monotonic()
     checked = provider.exec(box, ["bash", "-lc", check], workdir="/workspace", timeout=check_timeout,
                             limit=16 << 20, what="check output")  # fmt: skip
+    run["check_seconds"] = round(time.monotonic() - checking, 1)
     output = (checked.stdout + b"\n" + checked.stderr).decode("utf-8", "replace")
     run["check_rc"] = checked.rc
     run["tests_passed"], run["tests_failed"] = report.test_counts(output)
@@ -320,14 +510,42 @@ def _adopt(params: dict[str, Any], winner: dict[str, Any]) -> dict[str, Any]:
     return {"branch": facts.branch, "commit": commit, "repos": fetched.get("repos", [])}
 
 
+def _push(params: dict[str, Any], winner: dict[str, Any], task: str, warnings: list[str]) -> dict[str, Any]:
+    """The adopted branch pushed to `remote`, and with `pr` its pull request opened, by the relay's own
+    operations for the winner's box (the host repository's git as its owner, gh there): what each said. A
+    failure is the result's and a warning; the runs' results stand."""
+    from ..relay import _relay_ops, _relay_protocol
+
+    provider = _provider(params)
+    facts = provider.find(winner["box"])
+    if facts is None:
+        warnings.append(f"the winner's box {winner['box']} is gone: nothing pushed")
+        return {"rc": None, "error": "the box is gone"}
+
+    def ask(operation: str, args: dict[str, Any]) -> dict[str, Any]:
+        message = {"v": _relay_protocol.PROTOCOL_VERSION, "op": operation, "args": args}
+        request = _relay_protocol.parse_request(_relay_protocol.encode(message))
+        outcome = _relay_ops.carry_out(provider, facts, request)
+        if outcome.rc != 0:
+            warnings.append(f"{operation} of {facts.branch} failed (exit {outcome.rc}): {outcome.stderr.strip()[-300:]}")
+        return {"rc": outcome.rc, "output": (outcome.stderr or outcome.stdout).strip()[-1000:], **outcome.data}
+
+    pushed = ask("git.push", {"remote": params["remote"]})
+    if params["pr"] and pushed["rc"] == 0:
+        title = (task.strip().splitlines() or ["best of"])[0][:200]
+        body = f"Adopted by best_of.yml: run {winner['index']} ({winner['agent']}) of box {winner['box']}."
+        pushed["pr"] = ask("gh.pr", {"action": "create", "title": title, "body": body})
+    return pushed
+
+
 def _clean_up(params: dict[str, Any], runs: list[dict[str, Any]], winner: dict[str, Any] | None) -> list[str]:
     """keep=winner: every other box and its branch go; keep=none: every box goes, and the losers' branches when
     there is a winner (with none, every branch stays: nothing was chosen, nothing of the work is lost)."""
     if params["keep"] == "all" or (params["keep"] == "winner" and winner is None):
         return []
-    provider_options = {key: params.get(key) for key in PROVIDER_ARGUMENT_SPEC}
     removed = []
     for run in runs:
+        provider_options = {key: _at(params, run).get(key) for key in PROVIDER_ARGUMENT_SPEC}
         is_winner = winner is not None and run["box"] == winner["box"]
         loser = winner is not None and not is_winner
         if is_winner and params["keep"] == "winner":

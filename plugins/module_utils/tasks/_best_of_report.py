@@ -10,6 +10,7 @@ not trust: it is only counted, matched with bounded regular expressions, and esc
 from __future__ import annotations
 
 import html
+import os
 import re
 import shlex
 from typing import Any
@@ -68,8 +69,11 @@ def plan(params: dict[str, Any], default_check: str | None, max_runs: int = MAX_
         env = entry.get("env") or {}
         if not isinstance(env, dict):
             raise ValueError(f"agent {index} ({entry['name']}): env must be a mapping")
+        timeout = entry.get("timeout")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
+            raise ValueError(f"agent {index} ({entry['name']}): its timeout must be a number of seconds above 0")
         runs.append({"index": index, "agent": entry["name"], "command": command,
-                     "env": {str(k): str(v) for k, v in env.items()}})  # fmt: skip
+                     "env": {str(k): str(v) for k, v in env.items()}, "timeout": timeout})  # fmt: skip
     check = (params.get("check") or default_check or "").strip()
     if not check:
         raise ValueError(
@@ -77,6 +81,94 @@ def plan(params: dict[str, Any], default_check: str | None, max_runs: int = MAX_
             "project a test task in agentbox.yaml (tasks: test: command: ...)"
         )
     return runs
+
+
+ENGINE_KEYS = ("engine", "ssh_private_key_file", "ssh_strict_host_key_checking", "isolation")
+
+
+def spread(runs: list[dict[str, Any]], engines: Any) -> None:
+    """Each run's engine, the engines taken in turn as fleet_create.yml takes them (run 1 on the first): its
+    provider options under `where` ({} without engines). An entry is an engine (`user@host[:port]`, an
+    ~/.ssh/config alias) or a mapping of ENGINE_KEYS, as fleet_engines.yml makes them from an inventory."""
+    if not engines:
+        for run in runs:
+            run["where"] = {}
+        return
+    if not isinstance(engines, list):
+        raise ValueError("engines must be a list of engines (user@host[:port], or {engine: ..., ...})")
+    places = []
+    for number, entry in enumerate(engines, start=1):
+        place = {"engine": entry} if isinstance(entry, str) else entry
+        if not isinstance(place, dict) or not isinstance(place.get("engine"), str) or not place["engine"].strip():
+            raise ValueError(f"engine {number} of engines names no engine: give user@host[:port] or {{engine: ...}}")
+        unknown = set(place) - set(ENGINE_KEYS)
+        if unknown:
+            raise ValueError(f"engine {number} ({place['engine']}): unknown keys {', '.join(sorted(unknown))} "
+                             f"(known: {', '.join(ENGINE_KEYS)})")  # fmt: skip
+        places.append({key: value for key, value in place.items() if value not in (None, "")})
+    for run in runs:
+        run["where"] = places[(run["index"] - 1) % len(places)]
+        run["engine"] = run["where"]["engine"]
+
+
+# Words of a shell line that are not a program (the next word is), or that open a construct not read here.
+_PREFIX_WORDS = {"if", "then", "else", "elif", "do", "while", "until", "!", "{", "time", "exec", "command", "nohup"}
+_END_WORDS = {"fi", "done", "esac", "}", "]]"}
+_OPAQUE_WORDS = {"for", "case", "select", "function", "coproc", "[[", "(("}
+_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+
+def check_programs(check: str) -> list[tuple[str, str | None]]:
+    """The programs a check's shell line starts, in order: (program, directory relative to /workspace as far
+    as the line's own `cd` says, None when it cannot be told). A word the shell would expand ($, `, globs) is
+    not a program name known before the run, so it is left out, as is whatever this plain reading cannot
+    follow (loops, `case`, subshells' own cd); those the box finds when the check runs."""
+    lexer = shlex.shlex(check, posix=True, punctuation_chars=";&|()<>")
+    lexer.whitespace_split = True
+    try:
+        tokens = list(lexer)
+    except ValueError:  # an unclosed quote: bash says so when the check runs
+        return []
+    found: list[tuple[str, str | None]] = []
+    cwd: str | None = ""
+    words: list[str] = []
+    skip_next = False
+    for token in [*tokens, ";"]:
+        if skip_next:
+            skip_next = False
+            continue
+        if token and set(token) <= set("<>&"):
+            if "<" in token or ">" in token:
+                skip_next = True  # a redirection's file
+                continue
+        if token and set(token) <= set(";&|()"):
+            cwd = _note(words, found, cwd)
+            words = []
+            continue
+        words.append(token)
+    return found
+
+
+def _note(words: list[str], found: list[tuple[str, str | None]], cwd: str | None) -> str | None:
+    """One simple command's program into `found`; the directory after it (a `cd` moves it)."""
+    while words and (words[0] in _PREFIX_WORDS or _ASSIGNMENT.match(words[0])):
+        words = words[1:]
+    if not words or words[0] in _END_WORDS:
+        return cwd
+    program = words[0]
+    if program in _OPAQUE_WORDS or re.search(r"[$`*?\[\]{}~]", program):
+        return None if program in _OPAQUE_WORDS else cwd
+    if program == "cd":
+        target = words[1] if len(words) > 1 else ""
+        if len(words) != 2 or re.search(r"[$`*?~]", target) or target.startswith("-"):
+            return None
+        if target.startswith("/"):
+            inside = os.path.relpath(target, "/workspace")
+            return None if inside.startswith("..") else ("" if inside == "." else inside)
+        moved = None if cwd is None else os.path.normpath(os.path.join(cwd or ".", target))
+        return None if moved is None or moved.startswith("..") else ("" if moved == "." else moved)
+    found.append((program, cwd))
+    return cwd
 
 
 def default_check(project: Any) -> str | None:

@@ -4,7 +4,7 @@ assertion reads the one result).
 - Three runs of the real Claude Code CLI, each against a stand-in Messages API on the box's loopback
   (tests/fixtures/messages_standin.py, started as services of the workspace's agentbox.yaml): one writes a
   solution that passes the workspace's tests, one a solution that breaks them, one talks to a port where
-  nothing answers and so never finishes (timeout, stopped).
+  nothing answers and so never finishes (stopped at its own timeout, shorter than the task's).
 - Two custom agent commands: one writes a passing but longer solution (it loses on diff size), one works
   until the test kills its box (the run fails with the reason, the others go on).
 - The check is agentbox.yaml's test task (Python's unittest); the table, result.json and best_of.html are
@@ -41,7 +41,8 @@ TESTS = (
     "    def test_small(self):\n        self.assertEqual(add(1, 2), 3)\n\n"
     "    def test_zero(self):\n        self.assertEqual(add(0, 5), 5)\n\n\nif __name__ == '__main__':\n    unittest.main()\n"
 )
-TIMEOUT = 120
+TIMEOUT = 300  # every agent's but the one that never finishes
+HUNG_TIMEOUT = 20  # that one's own (an agent entry's timeout): the test waits for it, so it is short
 
 
 def _project(root: Path) -> Path:
@@ -89,7 +90,8 @@ def test_best_of_five_runs_the_check_judges_adopt_brings_the_winner_and_keep_win
     agents = [
         {"name": "claude", "env": {"ANTHROPIC_BASE_URL": "http://127.0.0.1:8101"}},
         {"name": "claude", "env": {"ANTHROPIC_BASE_URL": "http://127.0.0.1:8102"}},
-        {"name": "claude", "env": {"ANTHROPIC_BASE_URL": "http://127.0.0.1:8109", "CLAUDE_CODE_MAX_RETRIES": "1000"}},
+        {"name": "claude", "env": {"ANTHROPIC_BASE_URL": "http://127.0.0.1:8109", "CLAUDE_CODE_MAX_RETRIES": "1000"},
+         "timeout": HUNG_TIMEOUT},
         {"name": "verbose", "command": f"printf %b {json.dumps(LONG)} > solution.py"},
         {"name": "dies", "command": "agentbox-ctl agent-state working; sleep 600"},
     ]
@@ -124,7 +126,7 @@ def test_best_of_five_runs_the_check_judges_adopt_brings_the_winner_and_keep_win
         assert good["branch"] == f"agentbox/{good['box']}" and good["seconds"] > 0 and good["tokens"] > 0
         assert (bad["state"], bad["check_rc"], bad["tests_passed"], bad["tests_failed"]) == ("done", 1, 0, 2)
         assert bad["files"] == ["solution.py"]
-        assert hung["state"] == "timeout" and f"no end after {TIMEOUT} s (timeout)" in hung["reason"]
+        assert hung["state"] == "timeout" and f"no end after {HUNG_TIMEOUT} s (timeout)" in hung["reason"]
         assert hung["files"] == [] and hung["check_rc"] == 1 and hung["tests_failed"] == 1  # the import fails
         assert (verbose["agent"], verbose["state"], verbose["check_rc"], verbose["tests_passed"]) == (
             "verbose",

@@ -4,6 +4,7 @@ any box is made (agentbox_best_of run in-process: bad input fails with what to d
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -36,7 +37,35 @@ def test_plan_expands_n_and_keeps_custom_commands() -> None:
     runs = report.plan({"task": "t", "agents": ["claude"], "n": 3, "check": "true"}, None)
     assert [r["agent"] for r in runs] == ["claude"] * 3 and [r["index"] for r in runs] == [1, 2, 3]
     mixed = report.plan({"task": "t", "agents": ["claude", {"name": "mine", "command": "echo hi"}]}, "pytest -q")
-    assert mixed[1] == {"index": 2, "agent": "mine", "command": "echo hi", "env": {}}
+    assert mixed[1] == {"index": 2, "agent": "mine", "command": "echo hi", "env": {}, "timeout": None}
+    own = report.plan({"task": "t", "agents": [{"name": "claude", "timeout": 20}, "codex"]}, "true")
+    assert [r["timeout"] for r in own] == [20, None]  # an agent's own timeout; the others take the task's
+
+
+def test_check_programs_reads_the_programs_a_check_line_starts_and_where() -> None:
+    assert report.check_programs("python3 -m unittest -v test_calc") == [("python3", "")]
+    assert report.check_programs("cd 'app dir' && pytest -q") == [("pytest", "app dir")]
+    assert report.check_programs("FOO=1 make test 2>&1 | tee log.txt") == [("make", ""), ("tee", "")]
+    assert report.check_programs("./run.sh; cd sub && ../x.sh") == [("./run.sh", ""), ("../x.sh", "sub")]
+    assert report.check_programs("if test -f a; then nosuch; fi") == [("test", ""), ("nosuch", "")]
+    assert report.check_programs("cd /workspace/a/b && ./t") == [("./t", "a/b")]
+    assert report.check_programs("cd /tmp && ./t") == [("./t", None)]  # outside /workspace: not followed
+    # What the shell expands, or an unclosed quote, is not a name known before the run.
+    assert report.check_programs('$TOOL x; "$(which y)" z') == []
+    assert report.check_programs('echo "unclosed') == []
+
+
+def test_spread_takes_the_engines_in_turn_and_refuses_bad_entries() -> None:
+    runs = report.plan({"task": "t", "agents": ["claude"], "n": 5}, "true")
+    report.spread(runs, ["a@h1", {"engine": "h2", "ssh_strict_host_key_checking": False, "isolation": None}])
+    assert [r["engine"] for r in runs] == ["a@h1", "h2", "a@h1", "h2", "a@h1"]
+    assert runs[1]["where"] == {"engine": "h2", "ssh_strict_host_key_checking": False}
+    report.spread(runs, None)
+    assert all(r["where"] == {} for r in runs)
+    for engines, message in (({"engine": "h"}, "must be a list"), ([{"isolation": "none"}], "engine 1 of engines names no engine"),
+                             ([{"engine": "h", "port": 22}], "unknown keys port")):  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            report.spread(runs, engines)
 
 
 @pytest.mark.parametrize(
@@ -49,6 +78,7 @@ def test_plan_expands_n_and_keeps_custom_commands() -> None:
         ({"task": "t", "agents": ["cursor"], "check": "true"}, None, "unknown agent 'cursor'"),
         ({"task": "t", "agents": [{"name": "x", "command": " "}], "check": "true"}, None, "its command is empty"),
         ({"task": "t", "agents": ["claude"]}, None, "no check to judge the runs"),
+        ({"task": "t", "agents": [{"name": "claude", "timeout": 0}], "check": "true"}, None, "its timeout must be"),
     ],
 )
 def test_plan_refuses_bad_input(params: dict, default_check: str | None, message: str) -> None:
@@ -117,6 +147,13 @@ def test_the_module_refuses_bad_input_before_any_box(tmp_path: Path, monkeypatch
         ({"task": "t", "check": "true", "adopt": "codex"}, "adopt='codex' names no run"),
         ({"task": "t", "check": "true", "keep": "winner"}, "keep=winner needs a winner"),
         ({"task_file": str(tmp_path / "missing.txt"), "check": "true"}, "cannot read task_file"),
+        ({"task": "t", "check": "true", "engines": ["h1"]}, "add -e provider=docker_ssh"),
+        ({"task": "t", "check": "true", "push": True}, "push (and pr) send the adopted run's branch"),
+        ({"task": "t", "check": "true", "adopt": "auto", "push": True}, "has no remote 'origin' to push to"),
+        ({"task": "t", "check": "true", "adopt": "auto", "push": True, "remote": "--upload-pack=x"},
+         "is not a remote name"),
+        # A relative program is looked for in the workspace (after the line's own cd), on the host.
+        ({"task": "t", "check": "cd sub && ./run-tests.sh -q"}, "./run-tests.sh (of check 'cd sub && ./run-tests.sh -q') not found in"),
     ]
     for given, message in cases:
         result = run_module_inprocess("agentbox_best_of", {"workspace": str(workspace), **given})
@@ -139,4 +176,28 @@ def test_check_mode_lists_the_runs_and_makes_nothing(tmp_path: Path, monkeypatch
         (1, "claude", "pending"),
         (2, "claude", "pending"),
     ]
+    assert not os.path.exists(tmp_path / "home" / ".agentbox")
+
+
+def test_check_mode_takes_a_relative_check_program_only_when_the_workspace_has_it_executable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    workspace = tmp_path / "ws"
+    (workspace / "ci").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(workspace)], check=True)
+    script = workspace / "ci" / "test.sh"
+    script.write_text("#!/bin/sh\nexit 0\n")
+    args = {"workspace": str(workspace), "task": "t", "check": "cd ci && ./test.sh"}
+    refused = run_module_inprocess("agentbox_best_of", args, check_mode=True)
+    assert refused["failed"] and "./test.sh (of check 'cd ci && ./test.sh') not found in the workspace" in refused["msg"]
+    script.chmod(0o755)
+    assert not run_module_inprocess("agentbox_best_of", args, check_mode=True)["failed"]
+    # pr needs gh on this machine (refused before any box when it is missing) and a remote to push to.
+    subprocess.run(["git", "-C", str(workspace), "remote", "add", "origin", str(tmp_path / "remote.git")], check=True)
+    with_pr = run_module_inprocess("agentbox_best_of", {**args, "adopt": "auto", "pr": True}, check_mode=True)
+    if shutil.which("gh") is None:
+        assert with_pr["failed"] and "gh CLI, which is not installed" in with_pr["msg"]
+    else:
+        assert not with_pr["failed"], with_pr["msg"]
     assert not os.path.exists(tmp_path / "home" / ".agentbox")

@@ -16,6 +16,8 @@ import json
 import os
 from typing import Any
 
+from ...core._naming import label
+
 # Units a memory limit may carry, as the docker CLI and SDK read them ("512m", "2g", "1.5g").
 _BYTE_UNITS = {"b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 
@@ -131,3 +133,27 @@ def container_config(
         "NetworkDisabled": False,
         "HostConfig": host_config,
     }
+
+
+def probe_in_image(engine: Any, image: str, argv: list[str], user: str, timeout: float,
+                   bounded: bool) -> tuple[int, bytes, bytes]:  # fmt: skip
+    """argv run as `user` in a throwaway container of `image` (no network, never a box: no io.agentbox.box
+    label), removed after; (exit code, stdout, stderr). `engine`: an EngineAPI or SDKEngine; `bounded`: its
+    exec takes a timeout (EngineAPI's does, the SDK's does not)."""
+    import secrets
+
+    config = {
+        "Image": image,
+        "Entrypoint": ["sleep"],
+        "Cmd": [str(int(timeout) + 30)],  # ends by itself should the removal below never happen
+        "Labels": {label("kind"): "probe"},
+        "NetworkDisabled": True,
+        "HostConfig": {"NetworkMode": "none"},
+    }
+    container = engine.create_container(config, f"agentbox-probe-{secrets.token_hex(5)}")
+    try:
+        engine.start_container(container)
+        bound = {"timeout": timeout} if bounded else {}
+        return engine.exec(container, argv, user=user, max_output=1 << 16, **bound)
+    finally:
+        engine.remove_container(container, force=True)

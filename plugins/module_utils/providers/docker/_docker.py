@@ -33,7 +33,7 @@ from ...core._provider import (
     SshProxy,
 )
 from . import _box_engine
-from ._box_container import BadValue, container_config, proxy_environment
+from ._box_container import BadValue, container_config, probe_in_image, proxy_environment
 from ._engine_api import (
     EngineAPI,
     EngineAPIError,
@@ -800,6 +800,11 @@ class DockerProvider(Provider):
         with self._calling("", "image lookup") as engine:
             attrs = engine.inspect_image(image) or {}
         return (attrs.get("Config") or {}).get("Labels") or {}
+
+    def probe_image(self, image: str, argv: list[str], user: str = "vscode", timeout: float = 60) -> ExecResult | None:
+        with self._calling("", "probe of the image") as engine:
+            rc, out, err = probe_in_image(engine, image, argv, user, timeout, isinstance(engine, EngineAPI))
+        return ExecResult(rc=rc, stdout=out, stderr=err)
 
     def commit(self, name: str, image: str, labels: dict[str, str], env: list[str] | None = None) -> dict[str, Any]:
         repository, _sep, tag = image.rpartition(":")
