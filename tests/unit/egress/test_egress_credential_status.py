@@ -62,10 +62,10 @@ def status_lines(run_dir: Path, session: str, note: object) -> str:
 
 
 @pytest.mark.parametrize(("env", "files", "said"), [
-    ({"ANTHROPIC_API_KEY": SECRET}, {}, "Claude Code: API key from the host's ANTHROPIC_API_KEY via the gateway, "
-                                         "to https://api.anthropic.com"),
-    ({"CLAUDE_CODE_OAUTH_TOKEN": SECRET}, {}, "Claude Code: OAuth token from the host's CLAUDE_CODE_OAUTH_TOKEN "
-                                               "via the gateway"),
+    ({"ANTHROPIC_API_KEY": SECRET}, {},
+     "Claude Code: API key from the host's ANTHROPIC_API_KEY via the gateway, to https://api.anthropic.com"),
+    ({"CLAUDE_CODE_OAUTH_TOKEN": SECRET}, {},
+     "Claude Code: OAuth token from the host's CLAUDE_CODE_OAUTH_TOKEN via the gateway"),
     ({"ANTHROPIC_API_KEY": SECRET, "ANTHROPIC_BASE_URL": "https://llm.corp.example/anthropic"}, {},
      "Claude Code: API key from the host's ANTHROPIC_API_KEY via the gateway, to https://llm.corp.example/anthropic"),
     ({}, {".claude/.credentials.json": json.dumps({"claudeAiOauth": {"accessToken": SECRET, "refreshToken": SECRET}})},
@@ -83,8 +83,9 @@ def test_status_names_the_credential_the_gateway_adds_and_never_its_value(short_
     assert SECRET in Path(_egress_credentials.credentials_file("id-status")).read_text()
 
 
-def test_status_says_when_the_gateway_has_no_credential_and_where_other_agents_keep_theirs(short_home: Path,
-                                                                                          tmp_path: Path) -> None:  # fmt: skip
+def test_status_says_when_the_gateway_has_no_credential_and_where_other_agents_keep_theirs(
+    short_home: Path, tmp_path: Path
+) -> None:
     request, _kind = boxed_credentials(facts("id-bare", "allowlist"), "claude", Credentials({}, {}, None, []))
     assert request["gateway_credential"].startswith("Claude Code: none: the gateway sends its requests without a "
                                                     "credential"), request

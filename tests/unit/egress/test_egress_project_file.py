@@ -40,8 +40,9 @@ def holding(fake_docker: FakeProvider) -> FakeProvider:
     return fake_docker
 
 
-def test_the_files_policy_is_the_boxs_and_each_create_option_wins_over_its_key(holding: FakeProvider,
-                                                                              home: Path, tmp_path: Path) -> None:  # fmt: skip
+def test_the_files_policy_is_the_boxs_and_each_create_option_wins_over_its_key(
+    holding: FakeProvider, home: Path, tmp_path: Path
+) -> None:
     repo = workspace(tmp_path, PROJECT)
     planned = plan(repo)
     assert planned["failed"] is False, planned
