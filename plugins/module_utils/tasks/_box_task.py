@@ -69,9 +69,9 @@ def _egress(params: dict[str, Any], workspace: str, provider: Any, warnings: lis
         raise EgressError(f"{_file_line(project, from_file, values, str(exc))}{exc}") from None
     if not given and not provider.holds_egress:
         # The file is the project's, whichever provider a box goes to: told, not refused (the option is).
-        where = f"{provider.name} on {provider.engine}" if provider.name != "docker" else "isolation none"
         warnings.append(f"{project['path']} sets {' and '.join(from_file)}, which only boxes on this machine's box "
-                        f"engine are held to (not {where}): this box has the open network")
+                        f"engine are held to, not this one ({provider.name} on {provider.engine}: a remote engine, "
+                        "Daytona, boxd or isolation none): this box has the open network")
         return None
     return policy
 
