@@ -10,6 +10,7 @@
 #   a network for boxes with an egress policy (agentbox-egress, bridge agentbox1) whose traffic may not
 #     leave it nor reach this host, only answer connections the host opened (published ports): the
 #     box's one way out is the egress gateway's socket (docs/egress.md). Made after its rules, each run.
+#     Its boxes never reach each other: the runtime makes each of the bridge's ports an isolated one.
 #   --cgroup-parent /agentbox-boxes, and an OCI runtime that hands each box its own cgroup
 #     (scripts/agentbox-runc: Docker inside a box creates cgroups below its own, nowhere else)
 #
@@ -50,7 +51,13 @@ chain() {  # chain TABLE NAME HOOK [TOOL]: make NAME (empty) and jump to it from
 # but the answers on connections the host opened (docker-proxy's, to a published port). Rules the box
 # cannot touch (its NET_ADMIN is its own namespace's); the rules first, then the network that says so.
 ensure_egress() {
-  local tool
+  local tool flag
+  # The runtime isolates each new box's port on the bridge (scripts/agentbox-runc): installed each run,
+  # so a running engine gets it too, and the ports of boxes already there are isolated now.
+  install -D -m 0755 "$here/agentbox-runc" "$runtime"
+  for flag in /sys/class/net/"$egress_bridge"/brif/*/isolated; do
+    if [ -e "$flag" ]; then echo 1 > "$flag"; fi
+  done
   for tool in iptables ip6tables; do
     command -v "$tool" >/dev/null || continue
     chain filter AGENTBOX-EGRESS-FORWARD FORWARD "$tool"

@@ -144,14 +144,17 @@ options:
         C(~/.agentbox/gateway/audit.jsonl); its direct traffic is dropped outside the box.
       - V(allowlist) (the default list of package registries, source hosts and agent APIs, plus O(egress_allow)),
         V(open) (any public host, logged), V(none) (nothing).
-      - Left out with O(egress_allow), the box keeps the open network of boxes made before the gateway (for now).
-      - Local engine (O(provider=docker)) only, on the box engine; refused elsewhere.
+      - Left out, the C(egress) key of the workspace's C(agentbox.yaml) is used; left out there too (and
+        O(egress_allow) in neither), the box keeps the open network of boxes made before the gateway (for now).
+      - Local engine (O(provider=docker)) only, on the box engine; refused elsewhere (the file's keys there are
+        checked, then left unapplied with a warning).
     type: str
   egress_allow:
     description:
       - Host names, IP addresses and C(*.) wildcards the box may reach besides the default list (O(egress=allowlist)),
         or at a private address (any O(egress)). Implies O(egress=allowlist) when O(egress) is left out.
       - C(-) and a host of the default list (C(-registry.npmjs.org)) takes that host off it (refused in any O(egress)).
+      - Left out, the C(egress_allow) key of the workspace's C(agentbox.yaml) is used.
     type: list
     elements: str
   ssh_include:
@@ -362,6 +365,13 @@ carried_ignored:
     box's tmpfs, with RV(carried_secret)).
   returned: when O(with_env) or O(carry_ignored) was given and the box was created
   type: dict
+egress:
+  description: >-
+    The new box's egress policy (docs/egress.md), from the create options and the workspace's agentbox.yaml
+    (each option wins over the file's same key); null when the box has the open network.
+  returned: when the box was created (and in check mode)
+  type: dict
+  sample: {"egress": "allowlist", "egress_allow": ["pkg.corp.example"]}
 carried_secret:
   description: >-
     The workspace's untracked, not ignored files named like secrets, carried onto the box's tmpfs only (never a layer

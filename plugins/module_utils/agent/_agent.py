@@ -261,12 +261,15 @@ def boxed_credentials(facts: BoxFacts, agent: str, credentials: Credentials) -> 
     """What of the credentials goes into the box: all of them (on its tmpfs), or, in a box with an egress
     policy, none: the host keeps them for the gateway, the agent gets its base URL at the gateway's in-box
     endpoint and a placeholder key (docs/egress.md). Also which credential the gateway will use ("" when
-    it uses none)."""
+    it uses none). The request names that credential (`gateway_credential`, for `agentbox-ctl status`),
+    never its value."""
     request = credentials.request()
-    if not facts.labels.get("egress") or agent not in _egress_credentials.AGENT_APIS:
-        return request, ""
-    env, files, kind = _egress_credentials.keep_on_host(facts.id, agent, credentials.env, credentials.files)
-    return {**request, "env": env, "files": files}, kind
+    gateway = bool(facts.labels.get("egress"))
+    kind = ""
+    if gateway and agent in _egress_credentials.AGENT_APIS:
+        env, files, kind = _egress_credentials.keep_on_host(facts.id, agent, credentials.env, credentials.files)
+        request = {**request, "env": env, "files": files}
+    return {**request, "gateway_credential": _egress_credentials.describe(facts.id, agent, gateway)}, kind
 
 
 def start(

@@ -130,6 +130,25 @@ def check_project_file(workspace: str) -> None:
         )
 
 
+def project_egress(workspace: str) -> dict[str, Any]:
+    """The egress keys of the workspace's agentbox.yaml, as the supervisor's parser reads them:
+    {"egress": word, "egress_allow": [entries], "lines": {key: line}, "allow_lines": [line per entry]},
+    only the keys the file has ({} without a file). An invalid file is refused as check_project_file does."""
+    path = os.path.join(workspace, PROJECT_FILE)
+    if not os.path.isfile(path):
+        return {}
+    ctl = _ctl()
+    if ctl is None:
+        return {}  # away from the collection's roles: no validator to read it with (the box's supervisor warns)
+    check_project_file(workspace)
+    config: Any
+    config, _issues = ctl.load_config_file(path)
+    found: dict[str, Any] = {key: getattr(config, key) for key in ("egress", "egress_allow") if key in config.egress_lines}
+    if found:
+        found.update(lines=dict(config.egress_lines), allow_lines=list(config.egress_allow_lines), path=path)
+    return found
+
+
 def project_text_issues(text: str, path: str) -> tuple[bool, list[str]] | None:
     """The supervisor's validator on `text` as the agentbox.yaml at `path`, before anything is written:
     (valid, every issue as `<file>:<line>: <severity>: ...`); None where the collection's roles are not installed."""

@@ -242,6 +242,12 @@ class Provider(abc.ABC):
     #: hostname is agentbox-<box>, which Linux caps at 64 characters. Create refuses a longer one first.
     max_box_name: int = 63
 
+    @property
+    def holds_egress(self) -> bool:
+        """A new box of this provider can be held to the host's egress gateway (docs/egress.md): the local box
+        engine only, today."""
+        return False
+
     def __init__(self) -> None:
         # What warn() left for the task's output until take_warnings() hands it over.
         self.pending_warnings: list[str] = []

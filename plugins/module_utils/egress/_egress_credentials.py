@@ -142,5 +142,35 @@ def forget(box_id: str) -> None:
         pass
 
 
+# What `agentbox-ctl status` says of an agent's credential: its kind and where the host took it, never its value.
+AGENT_NAMES = {"claude": "Claude Code", "codex": "Codex", "opencode": "OpenCode"}
+KINDS = {
+    "ANTHROPIC_API_KEY": "API key from the host's ANTHROPIC_API_KEY",
+    "ANTHROPIC_AUTH_TOKEN": "auth token from the host's ANTHROPIC_AUTH_TOKEN",
+    "CLAUDE_CODE_OAUTH_TOKEN": "OAuth token from the host's CLAUDE_CODE_OAUTH_TOKEN",
+    "~/.claude/.credentials.json": "access token of the host's Claude sign-in (~/.claude/.credentials.json)",
+    "OPENAI_API_KEY": "API key from the host's OPENAI_API_KEY",
+}
+
+
+def describe(box_id: str, agent: str, gateway: bool) -> str:
+    """One line on the credential the agent's requests carry: for a box with an egress policy, what the host's
+    file for the gateway holds (its kind and source, and the API it goes to); else the box's own copy."""
+    name = AGENT_NAMES.get(agent, agent)
+    api = next(iter(AGENT_APIS.get(agent, ())), "")
+    if not gateway:
+        return f"{name}: the host's credentials copied to the box's tmpfs (/run/agentbox/agents; no egress policy)"
+    if not api:
+        return f"{name}: its own credentials on the box's tmpfs (the gateway adds none for {name})"
+    entry = read_credential(box_id, api)
+    if entry is None or entry.get("kind") not in KINDS:
+        if agent == "codex":
+            return f"{name}: its own ChatGPT sign-in on the box's tmpfs (the gateway adds only an OPENAI_API_KEY)"
+        return (f"{name}: none: the gateway sends its requests without a credential (the host had none when the "
+                f"agent started: set {APIS[api]['key_variable']} or sign in with playbooks/agent_login.yml, then "
+                "start the agent again)")
+    return f"{name}: {KINDS[entry['kind']]} via the gateway, to {entry.get('upstream') or APIS[api]['upstream']}"
+
+
 def upstream(entry: Mapping[str, Any], api: str, environ: Mapping[str, str]) -> str:
     return environ.get(APIS[api]["override"]) or str(entry.get("upstream") or APIS[api]["upstream"])

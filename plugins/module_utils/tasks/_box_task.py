@@ -13,8 +13,8 @@ from typing import Any
 
 from ..access._access import answer_include, include_hint, include_present, ssh_command
 from ..box import _box, _rollback
-from ..core import _journal, _naming
-from ..egress._egress_policy import EgressPolicy, parse_policy
+from ..core import _journal, _naming, _preflight
+from ..egress._egress_policy import EgressError, EgressPolicy, normalize_pattern, parse_policy
 from ..git import _git, _gitlayer, _seed
 from ..providers import _registry
 from ..providers._module import PROVIDER_ARGUMENT_SPEC, provider_from_params
@@ -53,12 +53,46 @@ BOX_ARGUMENT_SPEC: dict[str, Any] = {
 }
 
 
-def _egress(params: dict[str, Any]) -> EgressPolicy | None:
-    """The new box's egress policy (docs/egress.md); None when neither option is given: its network is open,
-    as before the gateway. ValueError says what to write instead."""
-    if params["egress"] is None and params["egress_allow"] is None:
+def _egress(params: dict[str, Any], workspace: str, provider: Any, warnings: list[str]) -> EgressPolicy | None:
+    """The new box's egress policy (docs/egress.md): each create option (egress, egress_allow) wins over the same
+    key of the workspace's agentbox.yaml. None: the box has the open network (neither given). ValueError
+    (EgressError) says what to write instead, naming the file's line when the file's entry is at fault."""
+    given = {key: params[key] for key in ("egress", "egress_allow") if params[key] is not None}
+    project = _preflight.project_egress(workspace)
+    from_file = [key for key in ("egress", "egress_allow") if key in project and key not in given]
+    if not given and not from_file:
         return None
-    return parse_policy(params["egress"], params["egress_allow"], environ=os.environ)  # EgressError is a ValueError
+    values = {**{key: project[key] for key in from_file}, **given}
+    try:
+        policy = parse_policy(values.get("egress"), values.get("egress_allow"), environ=os.environ)
+    except EgressError as exc:
+        raise EgressError(f"{_file_line(project, from_file, values, str(exc))}{exc}") from None
+    if not given and not provider.holds_egress:
+        # The file is the project's, whichever provider a box goes to: told, not refused (the option is).
+        warnings.append(f"{project['path']} sets {' and '.join(from_file)}, which only boxes on this machine's box "
+                        f"engine are held to, not this one ({provider.name} on {provider.engine}: a remote engine, "
+                        "Daytona, boxd or isolation none): this box has the open network")
+        return None
+    return policy
+
+
+def _file_line(project: dict[str, Any], from_file: list[str], values: dict[str, Any], message: str) -> str:
+    """'<agentbox.yaml>:<line>: ' of what the file gave that parse_policy refused with `message` ('' when a
+    create option is at fault)."""
+    if message.startswith("egress_allow"):
+        if "egress_allow" not in from_file:
+            return ""
+        for index, entry in enumerate(values["egress_allow"] or []):
+            try:
+                normalized = normalize_pattern(entry)
+            except EgressError:
+                return f"{project['path']}:{project['allow_lines'][index]}: "
+            if normalized.startswith("-") and normalized in message:  # it takes an agent's API host off
+                return f"{project['path']}:{project['allow_lines'][index]}: "
+        return f"{project['path']}: "
+    if message.startswith("egress: ") and "is not a policy" in message:
+        return f"{project['path']}:{project['lines']['egress']}: " if "egress" in from_file else ""
+    return f"{project['path']}: " if from_file else ""  # a whole policy: the agents' API hosts
 
 
 def _planned(name: str, workspace: str, image: str, provider: str, engine: str) -> dict:
@@ -194,8 +228,9 @@ def _run(
     elif existing is None:
         if state in ("stopped", "paused"):
             raise ValueError(f"no box called {name!r} on engine {provider.engine}: create it first (state=started)")
-        egress = _egress(params)  # refused before anything is made
+        egress = _egress(params, workspace, provider, warnings)  # refused before anything is made
         result["changed"] = True
+        result["egress"] = egress.record() if egress else None  # None: the box's network is open
         if check_mode:
             planned_name = name or _naming.default_box_name(workspace, "0" * 8)
             result["box"] = _planned(planned_name, workspace, params["image"], provider.name, provider.engine)

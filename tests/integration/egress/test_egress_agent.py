@@ -2,7 +2,8 @@
 its base URL at the gateway's in-box endpoint with a placeholder key; the gateway on the host adds the
 host's key and carries the request to a stand-in Messages API on the host's 127.0.0.1 (the relay's
 AGENTBOX_GATEWAY_UPSTREAM_ANTHROPIC, a host setting no box can change), which checks the key it gets.
-The key is in no file, tmpfs, environment or container config of the box."""
+The key is in no file, tmpfs, environment or container config of the box, and `agentbox-ctl status` names
+it (its kind and source) without its value."""
 
 from __future__ import annotations
 
@@ -90,3 +91,7 @@ def test_claude_code_gets_the_hosts_key_added_by_the_gateway_and_the_box_never_h
         assert count.strip() == "0", (user, count)
     attrs = world.client.api.inspect_container(f"agentbox-{box}")
     assert key not in json.dumps(attrs)
+    # agentbox-ctl status names the credential the gateway adds, never its value.
+    status = world.sh(box, "agentbox-ctl status")[1]
+    assert "credential: Claude Code: API key from the host's ANTHROPIC_API_KEY via the gateway" in status, status
+    assert key not in status

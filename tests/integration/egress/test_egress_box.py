@@ -1,8 +1,9 @@
 """Boxes made with an egress policy on the real box engine: their programs (pip, npm) reach the package
 registries through the in-box forwarder and the host's gateway (audited), a host the policy refuses is
 refused at once saying what to change, root in the box, its own iptables flushed, has no other way out,
-a stopped gateway is said at once with how to start it, and the box's published 127.0.0.1 ports still
-answer. Every test's relay runs under a private HOME."""
+a stopped gateway is said at once with how to start it, the box's published 127.0.0.1 ports still
+answer, and two boxes on the egress network cannot reach each other. Every test's relay runs under a
+private HOME."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ pytestmark = pytest.mark.integration
 
 RELAY = str(REPO / "scripts/agentbox-relay")
 WEB = 8765  # a port the allowing box publishes
+NEIGHBOUR = 8766  # a port the open box listens on, for its neighbour to try
 PIP = "/tmp/venv/bin/pip install --no-deps --no-cache-dir --retries 0 --timeout 20 six"
 NPM = "mkdir -p {0} && cd {0} && npm install --no-audit --no-fund --no-package-lock --cache {0}/.cache is-number"
 
@@ -207,6 +209,33 @@ def test_root_in_the_box_gets_nowhere_directly_even_after_flushing_its_own_iptab
     assert "rc=0" not in out and "rc=" in out, out
     attrs = docker.from_env().api.inspect_container(box["container"])
     assert list(attrs["NetworkSettings"]["Networks"]) == ["agentbox-egress"]
+
+
+def test_boxes_on_the_egress_network_cannot_reach_each_other(boxes: dict[str, dict[str, Any]]) -> None:
+    """Root in one box, its own iptables flushed, gets nothing to another box's listening port, nor even
+    an ARP answer from it (the host isolates every port of the bridge: no frame passes between boxes).
+    Addresses are read and used only inside the boxes (never traffic from the host to a box)."""
+    target, source = boxes["open"], boxes["allowing"]
+    rc, out = in_box(target, f"cd /tmp && (setsid python3 -m http.server {NEIGHBOUR} >/dev/null 2>&1 & echo $! "
+                             "> /tmp/neighbour.pid); "
+                             "python3 -c 'import socket; print(socket.gethostbyname(socket.gethostname()))'")
+    assert rc == 0, out
+    address = out.split()[-1]  # its address on the egress network (the engine's /etc/hosts line; not its own docker0)
+    try:
+        # The listener answers on that address from inside its own box: what the neighbour tries is there.
+        probe = f"curl -sS --noproxy '*' --connect-timeout 5 -o /dev/null -w '%{{http_code}}' http://{address}:{NEIGHBOUR}/"
+        deadline = time.monotonic() + 30
+        while (out := in_box(target, probe)[1]) != "200" and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert out == "200", out
+        rc, out = in_box(source, f"iptables -F && iptables -P OUTPUT ACCEPT && {probe} 2>&1; echo rc=$?; "
+                                 f"grep -F '{address} ' /proc/net/arp || echo no-entry", user="root")
+        assert "rc=0" not in out and "rc=" in out, out  # curl failed: no connection
+        entry = next(line.split() for line in out.splitlines() if line.startswith((f"{address} ", "no-entry")))
+        # An unanswered ARP request leaves flags 0x0 and a zero address; an answer, 0x2 and the box's MAC.
+        assert entry == ["no-entry"] or (entry[2], entry[3]) == ("0x0", "00:00:00:00:00:00"), out
+    finally:
+        in_box(target, "kill $(cat /tmp/neighbour.pid)")
 
 
 def test_a_published_port_of_a_box_with_a_policy_still_answers_on_the_hosts_loopback(

@@ -214,3 +214,19 @@ def test_validate_cli_json_output():
     assert report["valid"] is False
     assert report["issues"][0]["key"] == "tasks.b.needs" and report["issues"][0]["line"] == 8
     assert "a -> c -> b -> a" in report["issues"][0]["message"]
+
+
+def test_the_projects_egress_keys_are_read_with_their_lines_and_a_bad_word_says_what_to_write():
+    text = "egress: open\negress_allow:\n  - pypi.corp.example\n  - ' *.corp.example '\ntasks: {a: echo a}\n"
+    config, issues = ctl.parse_config(text, "agentbox.yaml")
+    assert issues == [] and config is not None
+    assert (config.egress, config.egress_allow) == ("open", ["pypi.corp.example", "*.corp.example"])
+    assert config.egress_lines == {"egress": 1, "egress_allow": 3} and config.egress_allow_lines == [3, 4]
+    config, issues = ctl.parse_config("egress_allow: a.example, b.example c.example\n", "agentbox.yaml")
+    assert config.egress is None and config.egress_allow == ["a.example", "b.example", "c.example"]
+    config, issues = ctl.parse_config("egress: opne\negres: none\n", "agentbox.yaml")
+    assert config is None
+    assert [i.render("agentbox.yaml") for i in issues] == [
+        "agentbox.yaml:1: error: egress: expected allowlist (the default list plus egress_allow), open (any public "
+        "host, audited) or none (no network), got str 'opne'; did you mean 'open'?",
+        "agentbox.yaml:2: warning: egres: unknown top-level key, ignored; did you mean 'egress'?"]

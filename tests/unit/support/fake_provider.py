@@ -94,6 +94,9 @@ class FakeProvider(Provider):
     """Boxes as directories under `base`; see the module docstring."""
 
     name = "fake"
+    # Whether a create holds its box to the host's egress gateway (the local box engine's answer); the tests of
+    # the policy's choice set it (a plain attribute here, a property of the real providers).
+    holds_egress = False
 
     def __init__(
         self,

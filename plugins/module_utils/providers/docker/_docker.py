@@ -229,6 +229,10 @@ class DockerProvider(Provider):
         if self._engine == "local":
             self._use_local_engine(self.isolation)
 
+    @property
+    def holds_egress(self) -> bool:
+        return self._engine == "local" and self.isolation == "userns"
+
     def _use_local_engine(self, isolation: str) -> None:
         self.isolation = isolation
         self._docker_host = _box_engine.engine_host(isolation)

@@ -98,13 +98,29 @@ def print_status(data: dict[str, Any]) -> None:
         print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:5])) + "  " + row[5])
 
 
-def agent_states() -> list[dict[str, Any]]:
-    """The coding agents' states as `agent-state` records them (one file per tmux session, on the tmpfs)."""
+def agent_states(run_dir: str = "/run/agentbox/agents") -> list[dict[str, Any]]:
+    """The coding agents' states as `agent-state` records them (one file per tmux session, on the tmpfs), each
+    with the credential its requests carry as the host named it when it started the agent (`credential`:
+    kind and source, e.g. through the host's egress gateway; never a value)."""
     states = []
-    for path in sorted(glob.glob("/run/agentbox/agents/*.state.json")):
+    for path in sorted(glob.glob(os.path.join(run_dir, "*.state.json"))):
         with contextlib.suppress(OSError, ValueError), open(path, encoding="utf-8") as handle:
-            states.append(json.load(handle))
+            state = json.load(handle)
+            if isinstance(state, dict):
+                state["credential"] = None
+                with contextlib.suppress(OSError, UnicodeDecodeError), open(
+                        path.removesuffix(".state.json") + ".credential", encoding="utf-8") as note:
+                    state["credential"] = note.read(400).strip() or None
+                states.append(state)
     return states
+
+
+def print_agents(agents: list[dict[str, Any]]) -> None:
+    for agent in agents:
+        print(f"agent: {agent.get('name')} (tmux session {agent.get('session')}) {agent.get('state')} "
+              f"since {agent.get('since')}")
+        if agent.get("credential"):
+            print(f"  credential: {agent['credential']}")
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -114,9 +130,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps(data, indent=2))
     else:
         print_status(data)
-        for agent in data["agents"]:
-            print(f"agent: {agent.get('name')} (tmux session {agent.get('session')}) {agent.get('state')} "
-                  f"since {agent.get('since')}")
+        print_agents(data["agents"])
     return EXIT_OK
 
 

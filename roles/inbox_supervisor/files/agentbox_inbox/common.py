@@ -33,6 +33,11 @@ RESTART_POLICIES = ("always", "on-failure", "never")
 ON_TIMEOUT_ACTIONS = ("kill", "mark_unhealthy")
 # Top-level keys other parts of agentbox read; the supervisor ignores them without a warning.
 PASSTHROUGH_TOP_KEYS = frozenset({"carry", "ide", "defaults", "replacements"})
+# The project's egress policy (docs/egress.md): read by the host at create, checked here for its shape
+# (the host checks the host names, with the file's lines, before any box is made).
+EGRESS_POLICIES = ("allowlist", "open", "none")
+EGRESS_POLICY_MEANINGS = ("allowlist (the default list plus egress_allow), open (any public host, audited) "
+                          "or none (no network)")
 
 
 def utc_now() -> str:

@@ -11,7 +11,15 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .common import ON_TIMEOUT_ACTIONS, PASSTHROUGH_TOP_KEYS, RESERVED_UNIT_NAMES, RESTART_POLICIES, UNIT_NAME_RE
+from .common import (
+    EGRESS_POLICIES,
+    EGRESS_POLICY_MEANINGS,
+    ON_TIMEOUT_ACTIONS,
+    PASSTHROUGH_TOP_KEYS,
+    RESERVED_UNIT_NAMES,
+    RESTART_POLICIES,
+    UNIT_NAME_RE,
+)
 from .spec import Backoff, Command, Config, ConfigIssue, ReadyCheck, ServiceSpec, TaskSpec
 
 try:
@@ -349,6 +357,40 @@ class _Walker:
             raise self.fail(key, node, "missing required key 'port' (e.g. expose: {port: 8000})")
         return port
 
+    # -- the project's egress policy ------------------------------------------------------------
+
+    def egress(self, config: Config, name: str, node: yaml.Node) -> None:
+        """`egress: <policy>` or `egress_allow: [hosts]` (a list, or one string of names separated by commas
+        or spaces): their shape; the host names are checked by the host at create."""
+        value = _scalar(node) if isinstance(node, yaml.ScalarNode) else None
+        config.egress_lines[name] = _line(node) or 0
+        if name == "egress":
+            if value not in EGRESS_POLICIES:
+                close = difflib.get_close_matches(str(value), EGRESS_POLICIES, n=1) if isinstance(value, str) else []
+                hint = f"; did you mean '{close[0]}'?" if close else ""
+                self.error(name, node, f"expected {EGRESS_POLICY_MEANINGS}, got {_describe(node)}{hint}")
+                return
+            config.egress = value
+            return
+        example = "e.g. egress_allow: [pypi.corp.example, '*.corp.example']"
+        if isinstance(node, yaml.ScalarNode) and (value is None or isinstance(value, str)):
+            words = re.split(r"[\s,]+", value or "")
+            config.egress_allow = [word for word in words if word]
+            config.egress_allow_lines = [_line(node) or 0] * len(config.egress_allow)
+            return
+        if not isinstance(node, yaml.SequenceNode):
+            self.error(name, node, f"expected a list of host names ({example}), got {_describe(node)}")
+            return
+        entries: list[str] = []
+        lines: list[int] = []
+        for i, item in enumerate(node.value):
+            try:
+                entries.append(self.string(item, f"{name}[{i}]").strip())
+                lines.append(_line(item) or 0)
+            except _Invalid:
+                self.issues[-1].message += f" (a host name, {example})"
+        config.egress_allow, config.egress_allow_lines = entries, lines
+
     def _error_count(self) -> int:
         return sum(1 for issue in self.issues if issue.severity == "error")
 
@@ -424,10 +466,12 @@ def parse_config(text: str, source: str, workspace: str | None = None) -> tuple[
                     svc = walker.service(unit_name, unit_key_node, unit_node, unit_key)
                     if svc:
                         config.services[unit_name] = svc
+        elif name in ("egress", "egress_allow"):
+            walker.egress(config, name, value_node)
         elif name in PASSTHROUGH_TOP_KEYS or name.startswith("x-"):
             continue  # x-*: room for YAML anchors shared by several units, as in compose files
         else:
-            hint = difflib.get_close_matches(name, ("tasks", "services"), n=1)
+            hint = difflib.get_close_matches(name, ("tasks", "services", "egress", "egress_allow"), n=1)
             suggestion = f"; did you mean '{hint[0]}'?" if hint else ""
             walker.warn(name, key_node, f"unknown top-level key, ignored{suggestion}")
     _check_graph(config, key_lines, walker, walker.invalid_units)

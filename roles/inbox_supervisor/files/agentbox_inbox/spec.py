@@ -109,6 +109,12 @@ class Config:
     workspace: str
     tasks: dict[str, TaskSpec] = field(default_factory=dict)
     services: dict[str, ServiceSpec] = field(default_factory=dict)
+    # The project's egress policy (the host applies it at create; None: not in the file) and the lines of
+    # the keys and of each egress_allow entry, for the host's messages.
+    egress: str | None = None
+    egress_allow: list[str] | None = None
+    egress_lines: dict[str, int] = field(default_factory=dict)
+    egress_allow_lines: list[int] = field(default_factory=list)
 
     def unit(self, name: str) -> TaskSpec | ServiceSpec | None:
         return self.tasks.get(name) or self.services.get(name)
