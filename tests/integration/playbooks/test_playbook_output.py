@@ -14,6 +14,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import docker
 import pytest
@@ -59,6 +60,10 @@ class Player:
     def create(self, workspace: Path, box: str, *extra: str) -> str:
         self.made.append(box)
         return self.ok("create_box.yml", f"workspace={workspace}", f"box={box}", *extra)
+
+    def module(self, module: str, args: dict[str, Any]) -> dict[str, Any]:
+        """A module's own main (run_module_direct) in this HOME: set-up or a check a test's playbook is not about."""
+        return run_module_direct(module, args, env={"HOME": str(self.home)})
 
     def make(self, workspace: Path, box: str) -> None:
         """A box for a test about what comes after its create: the task create_box.yml runs, in-process
