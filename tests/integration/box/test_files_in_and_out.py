@@ -5,12 +5,15 @@ fetch_branch.yml on the local engine saying there is nothing to fetch."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import secrets
 import subprocess
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import docker
 import pytest
@@ -49,37 +52,68 @@ def test_with_env_carries_ignored_env_files_onto_tmpfs_never_into_a_checkpoint(p
     assert in_box(box, "test ! -e /workspace/node_modules && echo absent").strip() == "absent"
     assert in_box(box, "git -C /workspace status --porcelain").strip() == ""  # ignored in the box too
     # A checkpoint of the box: the image holds no byte of the secret (only a dangling link).
-    _checkpoint, image, export = checkpoint_exported(player, box, tmp_path)
+    _checkpoint, image, found, links = checkpoint_scanned(player, box, [token.encode()], env_links=True)
     try:
-        with tarfile.open(export) as tar:
-            links = {m.name: m.linkname for m in tar.getmembers() if m.name.endswith("/.env")}
-        assert token.encode() not in export.read_bytes()
+        assert found == []
         assert any(target == "/run/agentbox/carried/.env" for target in links.values()), links
     finally:
         remove_image(image)
 
 
-def checkpoint_exported(player: Player, box: str, tmp_path: Path) -> tuple[str, docker.models.images.Image, Path]:  # noqa: F811
-    """A checkpoint of the box (checkpoint.yml), its image, and the image's filesystem exported to a tar."""
+class ScanningReader(io.RawIOBase):
+    """The chunks of a streamed export as a file tarfile can read, noting every needle that passes by
+    (one pass, never on disk)."""
+
+    def __init__(self, chunks: Iterator[bytes], needles: list[bytes]) -> None:
+        self.chunks, self.needles, self.found = chunks, needles, set[bytes]()
+        self.keep = max(len(n) for n in needles)
+        self.pending, self.tail = b"", b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self.pending:
+            chunk = next(self.chunks, b"")
+            if not chunk:
+                return 0
+            window = self.tail + chunk
+            self.found.update(n for n in self.needles if n in window)
+            self.tail, self.pending = window[-self.keep:], chunk
+        size = min(len(buffer), len(self.pending))
+        buffer[:size], self.pending = self.pending[:size], self.pending[size:]
+        return size
+
+
+def checkpoint_scanned(player: Player, box: str, needles: list[bytes],  # noqa: F811
+                       env_links: bool = False) -> tuple[str, str, list[bytes], dict[str, str]]:  # fmt: skip
+    """A checkpoint of the box (agentbox_checkpoint's main, as checkpoint.yml runs it: the playbook is proven
+    in tests/integration/checkpoint/), its name, its image, the needles its exported filesystem holds, and (env_links)
+    the targets of its links named .env."""
     checkpoint = f"ck-{secrets.token_hex(2)}"
-    player.ok("checkpoint.yml", f"box={box}", f"checkpoint={checkpoint}")
+    saved = player.module("agentbox_checkpoint", {"box": box, "name": checkpoint})
+    assert not saved["failed"], saved
+    image = saved["checkpoint"]["image"]
     engine = docker.from_env()
-    image = next(i for i in engine.images.list(filters={"label": "io.agentbox.kind=checkpoint"})
-                 if any(t.endswith(f":{checkpoint}") for t in i.tags))  # fmt: skip
-    probe = engine.containers.create(image.id, command=["true"], entrypoint=[], labels={"io.agentbox.test": "nc-ck"})
+    probe = engine.containers.create(image, command=["true"], entrypoint=[], labels={"io.agentbox.test": "nc-ck"})
     try:
-        export = tmp_path / f"{checkpoint}.tar"
-        with open(export, "wb") as handle:
-            for chunk in probe.export():
-                handle.write(chunk)
+        reader = ScanningReader(iter(engine.api.export(probe.id, chunk_size=1 << 20)), needles)
+        links: dict[str, str] = {}
+        if env_links:
+            with tarfile.open(fileobj=io.BufferedReader(reader, 1 << 20), mode="r|") as tar:
+                links = {m.name: m.linkname for m in tar if m.name.endswith("/.env")}
+        else:  # the needles only: no tar parsing
+            while reader.read(1 << 20):
+                pass
     finally:
         probe.remove(v=True, force=True)
-    return checkpoint, image, export
+    return checkpoint, image, sorted(reader.found), links
 
 
-def remove_image(image: docker.models.images.Image) -> None:
-    for tag in image.tags:
-        docker.from_env().images.remove(tag, force=True)
+def remove_image(image: str) -> None:
+    engine = docker.from_env()
+    for tag in engine.images.get(image).tags:
+        engine.images.remove(tag, force=True)
 
 
 def test_secret_named_files_go_to_the_tmpfs_whatever_gitignore_says(player: Player, tmp_path: Path) -> None:  # noqa: F811
@@ -105,9 +139,9 @@ def test_secret_named_files_go_to_the_tmpfs_whatever_gitignore_says(player: Play
     for path in (".env", ".npmrc", "certs/dev.pem"):
         assert in_box(box, f"stat -f -c %T \"$(readlink -f /workspace/{path})\"").strip() == "tmpfs", path
     assert in_box(box, "git -C /workspace status --porcelain -uall").split() == ["??", "notes.md"]
-    checkpoint, image, export = checkpoint_exported(player, box, tmp_path)
+    checkpoint, image, found, _links = checkpoint_scanned(player, box, [token.encode()])
     try:
-        assert token.encode() not in export.read_bytes()
+        assert found == []
         restored = name("nc-srs")
         out = flat(player.create(repo, restored, f"checkpoint={checkpoint}"))
         assert "secrets: 3 untracked files named like secrets" in out, out
@@ -121,7 +155,7 @@ def test_download_copies_the_box_tree_without_ignored_files_or_unsafe_entries(pl
     chown_tree(repo)
     before = git(repo, "status", "--porcelain")
     box = name("nc-dl")
-    player.create(repo, box)
+    player.make(repo, box)  # create_box.yml's output: the other tests here and tests/integration/playbooks/
     in_box(box, "cd /workspace && echo v2 > src/app.py && echo new > notes.md && echo noise > run.log "
                 "&& ln -s /etc/passwd escape && ln -s ../../outside up && mkdir -p deep && echo d > deep/f.txt")  # fmt: skip
     dest = tmp_path / "out"
@@ -135,22 +169,26 @@ def test_download_copies_the_box_tree_without_ignored_files_or_unsafe_entries(pl
     marker = json.loads((dest / ".agentbox-export.json").read_text())
     assert marker["box"] == box and any("notes.md" in entry for entry in marker["uncommitted"])
     assert git(repo, "status", "--porcelain") == before  # the host's tree untouched
+    # The rest is agentbox_worktree's (download.yml only passes box and dest), by its main.
+    def download(dest: Path | None = None) -> dict[str, Any]:
+        return player.module("agentbox_worktree", {"box": box, "state": "downloaded", **({"dest": str(dest)} if dest else {})})
+
     # Again: the earlier export is replaced, not merged into.
     in_box(box, "rm /workspace/notes.md")
-    player.ok("download.yml", f"box={box}", f"dest={dest}")
+    assert not download(dest)["failed"]
     assert not (dest / "notes.md").exists()
     # A directory that is not an earlier export is refused, before anything is written.
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "mine.txt").write_text("keep\n")
-    refused = player.run("download.yml", f"box={box}", f"dest={foreign}")
-    assert refused.returncode != 0 and "is not empty and holds no earlier export" in flat(refused.stdout)
+    refused = download(foreign)
+    assert refused["failed"] and "is not empty and holds no earlier export" in flat(refused["msg"])
     assert sorted(p.name for p in foreign.iterdir()) == ["mine.txt"]
-    inside = player.run("download.yml", f"box={box}", f"dest={repo}/export")
-    assert inside.returncode != 0 and "overlaps the box's host workspace" in flat(inside.stdout)
+    inside = download(repo / "export")
+    assert inside["failed"] and "overlaps the box's host workspace" in flat(inside["msg"])
     assert not (repo / "export").exists()
     # Default destination: ~/.agentbox/export/<box>/.
-    player.ok("download.yml", f"box={box}")
+    assert not download()["failed"]
     assert (player.home / ".agentbox/export" / box / "src/app.py").read_text() == "v2\n"
 
 
@@ -158,7 +196,7 @@ def test_fetch_branch_on_the_local_engine_imports_the_box_commits(player: Player
     repo = make_repo(tmp_path / "ws")
     chown_tree(repo)
     box = name("nc-fb")
-    player.create(repo, box)
+    player.make(repo, box)
     in_box(box, "cd /workspace && echo x > x && git add x && git -c user.name=A -c user.email=a@x.invalid commit -qm x")
     box_head = in_box(box, "git -C /workspace rev-parse HEAD").strip()
     # The box's commits stay in its own git layer until imported (docs/architecture.md, the trust boundary).

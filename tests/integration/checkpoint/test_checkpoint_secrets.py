@@ -100,7 +100,8 @@ def test_secrets_are_in_neither_kind_of_checkpoint(sealed: dict[str, Any]) -> No
 
     # A box whose environment holds one of its secrets is refused, and nothing is made.
     # (checkpoint none: a fresh box, not one of the project default the playbook set)
-    leaky = lab.ok_box("leak", workspace, checkpoint="none", secrets={"API_KEY": api_key}, env={"COPIED": api_key})
+    leaky = lab.ok_box("leak", workspace, checkpoint="none", secrets={"API_KEY": api_key}, env={"COPIED": api_key},
+                       boot=False)  # the refusal reads the container's config: nothing need run in the box
     leaky = leaky["box"]["name"]
     refused = lab.checkpoint(box=leaky, name="leaky")
     assert refused.get("failed") and "COPIED" in refused["msg"] and api_key not in refused["msg"]
@@ -120,16 +121,15 @@ def test_box_env_is_in_neither_kind_of_checkpoint(sealed: dict[str, Any]) -> Non
         assert made["found"] == [sealed["work_marker"]], kind
         own = "sk-own-" + secrets.token_hex(8)
         restored = lab.ok_box(f"env-r{int(kind == 'flattened')}", workspace, checkpoint=saved["name"],
-                              env={"MY_API_KEY": own})  # fmt: skip
+                              env={"MY_API_KEY": own}, boot=False)  # its env is the container's: no boot needed
         name = restored["box"]["name"]
         assert lab.sh(name, "printenv MY_API_KEY; printenv AGENTBOX_BOX_NAME") == f"{own}\n{name}\n"
 
 
 def test_checkpoint_playbook(sealed: dict[str, Any]) -> None:
-    lab, box, done, listed = sealed["lab"], sealed["box"], sealed["playbook"], sealed["listed"]
+    box, done, listed = sealed["box"], sealed["playbook"], sealed["listed"]
     assert "checkpoint: pb-flat (flattened, project default)" in done.stdout
     # The box's two checkpoints: the module's layered one, and the playbook's, the project default.
     assert sorted(c["name"] for c in listed["checkpoints"]) == ["pb-flat", "sec-0"] and listed["default"] == "pb-flat"
-    missing = checkpoint_playbook(lab)
-    assert missing.returncode != 0 and "-e box=NAME" in missing.stdout
+    # checkpoint.yml without a box stops at its first task: tests/integration/playbooks/test_playbook_inputs.py
     assert box in done.stdout  # the box it was told

@@ -21,7 +21,7 @@ import pytest
 from ansible_collections.agentbox.box.plugins.module_utils.checkpoint import _checkpoint
 from ansible_collections.agentbox.box.plugins.module_utils.core import _naming
 from ansible_collections.agentbox.box.plugins.module_utils.providers._registry import get_provider
-from tests.conftest import GIT_ENV, chown_tree, git, make_repo, run_module
+from tests.conftest import GIT_ENV, chown_tree, git, make_repo, run_module_direct
 from tests.integration.box.conftest import box_task
 
 pytestmark = pytest.mark.integration
@@ -62,6 +62,8 @@ def checkpoints() -> Iterator[list[tuple[Path, str]]]:
             _checkpoint.remove(provider, found)
 
 
+# The boxes a test drives with git and the shell alone are made with nothing started in them (boot=False:
+# the git layer and its view are made by the create, before any boot); the first attack box is booted.
 def box_name(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(3)}"
 
@@ -153,7 +155,7 @@ def test_a_hostile_box_cannot_plant_anything_the_host_runs(engine, boxes, checkp
 
     name = box_name("atk")
     boxes.append(name)
-    made = run_module("agentbox_box", {"name": name, "workspace": str(repo)})
+    made = run_module_direct("agentbox_box", {"name": name, "workspace": str(repo)})
     assert made.get("failed") is not True, made
     assert made["box"]["labels"]["git_layers"] == "1"
 
@@ -168,7 +170,7 @@ def test_a_hostile_box_cannot_plant_anything_the_host_runs(engine, boxes, checkp
     # Root (sudo) in a second box: remount its view read-write, unmount it, write beneath.
     escaper = box_name("esc")
     boxes.append(escaper)
-    assert box_task({"name": escaper, "workspace": str(repo)}).get("failed") is not True
+    assert box_task({"name": escaper, "workspace": str(repo), "boot": False}).get("failed") is not True
     escape = engine.containers.get(f"agentbox-{escaper}").exec_run(
         ["bash", "-c", ROOT_ESCAPE, "escape", gitdir, str(markers)], user="root"
     )
@@ -189,12 +191,12 @@ def test_a_hostile_box_cannot_plant_anything_the_host_runs(engine, boxes, checkp
     (repo / "b.txt").write_text("host edit left uncommitted\n")
     second = box_name("atk2")
     boxes.append(second)
-    assert box_task({"name": second, "workspace": str(repo)}).get("failed") is not True
+    assert box_task({"name": second, "workspace": str(repo), "boot": False}).get("failed") is not True
     checkpoint = f"ck-{secrets.token_hex(3)}"
     checkpoints.append((repo, checkpoint))
-    taken = run_module("agentbox_checkpoint", {"box": name, "name": checkpoint})
+    taken = run_module_direct("agentbox_checkpoint", {"box": name, "name": checkpoint})
     assert taken.get("failed") is not True, taken
-    fetched = run_module("agentbox_worktree", {"box": name, "state": "fetched"})
+    fetched = run_module_direct("agentbox_worktree", {"box": name, "state": "fetched"})
     assert fetched.get("failed") is not True, fetched
     for box in (name, second, escaper):
         gone = box_task({"name": box, "state": "absent"})
@@ -217,7 +219,7 @@ def test_the_agent_commits_amends_and_rebases_and_the_host_fetches_it(engine, bo
     chown_tree(repo)
     name = box_name("ag")
     boxes.append(name)
-    assert box_task({"name": name, "workspace": str(repo)}).get("failed") is not True
+    assert box_task({"name": name, "workspace": str(repo), "boot": False}).get("failed") is not True
     ident = "-c user.email=agent@example.invalid -c user.name=agent"
     rc, out = in_box(engine, name, f"""
         set -e
@@ -233,7 +235,7 @@ def test_the_agent_commits_amends_and_rebases_and_the_host_fetches_it(engine, bo
     assert rc == 0, out
     assert out.strip().splitlines()[-3:] == ["two, amended", "one, reworded", "initial"], out
     head = in_box(engine, name, "git -C /workspace rev-parse HEAD")[1].strip()
-    fetched = run_module("agentbox_worktree", {"box": name, "state": "fetched"})
+    fetched = run_module_direct("agentbox_worktree", {"box": name, "state": "fetched"})
     assert fetched["changed"], fetched
     assert git(repo, "rev-parse", f"agentbox/{name}").strip() == head
     assert git(repo, "log", "--format=%s", f"agentbox/{name}").splitlines() == ["two, amended", "one, reworded", "initial"]
@@ -257,7 +259,7 @@ def test_root_owned_repository_under_a_private_directory(engine, boxes, tmp_path
     owners = {str(p): (p.stat().st_uid, stat.S_IMODE(p.stat().st_mode)) for p in (repo / ".git").rglob("*")}
     name = box_name("root")
     boxes.append(name)
-    made = box_task({"name": name, "workspace": str(repo)})
+    made = box_task({"name": name, "workspace": str(repo), "boot": False})
     assert made.get("failed") is not True, made
     assert not made["seed"]["warnings"], made["seed"]["warnings"]
     rc, out = in_box(engine, name, "cd /workspace && echo x > x && git add x && "
@@ -268,7 +270,7 @@ def test_root_owned_repository_under_a_private_directory(engine, boxes, tmp_path
     assert {str(p): (p.stat().st_uid, stat.S_IMODE(p.stat().st_mode)) for p in (repo / ".git").rglob("*")
             if str(p) in owners} == owners
     assert stat.S_IMODE(private.stat().st_mode) == 0o700
-    assert run_module("agentbox_worktree", {"box": name, "state": "fetched"})["changed"]
+    assert run_module_direct("agentbox_worktree", {"box": name, "state": "fetched"})["changed"]
     assert git(repo, "log", "-1", "--format=%s", f"agentbox/{name}").strip() == "boxed"
 
 
@@ -300,15 +302,15 @@ def test_the_collections_host_git_ignores_repository_planted_config(engine, boxe
 
     name = box_name("cfg")
     boxes.append(name)
-    made = box_task({"name": name, "workspace": str(repo)})
+    made = box_task({"name": name, "workspace": str(repo), "boot": False})
     assert made.get("failed") is not True, made
     assert made["seed"]["modified"] == 1
     rc, out = in_box(engine, name, "cd /workspace && git -c user.email=a@b -c user.name=a commit -qam boxed")
     assert rc == 0, out
     checkpoint = f"ck-{secrets.token_hex(3)}"
     checkpoints.append((repo, checkpoint))
-    assert run_module("agentbox_checkpoint", {"box": name, "name": checkpoint}).get("failed") is not True
-    assert run_module("agentbox_worktree", {"box": name, "state": "fetched"}).get("failed") is not True
+    assert run_module_direct("agentbox_checkpoint", {"box": name, "name": checkpoint}).get("failed") is not True
+    assert run_module_direct("agentbox_worktree", {"box": name, "state": "fetched"}).get("failed") is not True
     assert box_task({"name": name, "state": "stopped"}).get("failed") is not True
     assert box_task({"name": name, "state": "absent"}).get("failed") is not True
     assert sorted(p.name for p in markers.iterdir()) == []
@@ -323,7 +325,7 @@ def test_a_commit_with_dotgit_entries_never_enters_the_host(engine, boxes, tmp_p
     chown_tree(repo)
     name = box_name("dg")
     boxes.append(name)
-    assert box_task({"name": name, "workspace": str(repo)}).get("failed") is not True
+    assert box_task({"name": name, "workspace": str(repo), "boot": False}).get("failed") is not True
     before = git(repo, "rev-parse", f"agentbox/{name}").strip()
     rc, out = in_box(engine, name, f"""
         set -e
@@ -338,7 +340,7 @@ def test_a_commit_with_dotgit_entries_never_enters_the_host(engine, boxes, tmp_p
     """)
     assert rc == 0, out
     evil = out.strip().splitlines()[-1]
-    fetched = run_module("agentbox_worktree", {"box": name, "state": "fetched"})
+    fetched = run_module_direct("agentbox_worktree", {"box": name, "state": "fetched"})
     assert fetched.get("failed"), fetched
     message = fetched["msg"]
     assert "refused the box's commits: git's object checks failed" in message and "hasDotgit" in message, message

@@ -40,7 +40,7 @@ from ansible_collections.agentbox.box.plugins.module_utils.git import _ship  # n
 from ansible_collections.agentbox.box.plugins.module_utils.providers.docker import _image_transfer  # noqa: E402
 from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._docker import DockerProvider  # noqa: E402
 from ansible_collections.agentbox.box.plugins.module_utils.ssh import _ssh  # noqa: E402
-from tests.conftest import make_repo, run_module, run_module_direct  # noqa: E402
+from tests.conftest import make_repo, run_module_direct  # noqa: E402
 from tests.integration.support.engines import FLEET_IMAGE as IMAGE  # noqa: E402
 from tests.integration.support.engines import REPO, EngineFleet  # noqa: E402
 
@@ -191,7 +191,9 @@ def test_two_engines_carry_over_commands_fetch_back_destroy(fleet, tmp_path, mon
         for index, engine in enumerate(targets):
             provider = DockerProvider(engine=engine, ssh_options={"strict_host_key_checking": True}, isolation="none")
             name = f"abx-ssh-{index}-{secrets.token_hex(2)}"
-            created = _box.create_box(provider, _box.CreateRequest(name=name, workspace=str(repo), image=IMAGE))
+            # Nothing started in the box (boot=False): carry-over, commands and fetch need none; a booted remote box:
+            # test_module_end_to_end_with_user_at_host_port.
+            created = _box.create_box(provider, _box.CreateRequest(name=name, workspace=str(repo), image=IMAGE, boot=False))
             boxes.append((provider, created.facts))
             assert created.facts.provider == "docker_ssh" and created.facts.engine == engine
             assert created.seed.mode == "shipped" and created.seed.branch == f"agentbox/{name}"
@@ -254,7 +256,8 @@ def test_port_forward_to_a_box_port(fleet, tmp_path):
     name = f"abx-port-{secrets.token_hex(2)}"
     token = secrets.token_hex(8)
     created = _box.create_box(
-        provider, _box.CreateRequest(name=name, workspace=str(tmp_path), ports=[8123], seed=False, image=IMAGE)
+        provider, _box.CreateRequest(name=name, workspace=str(tmp_path), ports=[8123], seed=False, image=IMAGE,
+                                     boot=False)  # the test serves the port itself: nothing need be started
     )
     try:
         engine_port = created.facts.ports["8123"]
@@ -424,21 +427,21 @@ def test_checkpoint_copied_to_another_engine_starts_boxes_there(fleet, tmp_path)
     source, restored = f"abx-cps-{tag}", f"abx-cpr-{tag}"
     image = ""
     try:
-        created = run_module("agentbox_box", {**on_first, "name": source, "workspace": str(repo), "image": IMAGE,
+        created = run_module_direct("agentbox_box", {**on_first, "name": source, "workspace": str(repo), "image": IMAGE,
                                               "boot": False}, env=env)  # fmt: skip
         assert not created["failed"], created.get("msg")
         warm = secrets.token_hex(16)
         run(DockerProvider(engine=first.alias, ssh_options={}, isolation="none"), source, "sh", "-c",
             f"printf '{warm}' > /home/vscode/warm.txt")  # fmt: skip
-        saved = run_module("agentbox_checkpoint", {**on_first, "box": source, "cleanup": False}, env=env)
+        saved = run_module_direct("agentbox_checkpoint", {**on_first, "box": source, "cleanup": False}, env=env)
         assert not saved["failed"], saved.get("msg")
         name, image = saved["checkpoint"]["name"], saved["checkpoint"]["image"]
 
         copy = {**on_first, "name": name, "workspace": str(repo), "copy_to": second.destination, "copy_compress": False}
-        planned = run_module("agentbox_checkpoint", copy, check_mode=True, env=env)
+        planned = run_module_direct("agentbox_checkpoint", copy, check_mode=True, env=env)
         assert not planned["failed"] and planned["changed"] is True, planned.get("msg")
         assert second.shell(f"docker image inspect {image}", check=False).returncode != 0  # check mode copied nothing
-        copied = run_module("agentbox_checkpoint", copy, env=env)
+        copied = run_module_direct("agentbox_checkpoint", copy, env=env)
         assert not copied["failed"] and copied["changed"] is True, copied.get("msg")
         report = copied["copied"]
         assert report["path"] == "copied" and report["source"] == first.alias and report["engine"] == second.destination
@@ -446,32 +449,32 @@ def test_checkpoint_copied_to_another_engine_starts_boxes_there(fleet, tmp_path)
         assert report["image_bytes"] >= saved["checkpoint"]["size"] > 0 and report["bytes_sent"] == report["image_bytes"]
         labels = json.loads(second.shell(f"docker image inspect {image}").stdout)[0]["Config"]["Labels"]
         assert labels["io.agentbox.kind"] == "checkpoint" and labels["io.agentbox.checkpoint"] == name
-        again = run_module("agentbox_checkpoint", copy, env=env)
+        again = run_module_direct("agentbox_checkpoint", copy, env=env)
         assert not again["failed"] and again["changed"] is False and again["copied"]["path"] == "present"
 
-        from_copy = run_module("agentbox_box", {**on_second, "name": restored, "workspace": str(repo), "image": IMAGE,
+        from_copy = run_module_direct("agentbox_box", {**on_second, "name": restored, "workspace": str(repo), "image": IMAGE,
                                                 "checkpoint": name, "boot": False}, env=env)  # fmt: skip
         assert not from_copy["failed"], from_copy.get("msg")
         assert from_copy["box"]["checkpoint"] == name
         assert run(DockerProvider(engine=second.destination, ssh_options={}, isolation="none"), restored,
                    "cat", "/home/vscode/warm.txt") == warm  # fmt: skip
-        run_module("agentbox_box", {**on_second, "name": restored, "state": "absent", "delete_branch": True}, env=env)
+        run_module_direct("agentbox_box", {**on_second, "name": restored, "state": "absent", "delete_branch": True}, env=env)
 
-        gone = run_module("agentbox_checkpoint", {**on_second, "name": name, "workspace": str(repo), "state": "absent"},
+        gone = run_module_direct("agentbox_checkpoint", {**on_second, "name": name, "workspace": str(repo), "state": "absent"},
                           env=env)  # fmt: skip
         assert not gone["failed"] and gone["removed"]["image"] == image, gone.get("msg")
         assert gone["removed"]["manifest"] is None  # the manifest is the first engine's
         assert second.shell(f"docker image inspect {image}", check=False).returncode != 0
-        info = run_module("agentbox_checkpoint_info", {**on_first, "workspace": str(repo)}, env=env)
+        info = run_module_direct("agentbox_checkpoint_info", {**on_first, "workspace": str(repo)}, env=env)
         assert [(c["name"], c["broken"]) for c in info["checkpoints"]] == [(name, False)], info
-        refused = run_module("agentbox_checkpoint", {"name": name, "workspace": str(repo), "copy_to": second.destination},
+        refused = run_module_direct("agentbox_checkpoint", {"name": name, "workspace": str(repo), "copy_to": second.destination},
                              env=env)  # fmt: skip
         assert refused["failed"] and "between remote engines" in refused["msg"]
     finally:
         for box, where in ((restored, on_second), (source, on_first)):
-            run_module("agentbox_box", {**where, "name": box, "state": "absent", "delete_branch": True}, env=env)
+            run_module_direct("agentbox_box", {**where, "name": box, "state": "absent", "delete_branch": True}, env=env)
         if image:
-            run_module("agentbox_checkpoint", {**on_first, "name": image, "workspace": str(repo), "state": "absent"},
+            run_module_direct("agentbox_checkpoint", {**on_first, "name": image, "workspace": str(repo), "state": "absent"},
                        env=env)  # fmt: skip
             second.shell(f"docker image rm -f {image}", check=False)
     for engine in fleet.engines:
