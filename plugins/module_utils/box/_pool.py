@@ -25,7 +25,7 @@ import os
 import time
 from typing import Any
 
-from ..core import _host_files, _journal, _naming
+from ..core import _host_files, _journal, _naming, _sizes
 from ..core._boot import boot_box
 from ..core._provider import BoxSpec, Provider, ProviderError
 
@@ -55,12 +55,10 @@ class PoolSettings:
 
 
 def memory_bytes(value: str) -> int:
-    units = {"b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
-    text = str(value).strip().lower().removesuffix("b") or "0"
-    unit = text[-1] if text[-1] in units else "b"
+    """The pool's memory budget in bytes (the parser of a box's own memory limit: _sizes)."""
     try:
-        return int(float(text.rstrip("kmg")) * units[unit])
-    except ValueError as exc:
+        return _sizes.memory_bytes(str(value))
+    except _sizes.BadValue as exc:
         raise PoolError(f"pool max_memory {value!r} should be a number with a unit, e.g. 2g or 512m") from exc
 
 

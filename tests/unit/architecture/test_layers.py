@@ -42,6 +42,7 @@ RANKS: dict[str, dict[str, int]] = {
         "_naming": PURE,
         "_secret_files": PURE,
         "_shell_line": PURE,
+        "_sizes": PURE,
         "_host_files": HOST,
         "_journal": HOST,
         "_preflight": HOST,

@@ -32,8 +32,9 @@ from ...core._provider import (
     ProviderError,
     SshProxy,
 )
+from ...core._sizes import BadValue
 from . import _box_engine
-from ._box_container import BadValue, container_config, proxy_environment
+from ._box_container import container_config, proxy_environment
 from ._engine_api import (
     EngineAPI,
     EngineAPIError,
