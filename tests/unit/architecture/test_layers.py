@@ -102,6 +102,7 @@ RANKS: dict[str, dict[str, int]] = {
     },
     "module_utils/providers/docker": {
         "_box_container": HOST,
+        "_box_mounts": HOST,
         "_box_engine": HOST,
         "_engine_api": TRANSPORT,
         "_engine_sdk": TRANSPORT,
