@@ -115,6 +115,7 @@ RANKS: dict[str, dict[str, int]] = {
         "_image_store": PROVIDER,
         "_image_transfer": PROVIDER,
         "_pool_containers": PROVIDER,
+        "_claimed": PROVIDER,
     },
     "module_utils/providers/daytona": {
         "_daytona_idle": PURE,
@@ -141,6 +142,7 @@ RANKS: dict[str, dict[str, int]] = {
         "_rollback": WORKFLOW,
         "_prepare": WORKFLOW,
         "_pool": WORKFLOW,
+        "_pool_claim": WORKFLOW,
     },
     "module_utils/agent": {
         "_agent_record": HOST,
