@@ -136,5 +136,12 @@ def reattach(engine: Any, attrs: dict[str, Any]) -> None:
     if not (labels.get(POOLED_AS) or _candidate(labels, name)):  # read as a box already, or not yet
         return
     record = _record(engine, name, str(attrs.get("Id", "")))
-    if record is not None:
-        attach(engine, attrs, json.loads(record.get(MOUNTS) or "[]"))
+    mounts = json.loads(record.get(MOUNTS) or "[]") if record is not None else []
+    if mounts:
+        # Mount points on the box's tmpfs (/run/agentbox: the relay's directory) are gone with the restart.
+        rc, _out, err = engine.exec(name, ["mkdir", "-p", *[m["target"] for m in mounts]], user="root",
+                                    max_output=64 * 1024)
+        if rc != 0:
+            raise ProviderError(f"the box's mount points could not be made: {err.decode('utf-8', 'replace')[:300]}",
+                                box=name.removeprefix(CONTAINER_PREFIX))
+        attach(engine, attrs, mounts)
