@@ -211,8 +211,8 @@ def _undo_killed_claims(provider: Provider, report: dict[str, Any]) -> None:
             if stale and stale.get("pool_claim"):
                 _rollback.roll_back(provider, stale)
                 journal.forget()
-                report["removed"].append({"box": box, "why": f"its create was killed after it claimed "
-                                                              f"{stale['pool_claim']}"})
+                why = f"its create was killed after it claimed {stale['pool_claim']}"
+                report["removed"].append({"box": box, "why": why})
         finally:
             journal.release()
 

@@ -26,6 +26,7 @@ from tests.integration.box.test_create_crash import wait_until
 
 pytestmark = pytest.mark.integration
 
+
 @pytest.fixture
 def client(docker_client: docker.DockerClient, box_image: str) -> docker.DockerClient:
     """The engine, with the box image on it (the shared fixtures)."""
@@ -92,8 +93,9 @@ def test_pool_yml_fills_paused_boxes_that_users_never_see(tmp_path: Path, client
             container.remove(force=True, v=True)
 
 
-def test_two_concurrent_claims_never_take_the_same_pooled_box(pools: str, client: docker.DockerClient,
-                                                             box_image: str) -> None:
+def test_two_concurrent_claims_never_take_the_same_pooled_box(
+    pools: str, client: docker.DockerClient, box_image: str
+) -> None:
     provider = DockerProvider()
     key = _pool.set_pool(provider, box_image, None, _pool.PoolSettings(size=1), pools)
     assert _pool.refill(provider, pools)["made"]

@@ -157,7 +157,7 @@ def test_a_create_the_pool_cannot_serve_says_why_in_one_line_and_leaves_no_half_
     removed by hand leaves the pool empty, and the create says so; a request with an extra port falls back."""
     repo = make_repo(tmp_path / "ws", {"a.txt": "a\n"})
     chown_tree(repo)
-    names = [box_name("fall") for _ in range(3)]
+    names = [box_name("fall"), box_name("fall"), box_name("fall")]
     try:
         damaged = pool.ready()
         box = pool.client.containers.get(damaged)
@@ -166,8 +166,8 @@ def test_a_create_the_pool_cannot_serve_says_why_in_one_line_and_leaves_no_half_
         box.pause()
         first = pool.create(names[0], repo)
         assert not first.get("failed"), first
-        assert first["pool"].startswith(f"made, not claimed: pooled box {damaged} is damaged: its dockerd is not "
-                                         "running"), first["pool"]
+        said = f"made, not claimed: pooled box {damaged} is damaged: its dockerd is not running"
+        assert first["pool"].startswith(said), first["pool"]
         assert "\n" not in first["pool"]
         assert first["box"]["labels"]["kind"] == "box" and first["box"]["state"] == "running"
         assert pool.client.containers.get(f"agentbox-{names[0]}").labels["io.agentbox.kind"] == "box"

@@ -30,8 +30,9 @@ def spec(**changes: Any) -> BoxSpec:
     ({"secrets": {"k": "v"}}, None, True, "secrets are written as the box is made"),
     ({}, None, False, "boot=false asks for a box not booted"),
 ])
-def test_what_a_request_fixes_at_docker_create_keeps_it_from_a_pooled_box(changes: dict, restore: Any, boot: bool,
-                                                                         says: str) -> None:
+def test_what_a_request_fixes_at_docker_create_keeps_it_from_a_pooled_box(
+    changes: dict, restore: Any, boot: bool, says: str
+) -> None:
     why = _pool_claim.unservable(spec(**changes), restore, boot)
     assert why.startswith(says) if says else why == ""
 
