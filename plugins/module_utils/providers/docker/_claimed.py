@@ -105,9 +105,11 @@ def pooled_as(engine: Any, box: str) -> str:
 
 
 def remove_pool_volumes(engine: Any, pool_box: str) -> None:
-    """The volumes the pooled box `pool_box` was made with (its /var/lib/docker, editor servers)."""
+    """The volumes the pooled box `pool_box` (its box or container name) was made with (its /var/lib/docker, editor
+    servers)."""
     if not pool_box:
         return
+    pool_box = pool_box.removeprefix(CONTAINER_PREFIX)  # the record names its container
     names = [str(v["Name"]) for v in engine.volumes([f"{label('pool_box')}={pool_box}"])]
     for name in [*names, docker_volume_name(pool_box)]:
         with contextlib.suppress(EngineAPIError, EngineUnanswered):
