@@ -56,11 +56,20 @@ class Pool:
 
     def ready(self) -> str:
         """The pool's one pooled box, paused (made by a refill when it has none): its container."""
-        report = _pool.refill(self.provider, self.path)
+        report = self.refill()
         assert not report["problems"], report
         [box] = [c for c in self.owned() if c.name.startswith("agentbox-pool-")]
         assert box.status == "paused"
         return box.name
+
+    def refill(self) -> dict[str, Any]:
+        """One refill pass with this pool's HOME (where the creates' journals are)."""
+        saved = os.environ.get("HOME", "")
+        os.environ["HOME"] = str(self.home)
+        try:
+            return _pool.refill(self.provider, self.path)
+        finally:
+            os.environ["HOME"] = saved
 
     def create(self, name: str, workspace: Path, **more: Any) -> dict[str, Any]:
         return box_task({"name": name, "workspace": str(workspace), **more}, env=self.env)
@@ -209,7 +218,7 @@ def test_a_create_killed_after_its_claim_leaks_nothing_after_the_next_refill(poo
         claimed = pool.client.containers.get(f"agentbox-{name}")
         assert claimed.labels["io.agentbox.pool_box"] == pooled_box.removeprefix("agentbox-")  # the claim was made
         assert git(repo, "branch", "--list", f"agentbox/{name}").strip()
-        again = _pool.refill(pool.provider, pool.path)
+        again = pool.refill()  # as the host daemon runs it: in the HOME whose creates it undoes
         assert {"box": name, "why": f"its create was killed after it claimed {pooled_box}"} in again["removed"], again
         assert not pool.client.containers.list(all=True, filters={"name": f"agentbox-{name}"})
         assert pool.volumes_of(name) == []
