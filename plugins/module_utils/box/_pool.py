@@ -31,8 +31,9 @@ from ..core._provider import BoxSpec, Provider, ProviderError
 
 DEFAULT_TTL_MINUTES = 60
 WEB_PORT = 80
-# Where the in-box cgroup says how much memory the box holds (a private cgroup namespace: its own root).
-MEMORY_FILE = "/sys/fs/cgroup/memory.current"
+# Where the in-box cgroup says how much memory the box holds (a private cgroup namespace: its own root):
+# cgroup v2's file, else v1's (hosts still on cgroup v1 have no memory.current, and the pool read 0).
+MEMORY_FILES = ("/sys/fs/cgroup/memory.current", "/sys/fs/cgroup/memory/memory.usage_in_bytes")
 
 
 class PoolError(ProviderError):
@@ -240,7 +241,7 @@ def make_pooled(provider: Provider, key: str, image: str, checkpoint: str | None
         # Without the supervisor: a claim's boot starts it on the box's workspace and its agentbox.yaml.
         provider.exec(name, ["sh", "-c", f"{BOOT_COMMAND} --no-supervisor"], user="root",
                       what=f"output of {BOOT_COMMAND}").check("the in-box start sequence (agentbox-boot)", name)
-        run = provider.exec(name, ["cat", MEMORY_FILE], user="root")
+        run = provider.exec(name, ["sh", "-c", 'cat "$0" 2>/dev/null || cat "$1"', *MEMORY_FILES], user="root")
         memory = int(run.stdout.decode().strip() or 0) if run.rc == 0 else 0
         provider.pause(name)
     except BaseException:
