@@ -84,6 +84,16 @@ def run(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(argv, check=True, capture_output=True, **kwargs)
 
 
+def raw_run(container: str, git_dir: str | None = None) -> None:
+    """The raw yardstick's `docker run -d` of a box (with the host's .git bound at its path, when given)."""
+    binds = ["-v", f"{git_dir}:{git_dir}"] if git_dir else []
+    run([
+        *RAW_DOCKER, "run", "-d", "--name", container, "--cap-add", "SYS_ADMIN", "--cap-add", "NET_ADMIN",
+        "--device", "/dev/fuse", "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
+        *binds, "-p", "127.0.0.1::80", IMAGE, "sleep", "infinity",
+    ])
+
+
 def raw_create(repo: Path, name: str) -> float:
     """The docker CLI doing the same work by hand."""
     started = time.monotonic()
@@ -91,11 +101,7 @@ def raw_create(repo: Path, name: str) -> float:
     # Host git as the repo's owner (as a developer would run it), so the box user can write the .git.
     stash = _git.git_out(str(repo), "stash", "create")
     _git.git(str(repo), "update-ref", f"refs/heads/raw/{name}", "HEAD", "")
-    run([
-        *RAW_DOCKER, "run", "-d", "--name", f"raw-{name}", "--cap-add", "SYS_ADMIN", "--cap-add", "NET_ADMIN",
-        "--device", "/dev/fuse", "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
-        "-v", f"{git_dir}:{git_dir}", "-p", "127.0.0.1::80", IMAGE, "sleep", "infinity",
-    ])
+    raw_run(f"raw-{name}", git_dir)
     wt = f"/home/vscode/wt-{name}"
     run([*RAW_DOCKER, "exec", "-u", "vscode", f"raw-{name}", "git", f"--git-dir={git_dir}", "worktree", "add", "-q", wt, f"raw/{name}"])
     run([*RAW_DOCKER, "exec", "-u", "vscode", "-w", wt, f"raw-{name}", "git", "stash", "apply", "-q", "--index", stash])
@@ -113,7 +119,7 @@ def raw_create(repo: Path, name: str) -> float:
     return elapsed
 
 
-def playbook_task_time(repo: Path, name: str, boot: bool, scratch: Path) -> float:
+def playbook_task_time(repo: Path, name: str, boot: bool, scratch: Path, extra_env: dict | None = None) -> float:
     """The agentbox_box task's own time, from a callback, inside a one-task playbook."""
     book = scratch / "create_only.yml"
     book.write_text(
@@ -123,7 +129,8 @@ def playbook_task_time(repo: Path, name: str, boot: bool, scratch: Path) -> floa
     )
     times = scratch / "times.jsonl"
     times.unlink(missing_ok=True)
-    env = {**ENV, "ANSIBLE_CALLBACK_PLUGINS": str(scratch), "ANSIBLE_CALLBACKS_ENABLED": "task_timer", "TASK_TIMES": str(times)}
+    env = {**ENV, "ANSIBLE_CALLBACK_PLUGINS": str(scratch), "ANSIBLE_CALLBACKS_ENABLED": "task_timer", "TASK_TIMES": str(times),
+           **(extra_env or {})}
     run([str(VENV / "ansible-playbook"), str(book)], env=env)
     return json.loads(times.read_text().splitlines()[-1])["seconds"]
 

@@ -335,6 +335,14 @@ seed:
       description: "What could not be carried exactly."
       type: list
       elements: str
+pool:
+  description:
+    - "The warm pool (docs/pool.md), when a pool is set for the box's engine: C(claimed <pooled box>) when the
+      create took a pooled box, else C(made, not claimed:) and the reason in one line (the request fixes what a
+      pooled box cannot change, no box was ready, the pooled box was gone or damaged)."
+  returned: when created on an engine with a pool
+  type: str
+  sample: claimed agentbox-pool-3f2a9c1e-k2j4h5g6
 access:
   description:
     - "How to get into the box: its SSH alias (C(ssh agentbox-<name>)), the file holding the alias

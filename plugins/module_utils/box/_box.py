@@ -33,7 +33,7 @@ from ..egress import _egress_forwarder
 from ..egress._egress_policy import EgressPolicy
 from ..git import _carry_env, _git, _gitlayer, _seed
 from ..relay import _relay_state
-from . import _rollback
+from . import _pool_claim, _rollback
 
 if TYPE_CHECKING:
     from ..access._access import Identities
@@ -75,6 +75,7 @@ class Created:
     image_transfer: dict[str, Any] | None = None
     access: dict[str, Any] | None = None
     carried: dict[str, Any] | None = None  # what went onto the box's tmpfs (_carry_env.carry's answer)
+    pool: str = ""  # the warm pool's line: 'claimed <pooled box>' or why not ('' with no pool on the engine)
 
 
 class BoxError(ProviderError):
@@ -259,13 +260,15 @@ def _create_claimed(
         # The host relay serves the box (docs/relay.md): a socket directory to bind, or none; it starts if need be.
         egress = request.egress.record() if request.egress is not None else None
         spec.mounts.update(_relay_state.attach_box(provider, name, box_id, egress))
-        facts = provider.create(spec)
+        # A pooled box when one can be this box (docs/pool.md), else a new one: the rest is the same for both.
+        facts, pool_line = _pool_claim.create(provider, spec, journal, fingerprint, restore, request.boot)
         journal.write(stage="seeding")
         _journal.pause_point("created")
         # Before git uses the .git: the git layer's preparation. And dockerd takes about as long to
         # come up as seeding takes: start it now, in the background. Both are root shell commands,
         # run in the worktree seed's own exec when there is one (one exec less each), else alone.
         before = [_gitlayer.prepare_command(spec.bind_paths)] if spec.bind_paths else []
+        before.append(_pool_claim.identity_command(spec))
         if request.egress is not None:
             before.append(_egress_forwarder.setup_command())  # before anything in the box reaches out
         elif restore is not None:
@@ -314,7 +317,7 @@ def _create_claimed(
     journal.forget()
     access = refresh_access(provider, facts, folded_output, keys)
     return Created(facts=facts, seed=seed_result, boot=boot, image_transfer=image_transfer, access=access,
-                   carried=carried)
+                   carried=carried, pool=pool_line)
 
 
 def refresh_access(

@@ -25,14 +25,15 @@ import os
 import time
 from typing import Any
 
-from ..core import _host_files, _journal, _naming
-from ..core._boot import boot_box
+from ..core import _host_files, _journal, _naming, _sizes
+from ..core._boot import BOOT_COMMAND
 from ..core._provider import BoxSpec, Provider, ProviderError
 
 DEFAULT_TTL_MINUTES = 60
 WEB_PORT = 80
-# Where the in-box cgroup says how much memory the box holds (a private cgroup namespace: its own root).
-MEMORY_FILE = "/sys/fs/cgroup/memory.current"
+# Where the in-box cgroup says how much memory the box holds (a private cgroup namespace: its own root):
+# cgroup v2's file, else v1's (hosts still on cgroup v1 have no memory.current, and the pool read 0).
+MEMORY_FILES = ("/sys/fs/cgroup/memory.current", "/sys/fs/cgroup/memory/memory.usage_in_bytes")
 
 
 class PoolError(ProviderError):
@@ -55,12 +56,10 @@ class PoolSettings:
 
 
 def memory_bytes(value: str) -> int:
-    units = {"b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
-    text = str(value).strip().lower().removesuffix("b") or "0"
-    unit = text[-1] if text[-1] in units else "b"
+    """The pool's memory budget in bytes (the parser of a box's own memory limit: _sizes)."""
     try:
-        return int(float(text.rstrip("kmg")) * units[unit])
-    except ValueError as exc:
+        return _sizes.memory_bytes(str(value))
+    except _sizes.BadValue as exc:
         raise PoolError(f"pool max_memory {value!r} should be a number with a unit, e.g. 2g or 512m") from exc
 
 
@@ -174,6 +173,7 @@ def refill(provider: Provider, path: str | None = None) -> dict[str, Any]:
             if why:
                 store.remove(item["container"], item["labels"].get("pool_box", ""))
                 report["removed"].append({"container": item["container"], "why": why})
+        _undo_killed_claims(provider, report)
         for volume in store.volumes_left(owner(path)):
             store.remove_volume(volume)
             report["removed"].append({"volume": volume, "why": "its pooled box is gone"})
@@ -193,6 +193,29 @@ def refill(provider: Provider, path: str | None = None) -> dict[str, Any]:
                 report["made"].append(made)
                 have += 1
     return report
+
+
+def _undo_killed_claims(provider: Provider, report: dict[str, Any]) -> None:
+    """Creates killed during or after their claim (their journal names a pooled box and no process holds it):
+    rolled back as the next create of that name would do it, so a kill -9 leaks nothing past this pass."""
+    from . import _rollback
+
+    directory = _journal.journal_dir(provider.name, provider.engine)
+    names = sorted(os.listdir(directory)) if os.path.isdir(directory) else []
+    for box in [n.removesuffix(".json") for n in names if n.endswith(".json") and not n.startswith(".")]:
+        journal = _journal.Journal(provider.name, provider.engine, box)
+        try:
+            stale = journal.claim()
+        except _journal.CreateInProgress:
+            continue  # a live create: its own
+        try:
+            if stale and stale.get("pool_claim"):
+                _rollback.roll_back(provider, stale)
+                journal.forget()
+                why = f"its create was killed after it claimed {stale['pool_claim']}"
+                report["removed"].append({"box": box, "why": why})
+        finally:
+            journal.release()
 
 
 def allowed(settings: PoolSettings, entry: dict[str, Any]) -> int:
@@ -215,9 +238,10 @@ def make_pooled(provider: Provider, key: str, image: str, checkpoint: str | None
     spec = BoxSpec(name=name, box_id=box_id, project="", workspace="", image=image, labels=labels, ports=[WEB_PORT])
     facts = provider.create(spec)
     try:
-        _journal.pause_point("pool_created")  # tests: a refill killed between the create and the pause
-        boot_box(provider, name)
-        run = provider.exec(name, ["cat", MEMORY_FILE], user="root")
+        # Without the supervisor: a claim's boot starts it on the box's workspace and its agentbox.yaml.
+        provider.exec(name, ["sh", "-c", f"{BOOT_COMMAND} --no-supervisor"], user="root",
+                      what=f"output of {BOOT_COMMAND}").check("the in-box start sequence (agentbox-boot)", name)
+        run = provider.exec(name, ["sh", "-c", 'cat "$0" 2>/dev/null || cat "$1"', *MEMORY_FILES], user="root")
         memory = int(run.stdout.decode().strip() or 0) if run.rc == 0 else 0
         provider.pause(name)
     except BaseException:

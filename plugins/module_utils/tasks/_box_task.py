@@ -264,6 +264,8 @@ def _run(
             result["carried_secret"] = carried["secret"]
             if created.image_transfer:
                 result["image_transfer"] = created.image_transfer
+            if created.pool:
+                result["pool"] = created.pool  # docs/pool.md: claimed from the warm pool, or why not
             result["box"] = created.facts.to_dict()
             result["seed"] = created.seed.to_dict() if created.seed else None
             result["boot"] = created.boot

@@ -1,6 +1,7 @@
 """The warm pool on the real engine (docs/pool.md): pooled boxes made, booted and paused, invisible to users'
 listings and to destroy; a claim only one of two racing callers wins; a refill removes what a killed refill
-or a hand left behind, and says so when the pool's image is gone."""
+or a hand left behind, and says so when the pool's image is gone. The claims of creates are in
+test_pool_claim.py."""
 
 from __future__ import annotations
 
@@ -25,12 +26,11 @@ from tests.integration.box.test_create_crash import wait_until
 
 pytestmark = pytest.mark.integration
 
-IMAGE = "agentbox/box:latest"
 
-
-@pytest.fixture(scope="module")
-def client() -> docker.DockerClient:
-    return docker.from_env()
+@pytest.fixture
+def client(docker_client: docker.DockerClient, box_image: str) -> docker.DockerClient:
+    """The engine, with the box image on it (the shared fixtures)."""
+    return docker_client
 
 
 @pytest.fixture
@@ -93,9 +93,11 @@ def test_pool_yml_fills_paused_boxes_that_users_never_see(tmp_path: Path, client
             container.remove(force=True, v=True)
 
 
-def test_two_concurrent_claims_never_take_the_same_pooled_box(pools: str, client: docker.DockerClient) -> None:
+def test_two_concurrent_claims_never_take_the_same_pooled_box(
+    pools: str, client: docker.DockerClient, box_image: str
+) -> None:
     provider = DockerProvider()
-    key = _pool.set_pool(provider, IMAGE, None, _pool.PoolSettings(size=1), pools)
+    key = _pool.set_pool(provider, box_image, None, _pool.PoolSettings(size=1), pools)
     assert _pool.refill(provider, pools)["made"]
     won: list[Any] = []
     start = threading.Barrier(2)
@@ -121,12 +123,12 @@ def test_two_concurrent_claims_never_take_the_same_pooled_box(pools: str, client
     assert {c.name for c in pooled(client, pools)} == {taken[0]["container"], again["made"][0]}
 
 
-def test_refill_replaces_a_damaged_pooled_box_and_removes_leftover_volumes(pools: str,
-                                                                           client: docker.DockerClient) -> None:
+def test_refill_replaces_a_damaged_pooled_box_and_removes_leftover_volumes(pools: str, client: docker.DockerClient,
+                                                                           box_image: str) -> None:
     """A pooled box found running (a refill killed before its pause, or a hand that unpaused it) and a volume
     whose container is gone (a refill killed mid-create) go at the next refill, which makes a fresh box."""
     provider = DockerProvider()
-    _pool.set_pool(provider, IMAGE, None, _pool.PoolSettings(size=1), pools)
+    _pool.set_pool(provider, box_image, None, _pool.PoolSettings(size=1), pools)
     first = _pool.refill(provider, pools)["made"][0]
     client.containers.get(first).unpause()
     leftover = client.volumes.create(f"agentbox-pool-leftover-{uuid.uuid4().hex[:8]}",
@@ -141,10 +143,11 @@ def test_refill_replaces_a_damaged_pooled_box_and_removes_leftover_volumes(pools
             if v.name == leftover.name] == []
 
 
-def test_a_pool_whose_image_is_gone_keeps_no_box_and_says_why(pools: str, client: docker.DockerClient) -> None:
+def test_a_pool_whose_image_is_gone_keeps_no_box_and_says_why(pools: str, client: docker.DockerClient,
+                                                              box_image: str) -> None:
     provider = DockerProvider()
     tag = f"agentbox/pooltest:{uuid.uuid4().hex[:8]}"
-    client.images.get(IMAGE).tag(tag)
+    client.images.get(box_image).tag(tag)
     try:
         _pool.set_pool(provider, tag, None, _pool.PoolSettings(size=1), pools)
     finally:
@@ -157,26 +160,25 @@ def test_a_pool_whose_image_is_gone_keeps_no_box_and_says_why(pools: str, client
 def test_a_refill_killed_mid_create_leaks_nothing_after_the_next_refill(
     tmp_path: Path, client: docker.DockerClient
 ) -> None:
-    """kill -9 of pool.yml's module while its pooled box exists but is not booted nor paused: the next refill
-    removes that box and its volumes and makes a fresh one."""
+    """kill -9 of pool.yml's module (a real process) once its pooled box exists but before it was paused (while it
+    boots): the next refill removes that box and its volumes and makes a fresh one."""
     home = tmp_path / "h"
     home.mkdir()
     path = str(home / ".agentbox" / "pool" / "pools.json")
-    report = tmp_path / "paused-at"
     args = tmp_path / "args.json"
     args.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {"size": 1}}))
     pythonpath = os.pathsep.join(p for p in (str(REPO / ".collections"), os.environ.get("PYTHONPATH")) if p)
-    env = {**os.environ, "HOME": str(home), "PYTHONPATH": pythonpath, "AGENTBOX_TEST_PAUSE_AT": "pool_created",
-           "AGENTBOX_TEST_PAUSE_FILE": str(report)}
+    env = {**os.environ, "HOME": str(home), "PYTHONPATH": pythonpath}
     proc = subprocess.Popen([sys.executable, "-m", "ansible_collections.agentbox.box.plugins.modules.agentbox_pool",
                              str(args)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        wait_until(lambda: report.exists() or proc.poll() is not None, "the refill reaching its wait point")
-        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        # The box exists and is not paused yet: the refill is between its create and its pause (the boot).
+        wait_until(lambda: any(c.status != "paused" for c in pooled(client, path)) or proc.poll() is not None,
+                   "the refill's pooled box existing, not yet paused")
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         [half] = pooled(client, path)
-        assert half.status == "running"  # created, never paused: what the kill left
+        assert half.status != "paused", half.status  # what the kill left: made, never paused
         volumes = {v.name for v in client.volumes.list(filters={"label": f"io.agentbox.pool_owner={_pool.owner(path)}"})}
         assert volumes
         again = run_module_direct("agentbox_pool", {"size": 1}, env={"HOME": str(home)})

@@ -42,6 +42,7 @@ RANKS: dict[str, dict[str, int]] = {
         "_naming": PURE,
         "_secret_files": PURE,
         "_shell_line": PURE,
+        "_sizes": PURE,
         "_host_files": HOST,
         "_journal": HOST,
         "_preflight": HOST,
@@ -101,6 +102,7 @@ RANKS: dict[str, dict[str, int]] = {
     },
     "module_utils/providers/docker": {
         "_box_container": HOST,
+        "_box_mounts": HOST,
         "_box_engine": HOST,
         "_engine_api": TRANSPORT,
         "_engine_sdk": TRANSPORT,
@@ -114,6 +116,7 @@ RANKS: dict[str, dict[str, int]] = {
         "_image_store": PROVIDER,
         "_image_transfer": PROVIDER,
         "_pool_containers": PROVIDER,
+        "_claimed": PROVIDER,
     },
     "module_utils/providers/daytona": {
         "_daytona_idle": PURE,
@@ -140,6 +143,7 @@ RANKS: dict[str, dict[str, int]] = {
         "_rollback": WORKFLOW,
         "_prepare": WORKFLOW,
         "_pool": WORKFLOW,
+        "_pool_claim": WORKFLOW,
     },
     "module_utils/agent": {
         "_agent_record": HOST,

@@ -17,33 +17,7 @@ import os
 from typing import Any
 
 from ...core._naming import label
-
-# Units a memory limit may carry, as the docker CLI and SDK read them ("512m", "2g", "1.5g").
-_BYTE_UNITS = {"b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
-
-
-class BadValue(ValueError):
-    """A resource value the engine could not be given."""
-
-
-def memory_bytes(value: str | int | float) -> int:
-    """A memory limit in bytes: a number of bytes, or digits with a b/k/m/g unit (a trailing 'b'
-    after the unit allowed: '2gb')."""
-    if isinstance(value, (int, float)):
-        return int(value)
-    text = value.strip()
-    if not text:
-        return 0
-    if len(text) > 1 and text[-2].isalpha() and text[-1] in "bB":
-        text = text[:-1]
-    suffix = text[-1].lower()
-    digits, unit = (text, "b") if suffix.isdigit() else (text[:-1], suffix)
-    if unit not in _BYTE_UNITS:
-        raise BadValue(f"memory {value!r} should end in one of the units b, k, m, g")
-    try:
-        return int(float(digits) * _BYTE_UNITS[unit])
-    except ValueError as exc:
-        raise BadValue(f"memory {value!r} is not a number with a unit") from exc
+from ...core._sizes import memory_bytes
 
 
 def proxy_environment(environ: dict[str, str] | None = None) -> list[str]:

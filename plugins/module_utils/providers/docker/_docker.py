@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Docker provider: boxes as containers on the local engine or on an engine reached over SSH.
 
-The two differ only in how the client reaches the engine (`_client_for`); every operation
+The two differ only in how the client reaches the engine (`_engine_client.client_for`); every operation
 below is the same for both. Boxes are found by their io.agentbox.* labels, never by a local
 state file, so any machine that reaches the engine sees the same boxes.
 """
@@ -31,8 +31,9 @@ from ...core._provider import (
     ProviderError,
     SshProxy,
 )
-from . import _box_engine
-from ._box_container import BadValue, container_config, probe_in_image, proxy_environment
+from ...core._sizes import BadValue
+from . import _box_engine, _claimed
+from ._box_container import container_config, probe_in_image, proxy_environment
 from ._engine_api import (
     EngineAPI,
     EngineAPIError,
@@ -285,6 +286,7 @@ class DockerProvider(Provider):
     def find(self, name: str) -> BoxFacts | None:
         with self._engine_call(name, "find") as engine:
             attrs = engine.inspect_container(container_name(name))
+            attrs = _claimed.as_box(engine, attrs) if attrs is not None else None  # a claimed pooled box
         if attrs is None and self._other_isolation():
             # A box not told its isolation may be an unisolated one on the user's engine.
             other = self._other_engine()
@@ -304,13 +306,14 @@ class DockerProvider(Provider):
         return self._facts(container)
 
     def list_boxes(self, project: str | None = None) -> list[BoxFacts]:
-        filters = {"label": [label("kind") + "=box"]}
-        if project:
-            filters["label"].append(f"{label('project')}={project}")
-        # One request: /containers/json already carries labels, state and ports.
+        # One request: /containers/json already carries labels, state and ports; claimed pooled boxes (kind
+        # pool) are read through their claim records (_claimed: one more request, only when there is one).
         with self._engine_call("", "list boxes") as engine:
-            summaries = engine.containers(filters["label"])
-        boxes = [self._facts_from_summary(s) for s in summaries]
+            summaries = engine.containers([label("kind")])
+            summaries = [s for s in summaries if (s.get("Labels") or {}).get(label("kind")) == "box"] + \
+                _claimed.listed_as_boxes(engine, summaries)
+        boxes = [self._facts_from_summary(s) for s in summaries
+                 if not project or (s.get("Labels") or {}).get(label("project")) == project]
         if self._other_isolation():
             # The user's engine may still hold unisolated boxes (made with isolation none, or before
             # the box engine): listed too, whenever that engine answers.
@@ -541,7 +544,7 @@ class DockerProvider(Provider):
         attrs = engine.inspect_container(container or container_name(name))
         if attrs is None:
             raise BoxNotFound(f"no box called {name!r} on engine {self._engine}", box=name, operation=operation)
-        return attrs
+        return _claimed.as_box(engine, attrs)
 
     def _facts_of(self, attrs: dict[str, Any]) -> BoxFacts:
         return self._facts(_Summary(str(attrs.get("Name", "")).lstrip("/"), attrs))
@@ -559,7 +562,10 @@ class DockerProvider(Provider):
                 pause_patiently(engine.pause_container, container)
             else:
                 getattr(engine, method)(container)
-            facts = self._facts_of(self._box_attrs(engine, name, operation, container))
+            attrs = self._box_attrs(engine, name, operation, container)
+            if method == "start_container":
+                _claimed.reattach(engine, attrs)  # a claimed box's workspace mounts, in its new namespace
+            facts = self._facts_of(attrs)
         if facts.state != wanted:
             raise ProviderError(f"box is {facts.state}, expected {wanted}", box=name, operation=operation)
         return facts
@@ -601,8 +607,10 @@ class DockerProvider(Provider):
 
     def destroy(self, name: str) -> None:
         with self._calling(name, "destroy") as engine:
+            pooled_as = _claimed.pooled_as(engine, name)  # a claimed box: its pooled box's volumes go too
             with contextlib.suppress(_Gone):
                 _or_gone(engine.remove_container, container_name(name), force=True, volumes=True)
+            _claimed.remove_pool_volumes(engine, pooled_as)
             for volume_name in (docker_volume_name(name), *_editor_volumes.per_box_volumes(name)):
                 with contextlib.suppress(_Gone):
                     _or_gone(engine.remove_volume, volume_name, force=True)
@@ -614,10 +622,13 @@ class DockerProvider(Provider):
         removed = False
         with self._calling(name, "undo create") as engine:
             attrs = engine.inspect_container(container_name(name))
+            attrs = _claimed.as_box(engine, attrs) if attrs is not None else None
+            pooled_as = _claimed.pooled_as(engine, name)
             if attrs is not None and ((attrs.get("Config") or {}).get("Labels") or {}).get(label("id")) == box_id:
                 with contextlib.suppress(_Gone):
                     _or_gone(engine.remove_container, str(attrs["Id"]), force=True, volumes=True)
                     removed = True
+                _claimed.remove_pool_volumes(engine, pooled_as)
             for volume_name in (docker_volume_name(name), *_editor_volumes.per_box_volumes(name)):
                 try:
                     volume = engine.inspect_volume(volume_name)

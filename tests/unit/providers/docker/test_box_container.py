@@ -9,10 +9,9 @@ from pathlib import Path
 import docker
 import pytest
 
+from ansible_collections.agentbox.box.plugins.module_utils.core._sizes import BadValue, memory_bytes
 from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._box_container import (
-    BadValue,
     container_config,
-    memory_bytes,
     proxy_environment,
 )
 

@@ -1,0 +1,35 @@
+# Copyright (c) agentbox.box contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Sizes given by users ("512m", "2g", "1.5gb"): one parser for a box's memory limit and the pool's budget.
+
+Note that this module_utils is PRIVATE to the collection: it can change at any time.
+"""
+
+from __future__ import annotations
+
+# Units a memory limit may carry, as the docker CLI and SDK read them ("512m", "2g", "1.5g").
+_BYTE_UNITS = {"b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+
+
+class BadValue(ValueError):
+    """A size that is not a number with a unit."""
+
+
+def memory_bytes(value: str | int | float) -> int:
+    """A memory size in bytes: a number of bytes, or digits with a b/k/m/g unit (a trailing 'b'
+    after the unit allowed: '2gb')."""
+    if isinstance(value, (int, float)):
+        return int(value)
+    text = value.strip()
+    if not text:
+        return 0
+    if len(text) > 1 and text[-2].isalpha() and text[-1] in "bB":
+        text = text[:-1]
+    suffix = text[-1].lower()
+    digits, unit = (text, "b") if suffix.isdigit() else (text[:-1], suffix)
+    if unit not in _BYTE_UNITS:
+        raise BadValue(f"memory {value!r} should end in one of the units b, k, m, g")
+    try:
+        return int(float(digits) * _BYTE_UNITS[unit])
+    except ValueError as exc:
+        raise BadValue(f"memory {value!r} is not a number with a unit") from exc
