@@ -227,7 +227,7 @@ import traceback
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._box_engine import engine_host
-from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._engine_client import engine_unreachable
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._engine_sdk import engine_unreachable
 from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._image import (
     ImageError,
     ImageRequest,

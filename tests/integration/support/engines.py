@@ -256,12 +256,12 @@ class EngineFleet:
         elif self.export_env:
             os.environ[SSH_CONFIG_ENV] = self._old_env
         try:
-            from ansible_collections.agentbox.box.plugins.module_utils.providers.docker import _engine_client
+            from ansible_collections.agentbox.box.plugins.module_utils.providers.docker import _engine_sdk
             from ansible_collections.agentbox.box.plugins.module_utils.ssh import _ssh
 
             for engine in self.engines:
                 for name in (engine.alias, engine.destination):
-                    _engine_client.forget_client(name)
+                    _engine_sdk.forget_client(name)
             _ssh.close_all()
         except ImportError:
             pass

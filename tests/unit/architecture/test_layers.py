@@ -108,7 +108,6 @@ RANKS: dict[str, dict[str, int]] = {
         "_engine_sdk": TRANSPORT,
         "_ckpt_env": PROVIDER,
         "_docker": PROVIDER,
-        "_engine_client": PROVIDER,
         "_gitlayer_volumes": PROVIDER,
         "_engine_setup": PROVIDER,
         "_image": PROVIDER,

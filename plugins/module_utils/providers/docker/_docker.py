@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Docker provider: boxes as containers on the local engine or on an engine reached over SSH.
 
-The two differ only in how the client reaches the engine (`_engine_client.client_for`); every operation
+The two differ only in how the client reaches the engine (`_engine_sdk.client_for`); every operation
 below is the same for both. Boxes are found by their io.agentbox.* labels, never by a local
 state file, so any machine that reaches the engine sees the same boxes.
 """
@@ -41,8 +41,7 @@ from ._engine_api import (
     local_engine,
     pause_patiently,
 )
-from ._engine_client import API_TIMEOUT, client_for, engine_error, engine_unreachable, forget_client
-from ._engine_sdk import SDKEngine
+from ._engine_sdk import API_TIMEOUT, SDKEngine, client_for, engine_error, engine_unreachable, forget_client
 from ._gitlayer_volumes import create_layers, remove_layers, rescue_commits
 
 BOX_USER = "vscode"
