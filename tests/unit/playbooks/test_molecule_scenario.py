@@ -5,8 +5,6 @@ as molecule_init.yml writes it is a scenario molecule accepts, for the local eng
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import yaml
 from molecule.model.schema_v3 import validate as validate_v3  # the schema molecule checks a scenario with
