@@ -9,6 +9,7 @@ import json
 import os
 import stat
 import tarfile
+import types
 from pathlib import Path
 
 import pytest
@@ -180,3 +181,33 @@ def test_a_directory_swapped_for_a_link_after_the_check_is_not_followed(world: d
     with pytest.raises(_relay_files.Refused, match="symbolic link"):
         _relay_files.receive(tar_of("report.txt", b"box\n"), found, replace=False)
     assert sorted(os.listdir(world["outside"])) == ["secret.txt"]
+
+
+def client() -> types.ModuleType:
+    """The in-box relay client (standard library only), loaded from the checkout as the box runs it."""
+    import importlib.machinery
+    import importlib.util
+
+    from tests.conftest import REPO
+
+    loader = importlib.machinery.SourceFileLoader("agentbox_relay_client",
+                                                  str(REPO / "roles/inbox_supervisor/files/agentbox-relay-client"))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def test_the_box_side_names_the_copy_the_host_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "into").mkdir()
+    made = client().copy_request
+    assert made("dist/r.html", "host:reports/") == {"direction": "out", "host": "reports/r.html",
+                                                     "box": str(tmp_path / "dist/r.html")}
+    assert made("/tmp/a.txt", "host:") == {"direction": "out", "host": "a.txt", "box": "/tmp/a.txt"}
+    assert made("host:fixtures/big.json", "into") == {"direction": "in", "host": "fixtures/big.json",
+                                                      "box": str(tmp_path / "into/big.json")}
+    assert made("host:a", "host:b") is None and made("a", "b") is None
+    # What it sends passes the host's checks as it is.
+    request = made("/tmp/a.txt", "host:out/a.txt")
+    assert parse_request(json.dumps({"v": 1, "op": "file.cp", "args": request}).encode()).args == request
