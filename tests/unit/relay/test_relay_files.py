@@ -202,11 +202,11 @@ def test_the_box_side_names_the_copy_the_host_checks(tmp_path: Path, monkeypatch
     monkeypatch.chdir(tmp_path)
     (tmp_path / "into").mkdir()
     made = client().copy_request
-    assert made("dist/r.html", "host:reports/") == {"direction": "out", "host": "reports/r.html",
-                                                     "box": str(tmp_path / "dist/r.html")}
+    out = {"direction": "out", "host": "reports/r.html", "box": str(tmp_path / "dist/r.html")}
+    assert made("dist/r.html", "host:reports/") == out
     assert made("/tmp/a.txt", "host:") == {"direction": "out", "host": "a.txt", "box": "/tmp/a.txt"}
-    assert made("host:fixtures/big.json", "into") == {"direction": "in", "host": "fixtures/big.json",
-                                                      "box": str(tmp_path / "into/big.json")}
+    into = {"direction": "in", "host": "fixtures/big.json", "box": str(tmp_path / "into/big.json")}
+    assert made("host:fixtures/big.json", "into") == into
     assert made("host:a", "host:b") is None and made("a", "b") is None
     # What it sends passes the host's checks as it is.
     request = made("/tmp/a.txt", "host:out/a.txt")
