@@ -56,7 +56,8 @@ class World:
         return subprocess.run(
             [str(REPO / ".venv/bin/ansible-playbook"), str(REPO / "playbooks/molecule_init.yml"),
              "-e", f"role_path={self.role}"],
-            env={**self.env, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")}, capture_output=True, text=True,
+            env={**self.env, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_CALLBACK_RESULT_FORMAT": "json"},
+            capture_output=True, text=True,
             check=False, cwd=REPO)
 
     def molecule(self, command: str) -> subprocess.CompletedProcess:
