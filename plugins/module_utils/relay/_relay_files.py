@@ -108,6 +108,8 @@ def _stage(facts: BoxFacts, request: Request) -> StagedCopy:
         if not outgoing:
             if found is None:
                 raise Refused(f"there is no file {absolute} on the host")
+            if found.st_size > MAX_COPY_BYTES:  # checked again on the descriptor that is sent
+                raise Refused(f"{absolute} is {found.st_size} bytes, over the {MAX_COPY_BYTES} a copy may carry")
             if named_like_secret(parts[-1], lambda: _head(parent, parts[-1])):
                 staged.reasons.append(f"reads {absolute}, named like a secret file (a box gets those only when "
                                       "created with with_env)")

@@ -125,7 +125,10 @@ def test_links_git_writes_and_missing_places_are_refused(world: dict[str, Path])
         ("in", "docs/none.md"): "there is no file",
         ("out", "docs"): "not a regular file",
         ("out", "docs/notes.md/x"): "not a directory",
+        ("in", "big.bin"): f"over the {MAX_COPY_BYTES} a copy may carry",
     }
+    with open(world["workspace"] / "big.bin", "wb") as handle:  # sparse: the size is what is checked
+        handle.truncate(MAX_COPY_BYTES + 1)
     for (direction, host), message in refused.items():
         found = staged(world, direction, host)
         assert isinstance(found, Outcome) and found.rc == 1, (host, found)
