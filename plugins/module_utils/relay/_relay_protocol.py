@@ -44,8 +44,11 @@ BUNDLE_MIN_RATE = 1024 * 1024  # bytes per second
 # Bundles received at once, all boxes together: each holds one of the relay's few worker threads
 # (asyncio's default pool: cores + 4) and up to MAX_BUNDLE_BYTES of disk. One more is refused.
 MAX_BUNDLE_RECEPTIONS = 2
+# `agentbox-ctl cp`: the largest file one copy carries, either way, and the longest path it names.
+MAX_COPY_BYTES = 256 * 1024 * 1024
+MAX_PATH_LENGTH = 4096
 
-OPERATIONS = ("git.push", "git.fetch", "git.pull", "checkpoint", "open", "gh.pr")
+OPERATIONS = ("git.push", "git.fetch", "git.pull", "checkpoint", "open", "gh.pr", "file.cp")
 GH_PR_ACTIONS = ("create", "view", "list", "merge")
 
 
@@ -247,6 +250,31 @@ def _check_gh_pr(args: dict[str, Any]) -> dict[str, Any]:
     return checked
 
 
+def check_copy_path(path: str | None, side: str) -> str:
+    """A path of a copy as the box gave it: text of at most MAX_PATH_LENGTH, no control characters, no `..`
+    (a host path that leaves where it seems to is refused, not resolved); the box's own path absolute."""
+    if not path:
+        raise RequestError(f"cp needs the {side} path")
+    if len(path) > MAX_PATH_LENGTH or any(ord(char) < 0x20 or char == "\x7f" for char in path):
+        raise RequestError(f"the {side} path is longer than {MAX_PATH_LENGTH} characters or holds control characters")
+    if ".." in path.split("/"):
+        raise RequestError(f"the {side} path {shown(path)} holds '..': give it without")
+    if side == "box" and not path.startswith("/"):
+        raise RequestError("the box path must be absolute (agentbox-ctl makes a relative one absolute)")
+    if path.endswith("/") or path.rstrip("/").rsplit("/", 1)[-1] in ("", "."):
+        raise RequestError(f"the {side} path {shown(path)} names a directory: name the file")
+    return path
+
+
+def _check_copy(args: dict[str, Any]) -> dict[str, Any]:
+    checked = _fields(args, {"direction": str, "host": str, "box": str})
+    if checked["direction"] not in ("in", "out"):
+        raise RequestError("a copy's direction is 'in' (host to box) or 'out' (box to host)")
+    checked["host"] = check_copy_path(checked["host"], "host")
+    checked["box"] = check_copy_path(checked["box"], "box")
+    return checked
+
+
 _CHECKERS = {
     "git.push": _check_push,
     "git.fetch": _check_fetch,
@@ -254,6 +282,7 @@ _CHECKERS = {
     "checkpoint": _check_checkpoint,
     "open": _check_open,
     "gh.pr": _check_gh_pr,
+    "file.cp": _check_copy,
 }
 
 

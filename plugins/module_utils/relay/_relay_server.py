@@ -27,7 +27,7 @@ from typing import Any
 
 from ..core._provider import ProviderError
 from ..egress._egress_gateway import Gateway, raise_descriptor_limit
-from . import _relay_idle, _relay_ops, _relay_policy, _relay_state
+from . import _relay_files, _relay_idle, _relay_ops, _relay_policy, _relay_state
 from ._relay_poll import Poller
 from ._relay_protocol import (
     BUNDLE_GRACE,
@@ -407,19 +407,24 @@ class Relay:
         try:
             decision = "allowed"
             lock = self.box_locks.setdefault(box_id, asyncio.Lock())
-            staged = None
+            staged: Any = None
             if request.operation == "git.push":
                 # The push's first half: the box's commits into the host repository (its own branch only), so
                 # the policy sees what the push carries (CI configuration) before anything reaches the remote.
                 async with lock:
                     staged = await asyncio.to_thread(_relay_ops.stage, provider, facts, request,
                                                      bundles if request.bundles else None, self.ci_patterns())
-                if isinstance(staged, _relay_ops.Outcome):
-                    self._audit(entry, decision, staged.summary())
-                    await send({"type": "result", "rc": staged.rc, "stdout": staged.stdout, "stderr": staged.stderr,
-                                "data": staged.data})
-                    return
-            reason = approval_reason(request, facts.branch, staged.ci if staged else ())
+            elif request.operation == "file.cp":  # the host path checked: where, and what the user must approve
+                staged = await asyncio.to_thread(_relay_files.stage, facts, request)
+            if isinstance(staged, _relay_ops.Outcome):
+                self._audit(entry, decision, staged.summary())
+                await send({"type": "result", "rc": staged.rc, "stdout": staged.stdout, "stderr": staged.stderr,
+                            "data": staged.data})
+                return
+            if isinstance(staged, _relay_files.StagedCopy):
+                reason = staged.reason
+            else:
+                reason = approval_reason(request, facts.branch, staged.ci if staged else ())
             if reason:
                 entry["reason"] = reason
                 decision = await self._ask_user(registration, request, reason, send, hangup, entry)
@@ -432,13 +437,17 @@ class Relay:
                     self._audit(entry, decision, {"rc": 1})
                     await send(_error(message, rc=1))
                     return
-                if staged is None:  # a staged push needs nothing more of the box
+                if request.operation != "git.push":  # a staged push needs nothing more of the box
                     # The answer may have come hours later: a box paused or stopped meanwhile runs again first.
                     facts = await asyncio.to_thread(_relay_ops.wake, provider, facts)
             started = time.monotonic()
             async with lock:
-                outcome = await asyncio.to_thread(_relay_ops.carry_out, provider, facts, request,
-                                                  bundles if request.bundles else None, staged)
+                if isinstance(staged, _relay_files.StagedCopy):  # approved: it may replace the file it named
+                    outcome = await asyncio.to_thread(_relay_files.carry_out, provider, facts, request, staged,
+                                                      decision == "approved" and staged.exists)
+                else:
+                    outcome = await asyncio.to_thread(_relay_ops.carry_out, provider, facts, request,
+                                                      bundles if request.bundles else None, staged)
             entry["seconds"] = round(time.monotonic() - started, 3)
             self._audit(entry, decision, outcome.summary())
             if request.operation == "open":

@@ -64,6 +64,9 @@ NOT_RUN: dict[str, str] = {
     r"pytest ": "test commands: the suite runs them",
     r"playbooks/doctor\.yml": "fails by design in the check's fresh HOME (no relay, no key yet); test_doctor.py runs it "
     "there, failing with each fix and then passing",
+    r"molecule_init -e role_path=PATH|^cd PATH && molecule ": "Molecule on a role of the user's (PATH): "
+    "test_molecule_scenario.py runs molecule_init.yml on a sample role, then molecule converge, verify and destroy; "
+    "the inbox_supervisor gate runs molecule test with the same create.yml and destroy.yml",
     r"-e workspace=PATH|-e box=NAME|<[a-z_]+>": "a usage line with placeholders (the same playbook runs from another line)",
 }
 PLACEHOLDER = re.compile(r"\b(PATH|NAME|ID|STATE|PORT|N|WORKSPACE|URL)\b|\.\.\.")

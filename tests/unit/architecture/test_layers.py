@@ -87,6 +87,7 @@ RANKS: dict[str, dict[str, int]] = {
         "_relay_tunnel": TRANSPORT,
         "_relay_idle": WORKFLOW,
         "_relay_ops": WORKFLOW,
+        "_relay_files": WORKFLOW,
         "_relay_server": WORKFLOW,
     },
     "module_utils/egress": {
