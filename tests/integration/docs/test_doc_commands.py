@@ -64,6 +64,8 @@ NOT_RUN: dict[str, str] = {
     r"pytest ": "test commands: the suite runs them",
     r"playbooks/doctor\.yml": "fails by design in the check's fresh HOME (no relay, no key yet); test_doctor.py runs it "
     "there, failing with each fix and then passing",
+    r"-e vnc=true|playbooks/screen\.yml|box_image_screen=true": "the box's screen needs the screen image, a build of its "
+    "own (Chromium and the desktop): test_screen.py builds it through the role, creates a box with vnc and runs screen.yml",
     r"-e workspace=PATH|-e box=NAME|<[a-z_]+>": "a usage line with placeholders (the same playbook runs from another line)",
 }
 PLACEHOLDER = re.compile(r"\b(PATH|NAME|ID|STATE|PORT|N|WORKSPACE|URL)\b|\.\.\.")
