@@ -76,7 +76,8 @@ def check_image(image: str, labels: dict[str, str], engine: str) -> None:
         raise ProviderError(f"image {image!r} is not on engine {engine}: build the screen image with {BUILD_HINT}")
     if labels.get(IMAGE_LABEL) != "true":
         raise ProviderError(f"image {image!r} has no screen (its label {IMAGE_LABEL} is not true): build the screen "
-                            f"image with {BUILD_HINT} and create with vnc and the default image, or without vnc")
+                            f"image with {BUILD_HINT} and create with vnc and the default image (a checkpoint of a "
+                            "box without a screen has none either: checkpoint=none), or without vnc")
 
 
 def give_password(provider: Provider, facts: BoxFacts) -> None:
