@@ -157,6 +157,16 @@ options:
       - Left out, the C(egress_allow) key of the workspace's C(agentbox.yaml) is used.
     type: list
     elements: str
+  vnc:
+    description:
+      - The box's screen (docs/screen.md) - a desktop with Chromium in the box, which C(playbooks/screen.yml) shows in a
+        browser on this machine through noVNC. The box runs the screen image (C(agentbox/box-screen:latest) in place of
+        the default O(image); built by the C(agentbox.box.box_image) role with C(box_image_screen=true)), publishes its
+        noVNC port 6080 on the engine's 127.0.0.1, and gets a VNC password made on this machine, kept on the box's
+        tmpfs only (written again at every start).
+      - Docker engines only (local and O(provider=docker_ssh)); refused on Daytona and boxd (not available there yet).
+    type: bool
+    default: false
   ssh_include:
     description:
       - The user's answer about C(Include ~/.agentbox/ssh_config) at the top of C(~/.ssh/config) (plain

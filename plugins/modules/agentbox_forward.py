@@ -170,23 +170,7 @@ def _task(module: AnsibleModule) -> dict:
     if provider.port_urls == "exposed":
         result["url"] = provider.preview_url(name, port, expires_in=params["ttl"])  # a read: check mode too
         return result
-    published = facts.ports.get(str(port))
-    if published and provider.port_urls == "published":  # on this machine's 127.0.0.1 already
-        result.update(url=f"http://127.0.0.1:{published}/", local_port=published)
-        return result
-    live = _forwards.live_forward(provider, name, port)
-    if live and params["local_port"] in (0, live["local_port"]):
-        result.update(url=live["url"], local_port=live["local_port"], pid=live["pid"])
-        return result
-    result["changed"] = True
-    if module.check_mode:
-        result["url"] = None
-        return result
-    if live:  # asked on another local port: the new one replaces it
-        _forwards.remove(provider.name, provider.engine, name, port)
-    # A port published on a remote engine: the SSH forward to it; any other: a relay into the box per connection.
-    record = _forwards.start(provider, name, port, params["local_port"], published or None)
-    result.update(url=record["url"], local_port=record["local_port"], pid=record["pid"])
+    result.update(_forwards.url_of_port(provider, facts, port, params["local_port"], module.check_mode))
     return result
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..core import _host_files
 from ..core._errors import ProviderError
-from ..core._provider import Provider
+from ..core._provider import BoxFacts, Provider
 from . import _port_relay
 
 START_TIMEOUT = 10.0
@@ -90,6 +90,26 @@ def forwards_of(provider: str, engine: str, box: str | None = None) -> list[dict
 
 def live_forward(provider: Provider, box: str, port: int) -> dict[str, Any] | None:
     return next((r for r in forwards_of(provider.name, provider.engine, box) if r.get("port") == port), None)
+
+
+def url_of_port(provider: Provider, facts: BoxFacts, port: int, local_port: int = 0,
+                check_mode: bool = False) -> dict[str, Any]:  # fmt: skip
+    """A URL on this machine for `port` of a running box on a Docker engine: the port the local engine published,
+    else the live forward of it, else a new forward (not in check mode: `url` None). `url`, `local_port`, `pid`
+    (of a forward) and `changed`."""
+    published = facts.ports.get(str(port))
+    if published and provider.port_urls == "published":  # on this machine's 127.0.0.1 already
+        return {"changed": False, "url": f"http://127.0.0.1:{published}/", "local_port": published}
+    live = live_forward(provider, facts.name, port)
+    if live and local_port in (0, live["local_port"]):
+        return {"changed": False, "url": live["url"], "local_port": live["local_port"], "pid": live["pid"]}
+    if check_mode:
+        return {"changed": True, "url": None}
+    if live:  # asked on another local port: the new one replaces it
+        remove(provider.name, provider.engine, facts.name, port)
+    # A port published on a remote engine: the SSH forward to it; any other: a relay into the box per connection.
+    record = start(provider, facts.name, port, local_port, published or None)
+    return {"changed": True, "url": record["url"], "local_port": record["local_port"], "pid": record["pid"]}
 
 
 def start(provider: Provider, box: str, port: int, local_port: int, published: int | None) -> dict[str, Any]:

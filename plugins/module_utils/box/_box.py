@@ -15,7 +15,7 @@ import dataclasses
 import json
 from typing import TYPE_CHECKING, Any
 
-from ..access import _forwards
+from ..access import _forwards, _screen
 from ..agent import _agent
 from ..core import _journal, _naming, _preflight
 from ..core._boot import BOOT_COMMAND, boot_box, boot_box_then  # below the providers, which run it after a restart
@@ -65,6 +65,7 @@ class CreateRequest:
     with_env: bool = False  # the ignored .env* files too, onto the box's tmpfs (_carry_env)
     carry_ignored: list[str] = dataclasses.field(default_factory=list)  # more ignored files, by glob
     egress: EgressPolicy | None = None  # through the host's gateway only (docs/egress.md); None: the open network
+    vnc: bool = False  # the box's screen: the screen image, its noVNC port published, a VNC password (_screen)
 
 
 @dataclasses.dataclass
@@ -120,6 +121,8 @@ def create_box(provider: Provider, request: CreateRequest) -> Created:
         raise BoxError(f"egress: the egress gateway serves boxes on this machine's engine only, not {provider.name} "
                        f"on {provider.engine} (yet): create the box without egress and egress_allow",
                        box=name, operation="create")
+    if request.vnc and _screen.supported(provider):
+        raise BoxError(f"vnc: {_screen.supported(provider)}: create the box without vnc", box=name, operation="create")
     provider.check_can_create(name, egress=request.egress is not None)  # before an image is sent or anything made
     project = _naming.project_id(workspace)
     _preflight.check_not_bare(workspace)
@@ -127,7 +130,7 @@ def create_box(provider: Provider, request: CreateRequest) -> Created:
     _preflight.check_no_operation_in_progress([repo.root for repo in repos])
     if request.seed:
         _preflight.check_project_file(workspace)
-    image = request.image
+    image = _screen.image_for(request.image) if request.vnc else request.image
     restore = None
     checkpoint = request.checkpoint
     if checkpoint:
@@ -147,6 +150,11 @@ def create_box(provider: Provider, request: CreateRequest) -> Created:
         # A remote engine gets the image from the local one (or a registry) when it lacks it.
         image_transfer = provider.bring_image(image)
     image_labels = provider.image_labels(image)  # one lookup: labels, and presence when it has any
+    if request.vnc:
+        try:
+            _screen.check_image(image, image_labels, provider.engine)
+        except ProviderError as exc:
+            raise BoxError(f"vnc: {exc}", box=name, operation="create") from None
     if not image_labels and not provider.image_exists(image):
         raise BoxError(
             f"image {image!r} is not on engine {provider.engine}: build it with the box_image role "
@@ -237,6 +245,8 @@ def _create_claimed(
         labels[_naming.label("seed")] = "true" if (request.seed or restore is not None) else "false"
         if request.egress is not None:
             labels[_naming.label("egress")] = request.egress.mode  # set_state starts its forwarder again
+        if request.vnc:
+            labels[_naming.label(_screen.SCREEN_LABEL)] = "true"  # a start gives the box its VNC password again
         if repos:
             labels[_naming.label("base_commit")] = repos[0].head
             labels[_naming.label("base_branch")] = repos[0].head_branch or ""
@@ -248,10 +258,10 @@ def _create_claimed(
             image=image,
             labels=labels,
             env=dict(request.env),
-            ports=sorted({WEB_PORT, *request.ports}),
+            ports=sorted({WEB_PORT, *request.ports, *([_screen.NOVNC_PORT] if request.vnc else [])}),
             resources=dict(request.resources),
             bind_paths=_gitlayer.layer_paths([plan.common_dir for plan in plans]),
-            secrets=dict(request.secrets),
+            secrets={**request.secrets, **({_screen.SECRET: _screen.password(box_id)} if request.vnc else {})},
             egress=request.egress is not None,
         )
         if request.egress is not None:
@@ -544,6 +554,7 @@ def set_state(provider: Provider, facts: BoxFacts, state: str, boot: bool = True
         if facts.state == "stopped":
             provider.start(facts.name)
             start_egress(provider, facts)
+            _screen.give_password(provider, facts)
             if boot:
                 boot_box(provider, facts.name)
             started = provider.find(facts.name) or facts
@@ -575,6 +586,7 @@ def set_state(provider: Provider, facts: BoxFacts, state: str, boot: bool = True
         if facts.state == "stopped":
             provider.start(facts.name)
             start_egress(provider, facts)
+            _screen.give_password(provider, facts)
             if boot:
                 boot_box(provider, facts.name)
             refresh_access(provider, facts)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ..access import _screen
 from ..access._access import answer_include, include_hint, include_present, ssh_command
 from ..box import _box, _rollback
 from ..core import _journal, _naming, _preflight
@@ -48,6 +49,7 @@ BOX_ARGUMENT_SPEC: dict[str, Any] = {
     "egress": {"type": "str"},
     "egress_allow": {"type": "list", "elements": "str"},
     "ssh_include": {"type": "bool"},
+    "vnc": {"type": "bool", "default": False},
     **_registry.PROVIDER_BOX_OPTIONS,
     **PROVIDER_ARGUMENT_SPEC,
 }
@@ -229,11 +231,14 @@ def _run(
         if state in ("stopped", "paused"):
             raise ValueError(f"no box called {name!r} on engine {provider.engine}: create it first (state=started)")
         egress = _egress(params, workspace, provider, warnings)  # refused before anything is made
+        if params["vnc"] and _screen.supported(provider):
+            raise ValueError(f"vnc: {_screen.supported(provider)}: create the box without vnc")
+        image = _screen.image_for(params["image"]) if params["vnc"] else params["image"]
         result["changed"] = True
         result["egress"] = egress.record() if egress else None  # None: the box's network is open
         if check_mode:
             planned_name = name or _naming.default_box_name(workspace, "0" * 8)
-            result["box"] = _planned(planned_name, workspace, params["image"], provider.name, provider.engine)
+            result["box"] = _planned(planned_name, workspace, image, provider.name, provider.engine)
         else:
             if name:
                 # A box removed by hand leaves a locked worktree registration at the path this one needs.
@@ -256,6 +261,7 @@ def _run(
                     with_env=params["with_env"],
                     carry_ignored=list(params["carry_ignored"]),
                     egress=egress,
+                    vnc=params["vnc"],
                 ),
             )
             carried = created.carried or {"files": [], "bytes": 0, "secret": []}

@@ -67,6 +67,8 @@ NOT_RUN: dict[str, str] = {
     r"molecule_init -e role_path=PATH|^cd PATH && molecule ": "Molecule on a role of the user's (PATH): "
     "test_molecule_scenario.py runs molecule_init.yml on a sample role, then molecule converge, verify and destroy; "
     "the inbox_supervisor gate runs molecule test with the same create.yml and destroy.yml",
+    r"-e vnc=true|playbooks/screen\.yml|box_image_screen=true": "the box's screen needs the screen image, a build of its "
+    "own (Chromium and the desktop): test_screen.py builds it through the role, creates a box with vnc and runs screen.yml",
     r"-e workspace=PATH|-e box=NAME|<[a-z_]+>": "a usage line with placeholders (the same playbook runs from another line)",
 }
 PLACEHOLDER = re.compile(r"\b(PATH|NAME|ID|STATE|PORT|N|WORKSPACE|URL)\b|\.\.\.")

@@ -77,6 +77,7 @@ RANKS: dict[str, dict[str, int]] = {
         "_port_relay": PURE,
         "_access": WORKFLOW,
         "_forwards": WORKFLOW,
+        "_screen": WORKFLOW,
     },
     "module_utils/relay": {
         "_relay_protocol": PURE,

@@ -51,7 +51,7 @@ def cases(kind: str) -> list[tuple[str, str, Any]]:
 
 
 def test_every_module_is_covered() -> None:
-    assert len(MODULES) == 18 and all(options(module) for module in MODULES)
+    assert len(MODULES) == 19 and all(options(module) for module in MODULES)
 
 
 @pytest.mark.parametrize("module", MODULES)

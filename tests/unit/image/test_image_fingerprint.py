@@ -224,12 +224,11 @@ TEMPLATE_VARIANTS: dict[str, dict[str, object]] = {
             {"name": "claude", "package": "@anthropic-ai/claude-code@2.1.328"},
             {"name": "odd", "package": "left pad"},
         ],
-        "box_image_vnc": True,
         "box_image_base": "debian:bookworm-slim",
     },
     "two_cas": {"box_image_ca_count": "2"},
 }
-TEMPLATE_DEFAULTS = {"box_image_base": "debian:bookworm", "box_image_vnc": False, "box_image_agent_specs": [],
+TEMPLATE_DEFAULTS = {"box_image_base": "debian:bookworm", "box_image_agent_specs": [],
                      "box_image_files": []}  # fmt: skip
 
 
@@ -260,10 +259,25 @@ def test_template_copies_every_file_and_adds_optional_layers(rendered: dict[str,
     assert claude in text and odd in text and text.index(claude) < text.index(odd)
     assert text.count("hardlink --quiet --ignore-time /usr/local/lib/node_modules") == 2
     assert "NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt" in text
-    assert "tigervnc-standalone-server novnc websockify" in text
     assert "FROM debian:bookworm-slim\n" in text
     # Optional layers come before the COPY so a change to an in-box script keeps them cached.
-    assert text.index("tigervnc") < text.index("npm install --global") < text.index("COPY [")
+    assert text.index("npm install --global") < text.index("COPY [")
+    # The desktop is the screen image's, never the box image's (its build time stays as it was).
+    assert "tigervnc" not in text and "chromium" not in text
+
+
+def test_screen_template_is_the_box_image_plus_the_desktop_and_chromium() -> None:
+    """Dockerfile.screen.j2 (box_image_screen: true), rendered as the role does: FROM the box image's fingerprint
+    tag, the desktop's Debian packages in one layer without apt's lists, then agentbox-browser."""
+    lookup = "{{ lookup('ansible.builtin.template', template, template_vars=variables) }}"
+    text = str(render(lookup, {"template": str(TEMPLATE.with_name("Dockerfile.screen.j2")),
+                               "variables": {"box_image_screen_base": "agentbox/box:0123456789abcdef"}}))  # fmt: skip
+    assert "\nFROM agentbox/box:0123456789abcdef\n" in text
+    install = text[text.index("apt-get install"):text.index("apt-get clean")]
+    for package in ("chromium", "tigervnc-standalone-server", "tigervnc-tools", "novnc", "websockify", "openbox"):
+        assert f" {package}" in install, package
+    assert "rm -rf /var/lib/apt/lists/*" in text
+    assert text.index("apt-get install") < text.index('COPY ["bin/agentbox-browser", "/usr/local/bin/"]')
 
 
 def test_template_trusts_extra_certificate_authorities_before_any_package(rendered: dict[str, str]) -> None:
