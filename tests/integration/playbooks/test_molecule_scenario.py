@@ -49,7 +49,9 @@ class World:
     def __init__(self, home: str, role: Path):
         self.home, self.role = home, role
         self.env = {**os.environ, "HOME": home, "ANSIBLE_COLLECTIONS_PATH": str(REPO / ".collections"),
-                    "AGENTBOX_IDLE_INTERVAL": "0", "ANSIBLE_NOCOLOR": "1", "NO_COLOR": "1"}
+                    "AGENTBOX_IDLE_INTERVAL": "0", "ANSIBLE_NOCOLOR": "1", "NO_COLOR": "1",
+                    # molecule starts ansible-playbook and ansible-config by name: the venv's, whatever PATH is
+                    "PATH": f"{REPO / '.venv/bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
         self.env.pop("ANSIBLE_CONFIG", None)  # molecule writes its own; molecule_init gets the checkout's below
 
     def init(self) -> subprocess.CompletedProcess:
