@@ -36,6 +36,6 @@ def engine_fleet(loaded_engines: EngineFleet) -> Iterator[EngineFleet]:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark the end-to-end journeys (tests/integration/journeys.py) so `pytest -m journey` runs them alone."""
     for item in items:
-        path, _, name = item.nodeid.partition("::")
+        path, name = item.nodeid.split("::", 1)
         if f"{path.removeprefix('tests/integration/')}::{name.split('[')[0]}" in JOURNEYS:
             item.add_marker(pytest.mark.journey)

@@ -170,6 +170,7 @@ def test_download_copies_the_box_tree_without_ignored_files_or_unsafe_entries(pl
     assert marker["box"] == box and any("notes.md" in entry for entry in marker["uncommitted"])
     assert git(repo, "status", "--porcelain") == before  # the host's tree untouched
     # The rest is agentbox_worktree's (download.yml only passes box and dest), by its main.
+
     def download(dest: Path | None = None) -> dict[str, Any]:
         return player.module("agentbox_worktree", {"box": box, "state": "downloaded", **({"dest": str(dest)} if dest else {})})
 

@@ -14,7 +14,7 @@ INTEGRATION = Path(__file__).resolve().parents[2] / "integration"
 def test_every_journey_names_an_existing_test() -> None:
     missing = []
     for journey in JOURNEYS:
-        path, _, name = journey.partition("::")
+        path, name = journey.split("::", 1)
         source = INTEGRATION / path
         tests = {node.name for node in ast.parse(source.read_text()).body
                  if isinstance(node, ast.FunctionDef)} if source.is_file() else set()  # fmt: skip

@@ -61,6 +61,7 @@ DOCKER_STATES = {
     "removing": "stopped",
 }
 
+
 class _Summary:
     """Just enough of a container object for _facts, made from a listing entry."""
 

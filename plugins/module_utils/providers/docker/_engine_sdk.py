@@ -221,6 +221,7 @@ class SDKEngine:
 # or answers with an error (the Docker provider, _docker.py, reaches every engine through these).
 API_TIMEOUT = 120
 
+
 # The docker SDK is imported on first use: the per-task calls (list, find, exec, archives), a box's
 # create, removal and state changes, and checkpoints go through _engine_api on engines it reaches,
 # and must not pay for it. Until sdk() rebinds it, the SDK's exception name below is a stand-in

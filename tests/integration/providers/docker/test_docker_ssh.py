@@ -428,7 +428,7 @@ def test_checkpoint_copied_to_another_engine_starts_boxes_there(fleet, tmp_path)
     image = ""
     try:
         created = run_module_direct("agentbox_box", {**on_first, "name": source, "workspace": str(repo), "image": IMAGE,
-                                              "boot": False}, env=env)  # fmt: skip
+                                                     "boot": False}, env=env)  # fmt: skip
         assert not created["failed"], created.get("msg")
         warm = secrets.token_hex(16)
         run(DockerProvider(engine=first.alias, ssh_options={}, isolation="none"), source, "sh", "-c",
@@ -453,7 +453,7 @@ def test_checkpoint_copied_to_another_engine_starts_boxes_there(fleet, tmp_path)
         assert not again["failed"] and again["changed"] is False and again["copied"]["path"] == "present"
 
         from_copy = run_module_direct("agentbox_box", {**on_second, "name": restored, "workspace": str(repo), "image": IMAGE,
-                                                "checkpoint": name, "boot": False}, env=env)  # fmt: skip
+                                                       "checkpoint": name, "boot": False}, env=env)  # fmt: skip
         assert not from_copy["failed"], from_copy.get("msg")
         assert from_copy["box"]["checkpoint"] == name
         assert run(DockerProvider(engine=second.destination, ssh_options={}, isolation="none"), restored,
@@ -461,21 +461,21 @@ def test_checkpoint_copied_to_another_engine_starts_boxes_there(fleet, tmp_path)
         run_module_direct("agentbox_box", {**on_second, "name": restored, "state": "absent", "delete_branch": True}, env=env)
 
         gone = run_module_direct("agentbox_checkpoint", {**on_second, "name": name, "workspace": str(repo), "state": "absent"},
-                          env=env)  # fmt: skip
+                                 env=env)  # fmt: skip
         assert not gone["failed"] and gone["removed"]["image"] == image, gone.get("msg")
         assert gone["removed"]["manifest"] is None  # the manifest is the first engine's
         assert second.shell(f"docker image inspect {image}", check=False).returncode != 0
         info = run_module_direct("agentbox_checkpoint_info", {**on_first, "workspace": str(repo)}, env=env)
         assert [(c["name"], c["broken"]) for c in info["checkpoints"]] == [(name, False)], info
         refused = run_module_direct("agentbox_checkpoint", {"name": name, "workspace": str(repo), "copy_to": second.destination},
-                             env=env)  # fmt: skip
+                                    env=env)  # fmt: skip
         assert refused["failed"] and "between remote engines" in refused["msg"]
     finally:
         for box, where in ((restored, on_second), (source, on_first)):
             run_module_direct("agentbox_box", {**where, "name": box, "state": "absent", "delete_branch": True}, env=env)
         if image:
             run_module_direct("agentbox_checkpoint", {**on_first, "name": image, "workspace": str(repo), "state": "absent"},
-                       env=env)  # fmt: skip
+                              env=env)  # fmt: skip
             second.shell(f"docker image rm -f {image}", check=False)
     for engine in fleet.engines:
         assert engine.agentbox_objects(source, restored) == []
