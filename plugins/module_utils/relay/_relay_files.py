@@ -115,6 +115,8 @@ def _stage(facts: BoxFacts, request: Request) -> StagedCopy:
                                       "created with with_env)")
         elif found is not None:
             staged.reasons.append(f"replaces the existing file {absolute} on the host")
+        elif inside is not None:  # the host's working tree changes only when its user says so
+            staged.reasons.append(f"writes a new file {absolute} into the host's working tree")
     return staged
 
 

@@ -51,9 +51,16 @@ def test_cp_out_of_the_box_and_into_it_within_the_workspace(
 ) -> None:
     workspace = project["workspace"]
     as_box(engine, box, "printf 'made in the box\\n' > /tmp/report.txt && chmod 4755 /tmp/report.txt")
-    rc, out, err = ctl(engine, box, "cp", "/tmp/report.txt", "host:")
-    assert rc == 0, err
     landed = workspace / "report.txt"
+    # A new file in the host's working tree changes it: nothing lands until the user approves.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        asked = pool.submit(ctl, engine, box, "cp", "/tmp/report.txt", "host:")
+        approval = host.wait_pending(box)
+        assert not landed.exists()
+        host.relay("approvals", "--approve", approval)
+        rc, out, err = asked.result(timeout=DEADLINE)
+    assert rc == 0, err
+    assert "writes a new file" in err
     assert f"copied /tmp/report.txt to {landed} on the host (16 bytes)" in out
     assert landed.read_text() == "made in the box\n"
     assert stat.S_IMODE(landed.stat().st_mode) == 0o644  # no setuid, no execute: whatever the box said

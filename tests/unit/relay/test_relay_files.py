@@ -88,16 +88,18 @@ def test_copy_requests_with_bad_paths_are_refused_before_anything_runs(args: dic
         parse_request(json.dumps({"v": 1, "op": "file.cp", "args": args}).encode())
 
 
-def test_a_new_file_in_the_workspace_needs_no_approval(world: dict[str, Path]) -> None:
+def test_reading_a_workspace_file_needs_no_approval_and_a_new_file_there_waits_for_the_user(world: dict[str, Path]) -> None:
+    read = staged(world, "in", "docs/notes.md")
+    assert isinstance(read, _relay_files.StagedCopy) and read.reason is None
+    # A file the box sends changes the host's working tree: the user says yes first.
     found = staged(world, "out", "docs/report.txt")
-    assert isinstance(found, _relay_files.StagedCopy) and found.reason is None
+    assert isinstance(found, _relay_files.StagedCopy) and found.reason
+    assert "writes a new file" in found.reason and "working tree" in found.reason
     assert found.host_path == str(world["workspace"] / "docs/report.txt") and not found.exists
     # An absolute path inside the workspace is the same path.
     again = staged(world, "out", str(world["workspace"] / "docs/report.txt"))
-    assert isinstance(again, _relay_files.StagedCopy) and again.reason is None and again.parts == ("docs", "report.txt")
-    # Reading a plain workspace file needs none either.
-    read = staged(world, "in", "docs/notes.md")
-    assert isinstance(read, _relay_files.StagedCopy) and read.reason is None
+    assert isinstance(again, _relay_files.StagedCopy) and again.parts == ("docs", "report.txt")
+    assert again.reason == found.reason
 
 
 def test_outside_the_workspace_replacing_secrets_and_git_config_wait_for_the_user(world: dict[str, Path]) -> None:
@@ -177,7 +179,7 @@ def test_a_file_that_appears_meanwhile_is_not_replaced_unless_approved(world: di
 
 def test_a_directory_swapped_for_a_link_after_the_check_is_not_followed(world: dict[str, Path]) -> None:
     found = staged(world, "out", "docs/report.txt")
-    assert isinstance(found, _relay_files.StagedCopy) and found.reason is None
+    assert isinstance(found, _relay_files.StagedCopy)
     docs = world["workspace"] / "docs"
     docs.rename(world["workspace"] / "docs.old")
     docs.symlink_to(world["outside"])
