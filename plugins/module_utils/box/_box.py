@@ -278,7 +278,9 @@ def _create_claimed(
         # come up as seeding takes: start it now, in the background. Both are root shell commands,
         # run in the worktree seed's own exec when there is one (one exec less each), else alone.
         before = [_gitlayer.prepare_command(spec.bind_paths)] if spec.bind_paths else []
-        before.append(_pool_claim.identity_command(spec))
+        identity = _pool_claim.identity_command(provider, spec)
+        if identity:
+            before.append(identity)
         if request.egress is not None:
             before.append(_egress_forwarder.setup_command())  # before anything in the box reaches out
         elif restore is not None:

@@ -77,8 +77,11 @@ def claim(provider: Provider, spec: BoxSpec, journal: _journal.Journal, fingerpr
     return None, f"made, not claimed: no pooled box ready in pool {key[:8]} (the host daemon refills it)"
 
 
-def identity_command(spec: BoxSpec) -> str:
-    """A root shell line that writes IDENTITY_FILE: who the box is, for both kinds of box alike."""
+def identity_command(provider: Provider, spec: BoxSpec) -> str | None:
+    """A root shell line that writes IDENTITY_FILE: who the box is, for both kinds of box alike; None on a
+    provider without a warm pool (no box there is ever a claimed one, and its exec may not run as root)."""
+    if getattr(provider, "pool_store", None) is None:
+        return None
     env = {k: v for k, v in spec.box_env().items() if k.startswith("AGENTBOX")}
     lines = "".join(f"{key}={shlex.quote(value)}\n" for key, value in env.items())
     return (f"mkdir -p {IDENTITY_FILE.rsplit('/', 1)[0]} && printf '%s' {shlex.quote(lines)} > {IDENTITY_FILE}")

@@ -50,10 +50,16 @@ def test_a_create_with_no_pool_set_asks_the_engine_nothing_and_says_nothing(tmp_
 
 
 def test_the_identity_file_line_quotes_what_it_writes(tmp_path: Path) -> None:
-    line = _pool_claim.identity_command(spec(workspace="/w/it's $HOME"))
+    line = _pool_claim.identity_command(NoPoolProvider(), spec(workspace="/w/it's $HOME"))  # type: ignore[arg-type]
+    assert line is not None
     target = tmp_path / "box.env"
     ran = subprocess.run(["sh", "-c", line.replace(_pool_claim.IDENTITY_FILE, str(target))
                           .replace("/etc/agentbox", str(tmp_path))], capture_output=True, text=True, check=True)
     assert ran.returncode == 0
     assert target.read_text() == ("AGENTBOX=1\nAGENTBOX_BOX_NAME=b\nAGENTBOX_BOX_ID=i1\nAGENTBOX_PROJECT=p\n"
                                   "AGENTBOX_HOST_WORKSPACE='/w/it'\"'\"'s $HOME'\n")
+
+
+def test_a_provider_without_a_pool_gets_no_identity_file_line() -> None:
+    """Its boxes are never claimed ones, and its exec may not run as root (Daytona's toolbox without sudo)."""
+    assert _pool_claim.identity_command(object(), spec()) is None  # type: ignore[arg-type]

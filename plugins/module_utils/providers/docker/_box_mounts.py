@@ -37,6 +37,7 @@ _MOVE_MOUNT_T_EMPTY_PATH = 0x40
 _FSCONFIG_SET_STRING = 1
 _FSCONFIG_CMD_CREATE = 6
 _MOUNT_ATTR_RDONLY = 0x1
+_CLONE_FS = 0x00000200
 _CLONE_NEWNS = 0x20000
 _MESSAGE_MAX = 4096
 
@@ -141,6 +142,10 @@ def _open_in_box(path: str) -> int:
 def _attach_here(libc: Any, pid: int, mounts: list[dict[str, Any]]) -> None:  # pragma: no cover - in the child
     detached = [_detached(libc, mount) for mount in mounts]
     namespace = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY)
+    # The kernel joins a mount namespace only for a task whose root and cwd (its fs_struct) no other task
+    # shares, else EINVAL: seen in a forked test worker. A private copy first, whatever the parent did.
+    if libc.unshare(_CLONE_FS) != 0:
+        raise MountError(f"a private root and working directory for the mount helper: {os.strerror(ctypes.get_errno())}")
     if libc.setns(namespace, _CLONE_NEWNS) != 0:
         raise MountError(f"joining the box's mount namespace: {os.strerror(ctypes.get_errno())}")
     for mount, tree in zip(mounts, detached, strict=True):

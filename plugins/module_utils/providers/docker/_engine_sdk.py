@@ -328,3 +328,10 @@ def forget_client(engine: str, docker_host: str | None = None) -> None:
             client.close()
         except Exception:  # noqa: BLE001 - closing a dead client must not mask the real error
             pass
+
+
+def forget_all_clients() -> None:
+    """Drop every cached client of this process without closing it (their connections may be gone already):
+    the next call to each engine connects anew."""
+    with _CLIENTS_LOCK:
+        _CLIENTS.clear()

@@ -23,7 +23,7 @@ for entry in (str(HERE.parents[3] / ".collections"),):
 
 from ansible_collections.agentbox.box.plugins.module_utils.core._provider import EngineUnreachable, ProviderError  # noqa: E402
 from ansible_collections.agentbox.box.plugins.module_utils.providers._registry import get_provider  # noqa: E402
-from ansible_collections.agentbox.box.plugins.module_utils.providers.docker import _docker  # noqa: E402
+from ansible_collections.agentbox.box.plugins.module_utils.providers.docker import _engine_sdk  # noqa: E402
 from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._docker import DockerProvider  # noqa: E402
 from ansible_collections.agentbox.box.plugins.module_utils.ssh import _ssh  # noqa: E402
 from tests.integration.support.engines import EngineFleet, free_port  # noqa: E402
@@ -42,12 +42,10 @@ def fleet():
 def fresh_connections():
     """Each case connects anew: cached connections would hide what it checks."""
     _ssh.close_all()
-    with _docker._CLIENTS_LOCK:
-        _docker._CLIENTS.clear()
+    _engine_sdk.forget_all_clients()
     yield
     _ssh.close_all()
-    with _docker._CLIENTS_LOCK:
-        _docker._CLIENTS.clear()
+    _engine_sdk.forget_all_clients()
 
 
 def write_config(fleet: EngineFleet, path: Path, *, known_hosts: str, identity: str | None) -> None:
