@@ -74,6 +74,8 @@ options:
         never sent again on a resume.
       - When the session already runs, the prompt is pasted into it as one block and submitted with Enter
         (tmux, as typed at its prompt); it travels on the exec's standard input, never in a command line.
+      - With O(command), the first prompt is typed in the same way once the command runs (a command line of
+        your own has no place for it).
     type: str
   transcript:
     description:
@@ -160,7 +162,7 @@ credentials:
   type: list
   elements: str
 sent:
-  description: The O(prompt) was typed into the session that was already running.
+  description: The O(prompt) was typed into the session (one that was already running, or a O(command)'s).
   returned: when it was
   type: bool
 transcript:

@@ -550,8 +550,11 @@ def set_state(provider: Provider, facts: BoxFacts, state: str, boot: bool = True
         if facts.state == "paused":
             resumed = provider.resume(facts.name)
             if provider.resume_restarts_processes:
-                # A Daytona pause is a stop: the keys' tmpfs is gone, and the alias gets a fresh token.
+                # A Daytona pause is a stop: the keys' tmpfs is gone, and the alias gets a fresh token; the
+                # agents it ended run again, as after a stop (a session still running is left alone).
                 refresh_access(provider, resumed)
+                if boot:
+                    _agent.resume(provider, resumed)
             return resumed
         if facts.state == "stopped":
             provider.start(facts.name)

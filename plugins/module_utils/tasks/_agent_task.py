@@ -112,8 +112,9 @@ def _act(params: dict[str, Any], provider: Provider, facts: BoxFacts, session: s
     result["changed"] = result["changed"] or bool(answer.get("changed"))
     states = [s for s in map(_agent.sanitize_state, answer.get("agents") or []) if s]
     mine = next((s for s in states if s["session"] == session), None)
-    if params["prompt"] and not answer.get("changed"):
-        # The session was running already: the prompt goes to it, typed in as a person would.
+    if params["prompt"] and (not answer.get("changed") or params["command"]):
+        # The session was running already, or runs a command line of the user's (no place in it for a prompt):
+        # the prompt goes to it, typed in as a person would.
         _agent.send_prompt(provider, facts, session, params["prompt"])
         result["changed"] = result["sent"] = True
     result["box"] = {**facts.to_dict(), "agent": mine or _agent.current(states)}
