@@ -18,6 +18,7 @@ import secrets
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..agent import _agent
@@ -181,10 +182,14 @@ def run_best_of(params: dict[str, Any], check_mode: bool) -> tuple[dict[str, Any
         warnings.append("no run passed its check: nothing adopted, every branch kept")
     if winner is not None:
         result["winner"], result["winner_box"] = winner["agent"], winner["box"]
-        result["adopted"] = _adopt(_at(params, winner), winner)
-        if params["push"] or params["pr"]:
-            result["pushed"] = _push(_at(params, winner), winner, task, warnings)
-    result["removed"] = _clean_up(params, runs, winner)
+
+    def adopt() -> None:
+        if winner is not None:
+            result["adopted"] = _adopt(_at(params, winner), winner)
+            if params["push"] or params["pr"]:
+                result["pushed"] = _push(_at(params, winner), winner, task, warnings)
+
+    result["removed"] = _clean_up(params, runs, winner, adopt)
     if source is not None and not params["keep_from"]:
         _drop_fork(_at(params, runs[0]), result["fork"], warnings)  # a fork's runs are on one engine
     save()
@@ -576,11 +581,16 @@ def _push(params: dict[str, Any], winner: dict[str, Any], task: str, warnings: l
     return pushed
 
 
-def _clean_up(params: dict[str, Any], runs: list[dict[str, Any]], winner: dict[str, Any] | None) -> list[str]:
+def _clean_up(
+    params: dict[str, Any], runs: list[dict[str, Any]], winner: dict[str, Any] | None, adopt: Callable[[], None]
+) -> list[str]:
     """keep=winner: every other box and its branch go; keep=none: every box goes, and the losers' branches when
     there is a winner (with none, every branch stays: nothing was chosen, nothing of the work is lost). The boxes
-    go at once, each in a thread (the host's branch deletions one after the other: _rollback.remove_branch)."""
+    go at once, each in a thread (the host's branch deletions one after the other: _rollback.remove_branch), the
+    losers' while `adopt` brings the winner's branch home; the winner's (keep=none) after it, and not when it
+    failed."""
     if params["keep"] == "all" or (params["keep"] == "winner" and winner is None):
+        adopt()
         return []
     removed: set[str] = set()
 
@@ -595,11 +605,19 @@ def _clean_up(params: dict[str, Any], runs: list[dict[str, Any]], winner: dict[s
         except Exception as exc:  # noqa: BLE001 - the others are still removed; this one is said
             run["reason"] = f"{run.get('reason') or ''} not removed: {exc}".strip()[:500]
 
-    kept = winner["box"] if params["keep"] == "winner" and winner is not None else None
-    going = [run for run in runs if run["box"] != kept]
-    threads = [threading.Thread(target=remove, args=(run,), daemon=True) for run in going]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return [run["box"] for run in going if run["box"] in removed]
+    def start(going: list[dict[str, Any]]) -> list[threading.Thread]:
+        threads = [threading.Thread(target=remove, args=(run,), daemon=True) for run in going]
+        for thread in threads:
+            thread.start()
+        return threads
+
+    first = [run for run in runs if winner is None or run["box"] != winner["box"]]
+    threads = start(first)
+    try:
+        adopt()
+        if winner is not None and params["keep"] == "none":
+            threads += start([winner])
+    finally:
+        for thread in threads:
+            thread.join()  # every removal begun ends before the module does, an adoption's failure or not
+    return [run["box"] for run in runs if run["box"] in removed]
