@@ -94,7 +94,7 @@ def main() -> None:
     print(f"slowest check as best-of ran it       median {m['check']:.1f} s   (its own {args.check_seconds:g} s)")
     print(f"overhead (wall - agent - check)       median {m['overhead']:.1f} s   (target <= 3 s)")
     rest = m["wall"] - m["start"] - m["create"] - m["seen"] - m["check"]
-    print(f"the rest (wall - the five above)      median {rest:.1f} s   (look-up, agents' start, commit, diff, adopt, "
+    print(f"the rest (wall - the four above)      median {rest:.1f} s   (look-up, agents' start, commit, diff, adopt, "
           "removal, page)")
 
 
