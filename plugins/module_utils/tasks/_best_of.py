@@ -470,7 +470,7 @@ def _follow(provider: Provider, box: str, session: str, deadline: float, poll: f
         except ProviderError:
             time.sleep(min(poll, 1.0))  # the box going away mid-wait: the next look says so
             continue
-        size, _, text = read.text.partition("\n")
+        size, _sep, text = read.text.partition("\n")
         seen = int(size) if size.strip().isdigit() else -1
         states = []
         for line in text.splitlines():
