@@ -113,9 +113,11 @@ options:
     type: int
     default: 8
   poll:
-    description: Seconds between two looks at the agents' states.
+    description:
+      - Seconds between two looks at an agent's state history, made inside its box; the module hears of a change
+        at once (one exec per change, or per 20 s).
     type: float
-    default: 2
+    default: 0.25
   env:
     description: Extra variables for every agent's process (never logged).
     type: dict

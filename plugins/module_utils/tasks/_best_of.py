@@ -18,6 +18,7 @@ import secrets
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..agent import _agent
@@ -45,7 +46,7 @@ BEST_OF_ARGUMENT_SPEC: dict[str, Any] = {
     "adopt": {"type": "str"},
     "keep": {"type": "str", "default": "all", "choices": ["all", "winner", "none"]},
     "max_runs": {"type": "int", "default": report.MAX_RUNS},
-    "poll": {"type": "float", "default": 2.0},
+    "poll": {"type": "float", "default": 0.25},
     "env": {"type": "dict", "default": {}, "no_log": True},
     "engines": {"type": "list", "elements": "raw"},
     "push": {"type": "bool", "default": False},
@@ -60,6 +61,28 @@ PROBE = (
     'while [ "$#" -gt 1 ]; do (cd "/workspace/$1" 2>/dev/null || cd /workspace 2>/dev/null; '
     'command -v -- "$2" >/dev/null 2>&1) || printf "%s\\n" "$2"; shift 2; done'
 )
+# In the box, as root: wait until the agent's state history ($1) is no longer $2 bytes long, looking at most $3
+# times, every $4 seconds; then print its size (first line) and its text. The host never waits a fixed poll
+# after the agent's end, and makes one exec per change instead of one per look.
+WAIT_HISTORY = r"""
+size() { s=$(wc -c 2>/dev/null < "$1") || s=0; echo $((s + 0)); }
+looks=0 now=$(size "$1")
+while [ "$now" = "$2" ] && [ "$looks" -lt "$3" ]; do sleep "$4"; looks=$((looks + 1)); now=$(size "$1"); done
+echo "$now"
+cat "$1" 2>/dev/null
+exit 0
+"""
+# In /workspace, in one exec: commit what the agent left ($1 the message), then print the commit's exit, HEAD, the
+# count of `git diff --numstat` lines against the base ($2), those lines, and the diff itself (its first $3 bytes).
+COLLECT = r"""
+if git add -A && { git diff --cached --quiet || git commit -q --no-verify -m "$1"; }; then echo 0; else echo "$?"; fi
+git rev-parse HEAD 2>/dev/null || echo -
+mapfile -t stat < <(git diff --numstat "$2" HEAD)
+echo "${#stat[@]}"
+[ "${#stat[@]}" -eq 0 ] || printf '%s\n' "${stat[@]}"
+git diff "$2" HEAD | head -c "$3"
+"""
+WAIT_MAX = 20.0  # seconds one wait in the box lasts at most: the host looks at the box's own state that often
 # Claude Code's own token counts, summed from its transcripts in the box (numbers only are read).
 CLAUDE_USAGE = r"""
 import glob, json, os
@@ -159,10 +182,14 @@ def run_best_of(params: dict[str, Any], check_mode: bool) -> tuple[dict[str, Any
         warnings.append("no run passed its check: nothing adopted, every branch kept")
     if winner is not None:
         result["winner"], result["winner_box"] = winner["agent"], winner["box"]
-        result["adopted"] = _adopt(_at(params, winner), winner)
-        if params["push"] or params["pr"]:
-            result["pushed"] = _push(_at(params, winner), winner, task, warnings)
-    result["removed"] = _clean_up(params, runs, winner)
+
+    def adopt() -> None:
+        if winner is not None:
+            result["adopted"] = _adopt(_at(params, winner), winner)
+            if params["push"] or params["pr"]:
+                result["pushed"] = _push(_at(params, winner), winner, task, warnings)
+
+    result["removed"] = _clean_up(params, runs, winner, adopt)
     if source is not None and not params["keep_from"]:
         _drop_fork(_at(params, runs[0]), result["fork"], warnings)  # a fork's runs are on one engine
     save()
@@ -425,15 +452,28 @@ def _commit_carried(provider: Provider, box: str, workspace: str) -> str:
 
 def _follow(provider: Provider, box: str, session: str, deadline: float, poll: float) -> tuple[str, str]:
     """Wait for the agent's end: (state, reason). Its state history starts with `idle` at launch; the agent
-    has ended when a later entry says idle, stopped or waiting."""
+    has ended when a later entry says idle, stopped or waiting. The box itself watches the history every
+    `poll` seconds (WAIT_HISTORY) and answers as soon as it changes: one exec per change, or per WAIT_MAX
+    seconds, instead of one per poll."""
     history = f"/run/agentbox/agents/{session}.history"
+    poll = max(poll, 0.05)
+    seen = -1  # the history's size as last read: the first look answers at once
     while True:
         facts = provider.find(box)
         if facts is None or facts.state != "running":
             return "failed", f"the box is {'gone' if facts is None else facts.state} (it died while the agent worked)"
-        read = provider.exec(box, ["cat", history], user="root", timeout=30, limit=1 << 20, what="agent state history")
+        wait = max(0.0, min(WAIT_MAX, deadline - time.monotonic()))
+        looks = int(wait / poll)
+        argv = ["bash", "-c", WAIT_HISTORY, "wait", history, str(seen), str(looks), f"{poll:.3f}"]
+        try:
+            read = provider.exec(box, argv, user="root", timeout=wait + 30, limit=1 << 20, what="agent state history")
+        except ProviderError:
+            time.sleep(min(poll, 1.0))  # the box going away mid-wait: the next look says so
+            continue
+        size, _sep, text = read.text.partition("\n")
+        seen = int(size) if size.strip().isdigit() else -1
         states = []
-        for line in read.text.splitlines():
+        for line in text.splitlines():
             try:
                 entry = json.loads(line)
             except ValueError:
@@ -446,7 +486,9 @@ def _follow(provider: Provider, box: str, session: str, deadline: float, poll: f
             return "waiting", "the agent waits for the user (not answered): attach to it to see its question"
         if time.monotonic() >= deadline:
             return "timeout", ""
-        time.sleep(min(poll, max(0.0, deadline - time.monotonic())) or 0.1)
+        if read.rc != 0 or seen < 0 or looks == 0:
+            # No answer from the box's side, or less than a look left: never a busy loop of execs.
+            time.sleep(min(poll, max(0.0, deadline - time.monotonic())) or 0.1)
 
 
 def _collect(
@@ -454,16 +496,14 @@ def _collect(
 ) -> None:
     """Commit what the agent left on its branch, run the check, read the diff against the box's base."""
     box = run["box"]
-    commit = (f'git add -A && (git diff --cached --quiet || git commit -q --no-verify -m "best_of: run {run["index"]} '
-              f'({run["agent"]})")')  # fmt: skip
-    committed = provider.exec(box, ["bash", "-c", commit], workdir="/workspace", env=identity, timeout=120, limit=1 << 20,
-                              what="commit of the run")  # fmt: skip
-    if committed.rc != 0:
-        run["reason"] = f"commit failed (exit {committed.rc}): {committed.stderr.decode('utf-8', 'replace')[-300:]}"
-    numstat = provider.exec(box, ["git", "diff", "--numstat", base, "HEAD"], workdir="/workspace", timeout=60,
-                            limit=4 << 20, what="diff stat")  # fmt: skip
+    message = f"best_of: run {run['index']} ({run['agent']})"
+    done = provider.exec(box, ["bash", "-c", COLLECT, "collect", message, base, str(DIFF_LIMIT)], workdir="/workspace",
+                         env=identity, timeout=180, limit=DIFF_LIMIT + (4 << 20), what="commit and diff of the run")  # fmt: skip
+    status, said, numstat, run["diff"] = read_collected(done.text)
+    if status != "0":
+        run["reason"] = f"commit failed (exit {status}): {done.stderr.decode('utf-8', 'replace')[-300:]}"
     files, insertions, deletions = [], 0, 0
-    for line in numstat.text.splitlines():
+    for line in numstat:
         parts = line.split("\t", 2)
         if len(parts) == 3:
             files.append(parts[2])
@@ -471,10 +511,6 @@ def _collect(
             deletions += int(parts[1]) if parts[1].isdigit() else 0
     run["files"] = files[:500]
     run["diff_stat"] = {"files": len(files), "insertions": insertions, "deletions": deletions}
-    diff = provider.exec(box, ["bash", "-c", f'git diff {base} HEAD | head -c {DIFF_LIMIT}'], workdir="/workspace",
-                         timeout=60, limit=DIFF_LIMIT + 4096, what="diff")  # fmt: skip
-    run["diff"] = diff.text
-    said = provider.exec(box, ["git", "rev-parse", "HEAD"], workdir="/workspace", timeout=30, limit=4096).text.strip()
     run["commit"] = said if re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", said) else ""  # the box's word: a hash or nothing
     checking = time.monotonic()
     checked = provider.exec(box, ["bash", "-lc", check], workdir="/workspace", timeout=check_timeout,
@@ -487,6 +523,13 @@ def _collect(
     if run["agent"] == "claude" and run["command"] is None:
         usage = provider.exec(box, ["python3", "-c", CLAUDE_USAGE], timeout=30, limit=4096)
         run["tokens"] = int(usage.text.strip()) if usage.rc == 0 and usage.text.strip().isdigit() else None
+
+
+def read_collected(text: str) -> tuple[str, str, list[str], str]:
+    """COLLECT's output: (the commit's exit, HEAD as the box said it, the numstat lines, the diff)."""
+    status, said, count, rest = ([*text.split("\n", 3), "", "", "", ""])[:4]
+    lines = rest.split("\n", int(count) if count.isdigit() else 0)
+    return status, said, lines[:-1], lines[-1]
 
 
 def _adopt(params: dict[str, Any], winner: dict[str, Any]) -> dict[str, Any]:
@@ -538,23 +581,43 @@ def _push(params: dict[str, Any], winner: dict[str, Any], task: str, warnings: l
     return pushed
 
 
-def _clean_up(params: dict[str, Any], runs: list[dict[str, Any]], winner: dict[str, Any] | None) -> list[str]:
+def _clean_up(
+    params: dict[str, Any], runs: list[dict[str, Any]], winner: dict[str, Any] | None, adopt: Callable[[], None]
+) -> list[str]:
     """keep=winner: every other box and its branch go; keep=none: every box goes, and the losers' branches when
-    there is a winner (with none, every branch stays: nothing was chosen, nothing of the work is lost)."""
+    there is a winner (with none, every branch stays: nothing was chosen, nothing of the work is lost). The boxes
+    go at once, each in a thread (the host's branch deletions one after the other: _rollback.remove_branch), the
+    losers' while `adopt` brings the winner's branch home; the winner's (keep=none) after it, and not when it
+    failed."""
     if params["keep"] == "all" or (params["keep"] == "winner" and winner is None):
+        adopt()
         return []
-    removed = []
-    for run in runs:
+    removed: set[str] = set()
+
+    def remove(run: dict[str, Any]) -> None:
         provider_options = {key: _at(params, run).get(key) for key in PROVIDER_ARGUMENT_SPEC}
-        is_winner = winner is not None and run["box"] == winner["box"]
-        loser = winner is not None and not is_winner
-        if is_winner and params["keep"] == "winner":
-            continue
+        loser = winner is not None and run["box"] != winner["box"]
         try:
             run_box_task(_defaults(BOX_ARGUMENT_SPEC, **provider_options, name=run["box"], state="absent",
                                    workspace=params["workspace"], delete_branch=loser,
                                    fetch=not loser), False)  # fmt: skip
-            removed.append(run["box"])
+            removed.add(run["box"])
         except Exception as exc:  # noqa: BLE001 - the others are still removed; this one is said
             run["reason"] = f"{run.get('reason') or ''} not removed: {exc}".strip()[:500]
-    return removed
+
+    def start(going: list[dict[str, Any]]) -> list[threading.Thread]:
+        threads = [threading.Thread(target=remove, args=(run,), daemon=True) for run in going]
+        for thread in threads:
+            thread.start()
+        return threads
+
+    first = [run for run in runs if winner is None or run["box"] != winner["box"]]
+    threads = start(first)
+    try:
+        adopt()
+        if winner is not None and params["keep"] == "none":
+            threads += start([winner])
+    finally:
+        for thread in threads:
+            thread.join()  # every removal begun ends before the module does, an adoption's failure or not
+    return [run["box"] for run in runs if run["box"] in removed]
