@@ -73,7 +73,7 @@ def test_cp_out_of_the_box_and_into_it_within_the_workspace(
         "from the host\nvscode 644\n"
     decisions = [(e["arguments"]["direction"], e["decision"], e["result"]["rc"]) for e in host.audit()
                  if e.get("operation") == "file.cp" and e["arguments"]["host"] in ("report.txt", "from-host.txt")]
-    assert decisions == [("out", "allowed", 0), ("in", "allowed", 0)]
+    assert decisions == [("out", "approved", 0), ("in", "allowed", 0)]
 
 
 def test_cp_outside_the_workspace_waits_for_the_user(
@@ -112,7 +112,11 @@ def test_cp_refuses_dot_dot_host_links_and_links_from_the_box(
     assert rc == 2 and "holds '..'" in err
     rc, _out, err = ctl(engine, box, "cp", "/tmp/x.txt", "host:out/x.txt")
     assert rc == 1 and "which is a symbolic link on the host: links are never followed" in err
-    rc, _out, err = ctl(engine, box, "cp", "/tmp/shadow-link", "host:shadow.txt")
+    # What the box sends is read only once the user has approved the write; a link is refused then.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        asked = pool.submit(ctl, engine, box, "cp", "/tmp/shadow-link", "host:shadow.txt")
+        host.relay("approvals", "--approve", host.wait_pending(box))
+        rc, _out, err = asked.result(timeout=DEADLINE)
     assert rc == 1 and "is a symlink, not a regular file" in err
     rc, _out, err = ctl(engine, box, "cp", "/tmp/x.txt", "host:.git/hooks/pre-commit")
     assert rc == 1 and "never writes a repository's own files" in err
