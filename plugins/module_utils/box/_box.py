@@ -121,8 +121,9 @@ def create_box(provider: Provider, request: CreateRequest) -> Created:
         raise BoxError(f"egress: the egress gateway serves boxes on this machine's engine only, not {provider.name} "
                        f"on {provider.engine} (yet): create the box without egress and egress_allow",
                        box=name, operation="create")
-    if request.vnc and _screen.supported(provider):
-        raise BoxError(f"vnc: {_screen.supported(provider)}: create the box without vnc", box=name, operation="create")
+    no_screen = _screen.supported(provider) if request.vnc else ""
+    if no_screen:
+        raise BoxError(f"vnc: {no_screen}: create the box without vnc", box=name, operation="create")
     provider.check_can_create(name, egress=request.egress is not None)  # before an image is sent or anything made
     project = _naming.project_id(workspace)
     _preflight.check_not_bare(workspace)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from typing import Any
 
 from ..core import _host_files
@@ -19,8 +18,6 @@ from ..core._naming import box_branch, label
 from ..core._provider import Provider, ProviderError
 from ..git import _git
 from ..relay import _relay_state
-
-_BRANCH_DELETION = threading.Lock()  # remove_branch's: one host branch deletion at a time in this process
 
 
 def registrations(common_dir: str) -> list[dict[str, str]]:
@@ -56,12 +53,12 @@ def remove_box_registration(common_dir: str, path: str, branch: str, box_id: str
 
 
 def remove_branch(repo_root: str, branch: str) -> bool:
-    """Delete a branch; True only when it existed and is gone. One deletion at a time in this process: boxes
-    removed at once in threads (best_of) would otherwise race for the repository's packed-refs lock."""
+    """Delete a branch; True only when it existed and is gone. Deletions at once (boxes removed in threads, or
+    by other processes) wait their turn for the repository's packed-refs lock rather than fail on it."""
     if not os.path.isdir(repo_root):
         return False
-    with _BRANCH_DELETION:
-        return _git.git(repo_root, "update-ref", "-d", f"refs/heads/{branch}", check=False).returncode == 0
+    return _git.git(repo_root, "-c", "core.packedRefsTimeout=10000", "update-ref", "-d", f"refs/heads/{branch}",
+                    check=False).returncode == 0  # fmt: skip
 
 
 def find_registration_by_id(workspace: str, record: dict[str, str], box_id: str) -> dict[str, str] | None:

@@ -7,8 +7,12 @@ Note that this module_utils is PRIVATE to the collection: it can change at any t
 
 from __future__ import annotations
 
+import re
+
 # Units a memory limit may carry, as the docker CLI and SDK read them ("512m", "2g", "1.5g").
 _BYTE_UNITS = {"b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+# Plain digits (a decimal point allowed), a unit, an optional trailing b: never a sign, an exponent, inf or nan.
+_SIZE = re.compile(r"([0-9]{1,15}(?:\.[0-9]{1,9})?)([bkmgBKMG])?[bB]?")
 
 
 class BadValue(ValueError):
@@ -23,13 +27,10 @@ def memory_bytes(value: str | int | float) -> int:
     text = value.strip()
     if not text:
         return 0
-    if len(text) > 1 and text[-2].isalpha() and text[-1] in "bB":
-        text = text[:-1]
-    suffix = text[-1].lower()
-    digits, unit = (text, "b") if suffix.isdigit() else (text[:-1], suffix)
-    if unit not in _BYTE_UNITS:
-        raise BadValue(f"memory {value!r} should end in one of the units b, k, m, g")
-    try:
-        return int(float(digits) * _BYTE_UNITS[unit])
-    except ValueError as exc:
-        raise BadValue(f"memory {value!r} is not a number with a unit") from exc
+    found = _SIZE.fullmatch(text)
+    if found is None:
+        unit = text.rstrip("bB")[-1:].lower() or "b"
+        if not unit.isdigit() and unit not in _BYTE_UNITS:
+            raise BadValue(f"memory {value!r} should end in one of the units b, k, m, g")
+        raise BadValue(f"memory {value!r} is not a number with a unit")
+    return int(float(found.group(1)) * _BYTE_UNITS[(found.group(2) or "b").lower()])

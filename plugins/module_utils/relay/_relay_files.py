@@ -91,7 +91,8 @@ def _stage(facts: BoxFacts, request: Request) -> StagedCopy:
     staged = StagedCopy(host_path=absolute, start=start, parts=parts, exists=False)
     if inside is None:
         staged.reasons.append(f"{'writes' if outgoing else 'reads'} {absolute}, outside the box's workspace {workspace}")
-    if ".git" in parts[:-1] or parts[-1] == ".git":
+    # Any case: on a case-insensitive host disk (macOS) .GIT is the repository's own .git.
+    if any(part.casefold() == ".git" for part in parts):
         if outgoing or inside is None:
             raise Refused(f"{absolute} is in a .git directory: a box never writes a repository's own files")
         staged.reasons.append(f"reads {absolute} in the host repository's .git (its configuration may hold credentials)")
@@ -172,9 +173,7 @@ def carry_out(provider: Provider, facts: BoxFacts, request: Request, staged: Sta
         size = send(provider, facts.name, request.args["box"], staged)
         return Outcome(0, stdout=f"copied {staged.host_path} from the host to {request.args['box']} ({size} bytes)\n",
                        data={"host": staged.host_path, "bytes": size})
-    except (Refused, ArchiveRefused) as exc:
-        return Outcome(1, stderr=f"{exc}\n")
-    except ProviderError as exc:
+    except (Refused, ArchiveRefused, ProviderError) as exc:
         return Outcome(1, stderr=f"{exc}\n")
 
 

@@ -24,7 +24,7 @@ from typing import Any
 from ..agent import _agent
 from ..box import _box
 from ..core import _host_files, _naming
-from ..core._provider import BoxFacts, Provider, ProviderError
+from ..core._provider import BoxFacts, OutputTooLarge, Provider, ProviderError
 from ..providers._module import PROVIDER_ARGUMENT_SPEC, provider_from_params
 from ..providers._registry import SSH_ENGINE_PROVIDERS
 from . import _best_of_report as report
@@ -55,6 +55,7 @@ BEST_OF_ARGUMENT_SPEC: dict[str, Any] = {
     **PROVIDER_ARGUMENT_SPEC,
 }
 DIFF_LIMIT = 400_000  # bytes of each run's diff kept for the page
+_COUNT = re.compile(r"[0-9]{1,12}")  # a size or count as a box prints it: ASCII digits, bounded
 CHECK_TAIL = 4000  # characters of the check's output kept in the result
 # Which of the programs given as (directory, program) pairs a login shell in /workspace does not find: one a line.
 PROBE = (
@@ -318,7 +319,8 @@ def _refuse_missing_programs(provider: Provider, params: dict[str, Any], workspa
             warnings.append(f"the check's programs were not looked for before the runs ({exc}): the check finds out")
             done = None
         if done is not None and done.rc == 0:
-            missing += [line for line in done.text.splitlines() if line]
+            asked = set(pairs[1::2])  # only the programs asked about: the image or box says nothing else here
+            missing += [line for line in dict.fromkeys(done.text.splitlines()) if line in asked]
     if not missing:
         return
     what = f"{', '.join(missing)} (of check {check!r}) not found in {where} as the box user runs it (bash -lc in /workspace)"
@@ -465,13 +467,16 @@ def _follow(provider: Provider, box: str, session: str, deadline: float, poll: f
         wait = max(0.0, min(WAIT_MAX, deadline - time.monotonic()))
         looks = int(wait / poll)
         argv = ["bash", "-c", WAIT_HISTORY, "wait", history, str(seen), str(looks), f"{poll:.3f}"]
+        asked = time.monotonic()
         try:
             read = provider.exec(box, argv, user="root", timeout=wait + 30, limit=1 << 20, what="agent state history")
+        except OutputTooLarge as exc:  # the box's answer past its bound: reading it again would not help
+            return "failed", str(exc)[:500]
         except ProviderError:
             time.sleep(min(poll, 1.0))  # the box going away mid-wait: the next look says so
             continue
         size, _sep, text = read.text.partition("\n")
-        seen = int(size) if size.strip().isdigit() else -1
+        seen = int(size) if _COUNT.fullmatch(size.strip()) else -1
         states = []
         for line in text.splitlines():
             try:
@@ -486,8 +491,9 @@ def _follow(provider: Provider, box: str, session: str, deadline: float, poll: f
             return "waiting", "the agent waits for the user (not answered): attach to it to see its question"
         if time.monotonic() >= deadline:
             return "timeout", ""
-        if read.rc != 0 or seen < 0 or looks == 0:
-            # No answer from the box's side, or less than a look left: never a busy loop of execs.
+        if read.rc != 0 or seen < 0 or looks == 0 or time.monotonic() - asked < poll:
+            # No answer from the box's side, less than a look left, or an answer sooner than a look (the box
+            # decides when it answers): never a busy loop of execs.
             time.sleep(min(poll, max(0.0, deadline - time.monotonic())) or 0.1)
 
 
@@ -499,8 +505,10 @@ def _collect(
     message = f"best_of: run {run['index']} ({run['agent']})"
     done = provider.exec(box, ["bash", "-c", COLLECT, "collect", message, base, str(DIFF_LIMIT)], workdir="/workspace",
                          env=identity, timeout=180, limit=DIFF_LIMIT + (4 << 20), what="commit and diff of the run")  # fmt: skip
-    status, said, numstat, run["diff"] = read_collected(done.text)
+    status, said, numstat, diff = read_collected(done.text)
+    run["diff"] = diff[:DIFF_LIMIT]  # the box's word: bounded here, whatever it printed
     if status != "0":
+        status = status if re.fullmatch(r"\d{1,3}", status) else "?"
         run["reason"] = f"commit failed (exit {status}): {done.stderr.decode('utf-8', 'replace')[-300:]}"
     files, insertions, deletions = [], 0, 0
     for line in numstat:
@@ -528,7 +536,7 @@ def _collect(
 def read_collected(text: str) -> tuple[str, str, list[str], str]:
     """COLLECT's output: (the commit's exit, HEAD as the box said it, the numstat lines, the diff)."""
     status, said, count, rest = ([*text.split("\n", 3), "", "", "", ""])[:4]
-    lines = rest.split("\n", int(count) if count.isdigit() else 0)
+    lines = rest.split("\n", int(count) if _COUNT.fullmatch(count) else 0)
     return status, said, lines[:-1], lines[-1]
 
 

@@ -231,8 +231,9 @@ def _run(
         if state in ("stopped", "paused"):
             raise ValueError(f"no box called {name!r} on engine {provider.engine}: create it first (state=started)")
         egress = _egress(params, workspace, provider, warnings)  # refused before anything is made
-        if params["vnc"] and _screen.supported(provider):
-            raise ValueError(f"vnc: {_screen.supported(provider)}: create the box without vnc")
+        no_screen = _screen.supported(provider) if params["vnc"] else ""
+        if no_screen:  # here too: a check-mode plan never reaches create_box
+            raise ValueError(f"vnc: {no_screen}: create the box without vnc")
         image = _screen.image_for(params["image"]) if params["vnc"] else params["image"]
         result["changed"] = True
         result["egress"] = egress.record() if egress else None  # None: the box's network is open

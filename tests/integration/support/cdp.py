@@ -13,6 +13,7 @@ import socket
 import struct
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.request
 from typing import Any
@@ -46,6 +47,8 @@ class Browser:
                 port = int(found.group(1))
                 break
         assert port, "headless Chromium did not say where its DevTools listen"
+        # The rest of its log is read and dropped: a full pipe would stop Chromium in the middle of the test.
+        threading.Thread(target=self.proc.stderr.read, daemon=True).start()
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         with opener.open(f"http://127.0.0.1:{port}/json/list", timeout=10) as answer:
             targets = json.load(answer)
@@ -142,6 +145,8 @@ def read_message(sock: socket.socket) -> str:
         payload = read_exactly(sock, size)
         if first & 0x0F in (0x9, 0xA):  # ping or pong between fragments: not part of the message
             continue
+        if first & 0x0F == 0x8:
+            raise ConnectionError(f"the browser closed the DevTools connection: {payload[2:].decode('utf-8', 'replace')}")
         parts.append(payload)
         if first & 0x80:
             return b"".join(parts).decode()

@@ -123,6 +123,7 @@ def test_links_git_writes_and_missing_places_are_refused(world: dict[str, Path])
         ("in", "link.md"): "is a symbolic link on the host",
         ("out", "link.md"): "is a symbolic link on the host",
         ("out", ".git/hooks/pre-commit"): "never writes a repository's own files",
+        ("out", ".GIT/hooks/pre-commit"): "never writes a repository's own files",  # a case-insensitive disk's .git
         ("out", "nowhere/x.txt"): "does not exist",
         ("in", "docs/none.md"): "there is no file",
         ("out", "docs"): "not a regular file",

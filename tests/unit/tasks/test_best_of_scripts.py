@@ -50,13 +50,18 @@ def _collect(repo: Path, base: str, limit: int = 400_000) -> tuple[str, str, lis
     return _best_of.read_collected(done.stdout.decode())
 
 
-def test_collect_commits_the_agents_work_and_reads_head_stat_and_diff_in_one_go(tmp_path: Path) -> None:
+def _based_repo(tmp_path: Path) -> tuple[Path, str]:
+    """A repository with one commit (a.txt), as a run's box has at the agent's start: (it, that commit)."""
     repo = tmp_path / "ws"
     subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
     (repo / "a.txt").write_text("one\n")
     _git(repo, "add", "-A")
     _git(repo, "commit", "-qm", "base")
-    base = _git(repo, "rev-parse", "HEAD").strip()
+    return repo, _git(repo, "rev-parse", "HEAD").strip()
+
+
+def test_collect_commits_the_agents_work_and_reads_head_stat_and_diff_in_one_go(tmp_path: Path) -> None:
+    repo, base = _based_repo(tmp_path)
 
     assert _collect(repo, base) == ("0", base, [], "")  # nothing left by the agent: no commit, no diff
 
@@ -75,12 +80,7 @@ def test_collect_commits_the_agents_work_and_reads_head_stat_and_diff_in_one_go(
 
 
 def test_collect_says_a_failed_commit_and_still_reads_the_diff(tmp_path: Path) -> None:
-    repo = tmp_path / "ws"
-    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
-    (repo / "a.txt").write_text("one\n")
-    _git(repo, "add", "-A")
-    _git(repo, "commit", "-qm", "base")
-    base = _git(repo, "rev-parse", "HEAD").strip()
+    repo, base = _based_repo(tmp_path)
     (repo / "a.txt").write_text("two\n")
     (repo / ".git" / "index.lock").write_text("")  # another git at work: the commit cannot happen
     status, head, numstat, diff = _collect(repo, base)

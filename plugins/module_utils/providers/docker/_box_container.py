@@ -122,7 +122,9 @@ def probe_in_image(engine: Any, image: str, argv: list[str], user: str, timeout:
         "Cmd": [str(int(timeout) + 30)],  # ends by itself should the removal below never happen
         "Labels": {label("kind"): "probe"},
         "NetworkDisabled": True,
-        "HostConfig": {"NetworkMode": "none"},
+        # Gone by itself once it stops (a killed module leaves nothing), and small: it runs the image's login
+        # profile, which a box may have written (a checkpoint's image).
+        "HostConfig": {"NetworkMode": "none", "AutoRemove": True, "PidsLimit": 256, "Memory": 512 << 20},
     }
     container = engine.create_container(config, f"agentbox-probe-{secrets.token_hex(5)}")
     try:

@@ -24,6 +24,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+import select
+import signal
+import time
 from typing import Any
 
 # The new mount API's system calls: one number on every Linux architecture since 5.2.
@@ -40,6 +43,9 @@ _MOUNT_ATTR_RDONLY = 0x1
 _CLONE_FS = 0x00000200
 _CLONE_NEWNS = 0x20000
 _MESSAGE_MAX = 4096
+# The most the mount helper may take: a lookup in the box's tree can be made to hang (a FUSE mount the box made
+# on the way), and the helper runs as host root: past this it is killed and the attach fails.
+HELPER_SECONDS = 30.0
 
 
 class MountError(OSError):
@@ -86,10 +92,18 @@ def attach(pid: int, mounts: list[dict[str, Any]]) -> None:
             code = 1
         os._exit(code)
     os.close(writer)
-    message = b""
+    message, deadline = b"", time.monotonic() + HELPER_SECONDS
     try:
-        while chunk := os.read(reader, _MESSAGE_MAX):
-            message += chunk
+        while True:
+            ready, _w, _x = select.select([reader], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:  # the box's tree held the helper up: it never gets to finish
+                os.kill(child, signal.SIGKILL)
+                os.waitpid(child, 0)
+                raise MountError(f"the mount helper did not finish within {HELPER_SECONDS:g} s (a path in the box hangs)")
+            chunk = os.read(reader, _MESSAGE_MAX)
+            if not chunk:
+                break
+            message = (message + chunk)[:_MESSAGE_MAX]
     finally:
         os.close(reader)
     _pid, status = os.waitpid(child, 0)
