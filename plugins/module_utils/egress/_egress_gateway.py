@@ -92,6 +92,19 @@ def audit(entry: dict[str, Any]) -> None:
     _relay_state.append_line(audit_path(), entry)
 
 
+RECORDED = "recorded"  # set on an entry once its line is written; never part of the line
+
+
+def record(entry: dict[str, Any]) -> None:
+    """The connection's line, once: one short append on the loop as the relay's own (no thread a flood could
+    take); a disk that refuses it is logged, never the connection's failure."""
+    try:
+        audit({key: value for key, value in entry.items() if key != RECORDED})
+    except OSError:
+        LOG.exception("egress gateway: cannot write %s", audit_path())
+    entry[RECORDED] = True
+
+
 def read_audit() -> list[dict[str, Any]]:
     return _relay_state.read_lines(audit_path())
 
@@ -364,11 +377,8 @@ class Gateway:
             else:
                 connection.close()
             gate.slots.release()
-            if "decision" in entry:
-                try:
-                    audit(entry)  # one short append, on the loop as the relay's own: no thread a flood could take
-                except OSError:
-                    LOG.exception("egress gateway: cannot write %s", audit_path())
+            if "decision" in entry and not entry.get(RECORDED):
+                record(entry)
 
     async def _carry(self, gate: BoxGate, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                      entry: dict[str, Any]) -> None:
@@ -532,6 +542,7 @@ class Gateway:
     async def _refuse(self, writer: asyncio.StreamWriter, entry: dict[str, Any], status: int, message: str,
                       reason: str, phrase: str | None = None) -> None:
         entry.update(decision="denied", reason=reason)
+        record(entry)  # on record before the box hears it: whoever reads the answer finds the line
         with contextlib.suppress(OSError):
             await self._send(writer, answer(status, phrase or PHRASES.get(status, "Refused"), message))
 
