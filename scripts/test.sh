@@ -118,7 +118,14 @@ count_pth=$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])
 cat >"$count_pth" <<'PTH'
 import os; _d = os.environ.get("AGENTBOX_COUNT_DIR"); _a = _d and open("/proc/self/cmdline", "rb").read().split(b"\0"); _p = _a and len(_a) > 1 and os.path.basename(_a[1].decode(errors="replace")); _p in ("ansible", "ansible-playbook", "ansible-inventory") and open(os.path.join(_d, "ansible"), "a").write(f"{os.getpid()} {_p} {os.environ.get('PYTEST_CURRENT_TEST', '-').split('::')[0]}\n")
 PTH
-trap 'rm -f "$count_pth"' EXIT
+# The payload cache (tests/integration/support/ansiballz_cache.py): each Ansible process of the step finds an
+# agentbox module's module_utils once per run instead of once per process (about 0.5 core-s each).
+cache_pth=${count_pth%/*}/agentbox-ansiballz-cache.pth
+cat >"$cache_pth" <<PTH
+import os; os.environ.get("AGENTBOX_ANSIBALLZ_CACHE") and exec(compile(open("$PWD/tests/integration/support/ansiballz_cache.py").read(), "ansiballz_cache.py", "exec"), {"__name__": "agentbox_ansiballz_cache"})
+PTH
+mkdir -m 700 "$count_dir/ansiballz"
+trap 'rm -f "$count_pth" "$cache_pth"' EXIT
 # Streamed as they happen (the engine keeps only its last 256 events for --since).
 user_engine=unix:///run/docker.sock
 for engine in box:"$DOCKER_HOST" user:"$user_engine"; do
@@ -126,11 +133,11 @@ for engine in box:"$DOCKER_HOST" user:"$user_engine"; do
     --format '{{index .Actor.Attributes "io.agentbox.box"}}' >"$count_dir/created.${engine%%:*}" 2>/dev/null &
   watchers+=($!)
 done
-AGENTBOX_COUNT_DIR=$count_dir step "pytest" pytest -p no:cacheprovider -n "${AGENTBOX_TEST_WORKERS:-2}" --dist loadfile \
+AGENTBOX_COUNT_DIR=$count_dir AGENTBOX_ANSIBALLZ_CACHE=$count_dir/ansiballz step "pytest" pytest -p no:cacheprovider -n "${AGENTBOX_TEST_WORKERS:-2}" --dist loadfile \
   -p random_order --random-order-bucket=module --durations=10 "$@"
 gates_report
 kill "${watchers[@]}" 2>/dev/null
-rm -f "$count_pth"
+rm -f "$count_pth" "$cache_pth"
 wait "${watchers[@]}" 2>/dev/null
 rm -rf "$gate_dir"
 boxes() { grep -c . "$1" 2>/dev/null || true; }  # lines naming a box (other containers print an empty line)
