@@ -58,7 +58,14 @@ LABEL_RE = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")  # IDNA names com
 
 
 class EgressError(ValueError):
-    """A policy refused at create: the message says what to write instead."""
+    """A policy refused at create: the message says what to write instead. `setting` is the one at fault
+    ("egress", "egress_allow"; None: the policy as a whole), `entry` the index of the egress_allow entry as
+    given, and `names` the normalized entries at fault when the index is not known here."""
+
+    def __init__(self, message: str, setting: str | None = None, entry: int | None = None,
+                 names: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.setting, self.entry, self.names = setting, entry, names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,21 +189,31 @@ def normalize_pattern(entry: Any) -> str:
     return name
 
 
+def given_entries(value: Any) -> Any:
+    """egress_allow's entries as the user gave them: a list, or one string of names separated by commas or
+    spaces (anything else as it is, for the caller to refuse)."""
+    if value is None or value == "":
+        return []
+    if isinstance(value, str):
+        return [word for word in re.split(r"[\s,]+", value) if word]
+    return value
+
+
 def allow_entries(value: Any) -> tuple[str, ...]:
     """egress_allow as given (a list, or one string of names separated by commas or spaces), checked."""
-    if value is None or value == "":
-        return ()
-    if isinstance(value, str):
-        value = [word for word in re.split(r"[\s,]+", value) if word]
+    value = given_entries(value)
     if not isinstance(value, (list, tuple)):
         raise EgressError(f"egress_allow must be a list of host names, not {type(value).__name__}: "
-                          "e.g. egress_allow: [pypi.example.com, '*.corp.example']")
+                          "e.g. egress_allow: [pypi.example.com, '*.corp.example']", "egress_allow")
     if len(value) > MAX_ALLOW:
         raise EgressError(f"egress_allow has {len(value)} entries, at most {MAX_ALLOW}: use `*.` wildcards "
-                          "for many hosts of one domain")
+                          "for many hosts of one domain", "egress_allow")
     entries: list[str] = []
-    for entry in value:
-        name = normalize_pattern(entry)
+    for index, entry in enumerate(value):
+        try:
+            name = normalize_pattern(entry)
+        except EgressError as exc:
+            raise EgressError(str(exc), "egress_allow", index) from None
         if name not in entries:
             entries.append(name)
     return tuple(entries)
@@ -211,7 +228,7 @@ def parse_mode(value: Any) -> str:
     close = difflib.get_close_matches(str(word), MODES, n=1)
     hint = f" (did you mean {close[0]}?)" if close else ""
     raise EgressError(f"egress: {value!r} is not a policy{hint}: write allowlist (the default list plus "
-                      "egress_allow), open (any public host, audited) or none (no network)")
+                      "egress_allow), open (any public host, audited) or none (no network)", "egress")
 
 
 def parse_policy(egress: Any = None, egress_allow: Any = None, environ: Mapping[str, str] | None = None,
@@ -222,7 +239,13 @@ def parse_policy(egress: Any = None, egress_allow: Any = None, environ: Mapping[
     is named) give the agents' API hosts: a list that would leave one of them out is refused."""
     policy = EgressPolicy(parse_mode(egress), allow_entries(egress_allow))
     if environ is not None:
-        check_agent_hosts(policy, environ, agents)
+        try:
+            check_agent_hosts(policy, environ, agents)
+        except EgressError as exc:
+            if exc.names:  # the first entry, as given, that takes an agent's host off
+                exc.entry = next((index for index, entry in enumerate(given_entries(egress_allow))
+                                  if normalize_pattern(entry) in exc.names), None)
+            raise
     return policy
 
 
@@ -259,7 +282,8 @@ def check_agent_hosts(policy: EgressPolicy, environ: Mapping[str, str], agents: 
     if taken_off:
         raise EgressError(f"egress_allow takes the agent's own API host off the list ({', '.join(taken_off)}): "
                           f"remove {', '.join('-' + host for host in taken_off)} from egress_allow, or use egress: "
-                          "none for a box with no network at all")
+                          "none for a box with no network at all", "egress_allow",
+                          names=tuple(f"-{host}" for host in taken_off))
     if missing:
         hosts = ", ".join(sorted(missing))
         whys = "; ".join(f"{host}: {why}" for host, why in sorted(missing.items()))

@@ -15,7 +15,7 @@ from ..access import _screen
 from ..access._access import answer_include, include_hint, include_present, ssh_command
 from ..box import _box, _rollback
 from ..core import _journal, _naming, _preflight
-from ..egress._egress_policy import EgressError, EgressPolicy, normalize_pattern, parse_policy
+from ..egress._egress_policy import EgressError, EgressPolicy, parse_policy
 from ..git import _git, _gitlayer, _seed
 from ..providers import _registry
 from ..providers._module import PROVIDER_ARGUMENT_SPEC, provider_from_params
@@ -68,7 +68,7 @@ def _egress(params: dict[str, Any], workspace: str, provider: Any, warnings: lis
     try:
         policy = parse_policy(values.get("egress"), values.get("egress_allow"), environ=os.environ)
     except EgressError as exc:
-        raise EgressError(f"{_file_line(project, from_file, values, str(exc))}{exc}") from None
+        raise EgressError(f"{_file_line(project, from_file, exc)}{exc}", exc.setting, exc.entry, exc.names) from None
     if not given and not provider.holds_egress:
         # The file is the project's, whichever provider a box goes to: told, not refused (the option is).
         warnings.append(f"{project['path']} sets {' and '.join(from_file)}, which only boxes on this machine's box "
@@ -78,23 +78,19 @@ def _egress(params: dict[str, Any], workspace: str, provider: Any, warnings: lis
     return policy
 
 
-def _file_line(project: dict[str, Any], from_file: list[str], values: dict[str, Any], message: str) -> str:
-    """'<agentbox.yaml>:<line>: ' of what the file gave that parse_policy refused with `message` ('' when a
-    create option is at fault)."""
-    if message.startswith("egress_allow"):
-        if "egress_allow" not in from_file:
-            return ""
-        for index, entry in enumerate(values["egress_allow"] or []):
-            try:
-                normalized = normalize_pattern(entry)
-            except EgressError:
-                return f"{project['path']}:{project['allow_lines'][index]}: "
-            if normalized.startswith("-") and normalized in message:  # it takes an agent's API host off
-                return f"{project['path']}:{project['allow_lines'][index]}: "
-        return f"{project['path']}: "
-    if message.startswith("egress: ") and "is not a policy" in message:
-        return f"{project['path']}:{project['lines']['egress']}: " if "egress" in from_file else ""
-    return f"{project['path']}: " if from_file else ""  # a whole policy: the agents' API hosts
+def _file_line(project: dict[str, Any], from_file: list[str], error: EgressError) -> str:
+    """'<agentbox.yaml>:<line>: ' of the setting the file gave that parse_policy refused ('' when a create
+    option is at fault; the file alone when the policy as a whole is)."""
+    if error.setting is None:
+        return f"{project['path']}: " if from_file else ""
+    if error.setting not in from_file:
+        return ""
+    lines = project["allow_lines"] if error.setting == "egress_allow" else []
+    if error.entry is not None and error.entry < len(lines):
+        return f"{project['path']}:{lines[error.entry]}: "
+    if error.setting == "egress":
+        return f"{project['path']}:{project['lines']['egress']}: "
+    return f"{project['path']}: "
 
 
 def _planned(name: str, workspace: str, image: str, provider: str, engine: str) -> dict:
