@@ -112,40 +112,50 @@ def _ctl() -> ModuleType | None:
     return _ctl_module
 
 
-def check_project_file(workspace: str) -> None:
-    """Validate the workspace's agentbox.yaml with the supervisor's validator; every problem at once."""
+_parsed: dict[tuple[str, int, int, int], Any] = {}  # one parse per file as it is: a create reads it twice
+
+
+def _project_config(workspace: str) -> Any:
+    """The workspace's agentbox.yaml as the supervisor's validator reads it (None: no file, or no validator
+    here); an invalid file raises PreflightError with every problem at once."""
     path = os.path.join(workspace, PROJECT_FILE)
-    if not os.path.isfile(path):
-        return
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
     ctl = _ctl()
-    if ctl is None:
-        return  # the module runs away from the collection's roles: the box's supervisor reports it
-    config: Any
-    config, issues = ctl.load_config_file(path)
+    if ctl is None or not os.path.isfile(path):
+        return None  # away from the collection's roles: the box's supervisor reports the file
+    key = (path, found.st_ino, found.st_size, found.st_mtime_ns)
+    if key not in _parsed:
+        _parsed.clear()
+        _parsed[key] = ctl.load_config_file(path)
+    config, issues = _parsed[key]
     if config is None:
         errors = sum(1 for issue in issues if issue.severity == "error")
         raise PreflightError(
             f"{path} is invalid ({errors} error{'s' if errors != 1 else ''}); fix it (check it with "
             "agentbox-ctl validate) and create the box again:\n" + "\n".join(issue.render(path) for issue in issues)
         )
+    return config
+
+
+def check_project_file(workspace: str) -> None:
+    """Validate the workspace's agentbox.yaml with the supervisor's validator; every problem at once."""
+    _project_config(workspace)
 
 
 def project_egress(workspace: str) -> dict[str, Any]:
     """The egress keys of the workspace's agentbox.yaml, as the supervisor's parser reads them:
     {"egress": word, "egress_allow": [entries], "lines": {key: line}, "allow_lines": [line per entry]},
     only the keys the file has ({} without a file). An invalid file is refused as check_project_file does."""
-    path = os.path.join(workspace, PROJECT_FILE)
-    if not os.path.isfile(path):
+    config = _project_config(workspace)
+    if config is None:
         return {}
-    ctl = _ctl()
-    if ctl is None:
-        return {}  # away from the collection's roles: no validator to read it with (the box's supervisor warns)
-    check_project_file(workspace)
-    config: Any
-    config, _issues = ctl.load_config_file(path)
     found: dict[str, Any] = {key: getattr(config, key) for key in ("egress", "egress_allow") if key in config.egress_lines}
     if found:
-        found.update(lines=dict(config.egress_lines), allow_lines=list(config.egress_allow_lines), path=path)
+        found.update(lines=dict(config.egress_lines), allow_lines=list(config.egress_allow_lines),
+                     path=os.path.join(workspace, PROJECT_FILE))
     return found
 
 
