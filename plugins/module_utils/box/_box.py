@@ -117,10 +117,10 @@ def create_box(provider: Provider, request: CreateRequest) -> Created:
     _preflight.check_workspace_path(workspace)
     name, box_id = resolve_name(request.name, workspace)
     check_name_fits(provider, name)
-    if request.egress is not None and provider.relay_channel != "socket":
-        raise BoxError(f"egress: the egress gateway serves boxes on this machine's engine only, not {provider.name} "
-                       f"on {provider.engine} (yet): create the box without egress and egress_allow",
-                       box=name, operation="create")
+    if request.egress is not None and not provider.holds_egress:
+        raise BoxError(f"egress: the egress gateway holds boxes on this machine's box engine only, not {provider.name} "
+                       f"on {provider.engine} (a remote engine, Daytona, boxd or isolation none): create the box "
+                       "without egress and egress_allow", box=name, operation="create")
     no_screen = _screen.supported(provider) if request.vnc else ""
     if no_screen:
         raise BoxError(f"vnc: {no_screen}: create the box without vnc", box=name, operation="create")

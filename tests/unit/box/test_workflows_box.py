@@ -16,6 +16,7 @@ import pytest
 from ansible_collections.agentbox.box.plugins.module_utils.box import _box
 from ansible_collections.agentbox.box.plugins.module_utils.core import _journal
 from ansible_collections.agentbox.box.plugins.module_utils.core._provider import ProviderError
+from ansible_collections.agentbox.box.plugins.module_utils.egress._egress_policy import EgressPolicy
 from tests.conftest import git, make_repo
 from tests.unit.support.fake_provider import FakeProvider
 
@@ -98,6 +99,18 @@ def test_a_second_create_of_the_name_is_refused_and_the_first_box_kept(fake: Fak
     # The second run reserved agentbox/b1-2 and gave it back; the first box's branch is untouched.
     assert host_state(repo) == state
     assert journals(home) == []
+
+
+def test_an_egress_policy_on_a_provider_that_cannot_hold_it_is_refused_before_anything(
+    fake: FakeProvider, tmp_path: Path, home: Path
+):
+    """Only boxes on this machine's box engine go through the gateway (holds_egress); elsewhere a policy would
+    be a promise the box does not keep: refused, nothing made."""
+    repo = workspace(tmp_path)
+    state = host_state(repo)
+    with pytest.raises(_box.BoxError, match="egress gateway holds boxes on this machine's box engine only, not fake"):
+        _box.create_box(fake, _box.CreateRequest(name="eg", workspace=str(repo), egress=EgressPolicy("none")))
+    assert fake.boxes == {} and host_state(repo) == state and journals(home) == []
 
 
 def test_destroy_brings_the_box_commits_home_then_removes_everything(fake: FakeProvider, tmp_path: Path, home: Path):

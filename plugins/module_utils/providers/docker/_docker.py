@@ -441,11 +441,8 @@ class DockerProvider(Provider):
                 self._check_egress_network(engine, name)
 
     def _check_egress_network(self, engine: EngineAPI | SDKEngine, name: str) -> None:
-        """A box with an egress policy goes only on the box engine's egress network (docs/egress.md)."""
-        if self._engine != "local" or self.isolation == "none":
-            raise ProviderError("an egress policy holds a box to the host's gateway on the local box engine only: "
-                                "create it without egress, or on the local engine without isolation=none",
-                                box=name, operation="create")
+        """A box with an egress policy goes only on the box engine's egress network (docs/egress.md); which
+        boxes can is `holds_egress`, checked by the create before this."""
         problem = _box_engine.egress_network_problem(engine.inspect_network(_box_engine.EGRESS_NETWORK))
         if problem:
             raise ProviderError(f"cannot hold the box's network to the egress gateway: {problem}", box=name,
