@@ -67,10 +67,8 @@ def claim(provider: Provider, spec: BoxSpec, journal: _journal.Journal, fingerpr
             if item["state"] != "paused":
                 continue
             journal.write(pool_claim=item["container"])  # a claim killed from here on is undone by the refill
-            if store.claim(item, spec) is not None:
-                facts = provider.find(spec.name)
-                if facts is None:
-                    raise ProviderError(f"the claimed box {item['container']} went away", box=spec.name)
+            facts = store.claim(item, spec)
+            if facts is not None:
                 return facts, f"claimed {item['container']}"
     except ProviderError as exc:
         return None, "made, not claimed: " + " ".join(str(exc).split())[:300]

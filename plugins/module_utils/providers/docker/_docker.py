@@ -687,7 +687,7 @@ class DockerProvider(Provider):
         """The engine side of the warm pool: pooled containers on this engine (_pool_containers)."""
         from ._pool_containers import PoolContainers  # lazy: only the pool needs it
 
-        return PoolContainers(self._calls, self._engine)
+        return PoolContainers(self._calls, self._engine, self._facts_of)
 
     def image_exists(self, image: str) -> bool:
         with self._calling("", "image lookup") as engine:

@@ -38,6 +38,14 @@ def create_layers(engine: Any, box: str, box_id: str, labels: dict[str, str], pa
 
     On failure the views and volumes made so far are removed before the error goes on.
     """
+    return {overlay: path for overlay, (path, _options) in make_layers(engine, box, box_id, labels, paths,
+                                                                      box_root).items()}
+
+
+def make_layers(engine: Any, box: str, box_id: str, labels: dict[str, str], paths: list[str],
+                box_root: tuple[int, int] = (0, 0)) -> dict[str, tuple[str, dict[str, str]]]:
+    """create_layers, with each overlay's mount options: {overlay volume: (host .git path, {lowerdir, upperdir,
+    workdir})}, for a caller that mounts the overlay itself (a claimed pooled box: docs/pool.md)."""
     for path in paths:
         if any(char in path for char in ",:\n"):
             raise ProviderError(
@@ -46,7 +54,7 @@ def create_layers(engine: Any, box: str, box_id: str, labels: dict[str, str], pa
                 operation="create",
             )
     made: list[str] = []
-    mounts: dict[str, str] = {}
+    mounts: dict[str, tuple[str, dict[str, str]]] = {}
     tagged = {**labels, label("kind"): KIND}
     owner = (box_root[0] + BOX_UID, box_root[1] + BOX_UID)
     os.makedirs(views_dir(), mode=0o711, exist_ok=True)
@@ -59,11 +67,12 @@ def create_layers(engine: Any, box: str, box_id: str, labels: dict[str, str], pa
             made.append(upper_name)
             work = engine.create_volume(work_name, tagged)
             made.append(work_name)
-            options = f"lowerdir={view},upperdir={upper['Mountpoint']},workdir={work['Mountpoint']}"
+            dirs = {"lowerdir": view, "upperdir": upper["Mountpoint"], "workdir": work["Mountpoint"]}
+            options = ",".join(f"{key}={value}" for key, value in dirs.items())
             engine.create_volume(overlay, {**tagged, label("gitdir"): path}, "local",
                                  {"type": "overlay", "device": "overlay", "o": options})
             made.insert(0, overlay)
-            mounts[overlay] = path
+            mounts[overlay] = (path, dirs)
     except BaseException:
         _remove(engine, made)
         remove_views(box, box_id)

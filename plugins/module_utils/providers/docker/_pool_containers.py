@@ -14,11 +14,11 @@ from collections.abc import Callable
 from typing import Any
 
 from ...core._naming import container_name, docker_volume_name, label, strip_labels
-from ...core._provider import BoxSpec, ProviderError
+from ...core._provider import BoxFacts, BoxSpec, ProviderError
 from . import _box_engine, _box_mounts, _claimed
 from ._engine_api import EngineAPI, EngineAPIError, EngineUnanswered
 from ._engine_sdk import SDKEngine
-from ._gitlayer_volumes import create_layers, remove_layers
+from ._gitlayer_volumes import make_layers, remove_layers
 
 # Run as root in a pooled box at its claim: the mount points of what the claim attaches, and whether the
 # pooled box still holds the state its boot left (a box whose dockerd was killed is damaged: not claimed).
@@ -30,9 +30,11 @@ pid=$(cat /var/run/docker.pid 2>/dev/null)
 
 
 class PoolContainers:
-    def __init__(self, calls: Callable[[], EngineAPI | SDKEngine], engine: str):
+    def __init__(self, calls: Callable[[], EngineAPI | SDKEngine], engine: str,
+                 facts: Callable[[dict[str, Any]], BoxFacts]):
         self._calls = calls
         self.engine = engine
+        self._facts = facts  # a box's facts from its inspect attributes (the provider's reading)
 
     def _engine(self) -> EngineAPI | SDKEngine:
         return self._calls()
@@ -119,11 +121,11 @@ class PoolContainers:
             return _box_mounts.problem()
         return ""
 
-    def claim(self, item: dict[str, Any], spec: BoxSpec) -> dict[str, Any] | None:
+    def claim(self, item: dict[str, Any], spec: BoxSpec) -> BoxFacts | None:
         """Make the paused pooled box `item` the box `spec` describes: its git layers made as a create makes
         them, its claim record written (_claimed), then the take (unpause, rename: one caller wins), then the
-        layers' overlays and the binds put into the running box (_box_mounts). The box's inspect attributes,
-        read as a box; None when another caller took it first. On any failure what the claim made goes (the
+        layers' overlays and the binds put into the running box (_box_mounts). The box's facts; None when
+        another caller took it first. On any failure what the claim made goes (the
         pooled box too, once taken: never a half box) and ProviderError says why."""
         engine = self._engine()
         cname = container_name(spec.name)
@@ -132,11 +134,9 @@ class PoolContainers:
             mounts = []
             if spec.bind_paths:
                 root = _box_engine.remapped_ids(str(engine.info().get("DockerRootDir", ""))) or (0, 0)
-                layers = create_layers(engine, spec.name, spec.box_id, spec.labels, spec.bind_paths, root)
-                for overlay, path in layers.items():
-                    options = ((engine.inspect_volume(overlay) or {}).get("Options") or {}).get("o", "")
-                    parts = dict(part.partition("=")[::2] for part in options.split(","))
-                    mounts.append(_box_mounts.overlay(parts["lowerdir"], parts["upperdir"], parts["workdir"], path))
+                layers = make_layers(engine, spec.name, spec.box_id, spec.labels, spec.bind_paths, root)
+                for path, dirs in layers.values():
+                    mounts.append(_box_mounts.overlay(dirs["lowerdir"], dirs["upperdir"], dirs["workdir"], path))
             mounts += [_box_mounts.bind(host, inside) for host, inside in spec.mounts.items()]
             _claimed.write_record(engine, spec.name, spec.labels, item["engine_id"], item["container"], mounts)
             recorded = True
@@ -151,7 +151,7 @@ class PoolContainers:
                                     f"{err.decode('utf-8', 'replace').strip()[:300]}", box=spec.name)
             attrs = engine.inspect_container(cname) or {}
             _claimed.attach(engine, attrs, mounts)
-            return _claimed.as_box(engine, attrs)
+            return self._facts(_claimed.as_box(engine, attrs))
         except BaseException as exc:
             with contextlib.suppress(Exception):
                 self._undo(engine, spec, item["container"] if taken else "", recorded)
