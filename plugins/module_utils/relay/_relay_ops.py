@@ -121,16 +121,17 @@ def _own_branch(facts: BoxFacts) -> str:
     return facts.branch
 
 
-def _remotes(repo: str) -> list[str]:
-    return _git.git_out(repo, "remote").split()
+def missing_remote(repo: str, remote: str) -> str | None:
+    """Why `remote` cannot be pushed to or fetched from in the host repository `repo` (None: it is there)."""
+    remotes = _git.git_out(repo, "remote").split()
+    if remote in remotes:
+        return None
+    return f"the host repository {repo} has no remote {remote!r} (its remotes: {', '.join(remotes) or 'none'})"
 
 
 def _check_remote(repo: str, remote: str) -> Outcome | None:
-    remotes = _remotes(repo)
-    if remote in remotes:
-        return None
-    listed = ", ".join(remotes) or "none"
-    return Outcome(2, stderr=f"the host repository {repo} has no remote {remote!r} (its remotes: {listed})")
+    missing = missing_remote(repo, remote)
+    return None if missing is None else Outcome(2, stderr=missing)
 
 
 @dataclasses.dataclass

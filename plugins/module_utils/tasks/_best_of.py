@@ -220,8 +220,7 @@ def _check_push(params: dict[str, Any], workspace: str) -> None:
     """push/pr: refused before any box when they cannot happen (no adopt, no such remote, no gh)."""
     if not (params["push"] or params["pr"]):
         return
-    from ..git import _git
-    from ..relay import _relay_protocol
+    from ..relay import _relay_ops, _relay_protocol
 
     if not params["adopt"]:
         raise ValueError("push (and pr) send the adopted run's branch: add -e adopt=auto (or adopt=RUN)")
@@ -229,10 +228,9 @@ def _check_push(params: dict[str, Any], workspace: str) -> None:
         _relay_protocol.check_remote(params["remote"])
     except _relay_protocol.RequestError as exc:
         raise ValueError(str(exc)) from exc
-    remotes = _git.git(workspace, "remote", check=False).stdout.decode("utf-8", "replace").split()
-    if params["remote"] not in remotes:
-        raise ValueError(f"the workspace has no remote {params['remote']!r} to push to (its remotes: "
-                         f"{', '.join(remotes) or 'none'}): add it (git remote add) or pass -e remote=NAME")  # fmt: skip
+    missing = _relay_ops.missing_remote(workspace, params["remote"])
+    if missing:
+        raise ValueError(f"{missing}: add it (git remote add) or pass -e remote=NAME")
     if params["pr"] and shutil.which("gh") is None:
         raise ValueError("pr opens the pull request with GitHub's gh CLI, which is not installed on this machine: "
                          "install it and sign in (gh auth login), or use -e push=true alone")  # fmt: skip

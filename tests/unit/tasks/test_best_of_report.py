@@ -149,7 +149,7 @@ def test_the_module_refuses_bad_input_before_any_box(tmp_path: Path, monkeypatch
         ({"task_file": str(tmp_path / "missing.txt"), "check": "true"}, "cannot read task_file"),
         ({"task": "t", "check": "true", "engines": ["h1"]}, "add -e provider=docker_ssh"),
         ({"task": "t", "check": "true", "push": True}, "push (and pr) send the adopted run's branch"),
-        ({"task": "t", "check": "true", "adopt": "auto", "push": True}, "has no remote 'origin' to push to"),
+        ({"task": "t", "check": "true", "adopt": "auto", "push": True}, "has no remote 'origin' (its remotes: none): add it (git remote add)"),
         ({"task": "t", "check": "true", "adopt": "auto", "push": True, "remote": "--upload-pack=x"},
          "is not a remote name"),
         # A relative program is looked for in the workspace (after the line's own cd), on the host.
