@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from ..core import _host_files, _journal, _naming, _sizes
-from ..core._boot import BOOT_COMMAND
+from ..core._boot import BOOT_COMMAND, boot_box_then
 from ..core._provider import BoxSpec, Provider, ProviderError
 
 DEFAULT_TTL_MINUTES = 60
@@ -239,10 +239,14 @@ def make_pooled(provider: Provider, key: str, image: str, checkpoint: str | None
     facts = provider.create(spec)
     try:
         # Without the supervisor: a claim's boot starts it on the box's workspace and its agentbox.yaml.
-        provider.exec(name, ["sh", "-c", f"{BOOT_COMMAND} --no-supervisor"], user="root",
-                      what=f"output of {BOOT_COMMAND}").check("the in-box start sequence (agentbox-boot)", name)
-        run = provider.exec(name, ["sh", "-c", 'cat "$0" 2>/dev/null || cat "$1"', *MEMORY_FILES], user="root")
-        memory = int(run.stdout.decode().strip() or 0) if run.rc == 0 else 0
+        # The memory it holds booted is read in the same exec (the pool's max_memory is judged by it).
+        read = " || ".join(f"cat {path} 2>/dev/null" for path in MEMORY_FILES)
+        summary, output = boot_box_then(provider, name, after=f'echo "memory=$({read})"', flags="--no-supervisor")
+        if summary is None:
+            raise ProviderError(f"image {image} has no {BOOT_COMMAND}: a pooled box is booted before its claim",
+                                box=name, operation="pool")
+        found = [line[len("memory="):] for line in output.splitlines() if line.startswith("memory=")]
+        memory = int(found[-1]) if found and found[-1].isdigit() else 0
         provider.pause(name)
     except BaseException:
         provider.pool_store().remove(facts.container, name)  # type: ignore[attr-defined]

@@ -20,10 +20,11 @@ def boot_box(provider: Provider, name: str) -> dict[str, Any] | None:
     return boot_box_then(provider, name)[0]
 
 
-def boot_box_then(provider: Provider, name: str, after: str = "") -> tuple[dict[str, Any] | None, str]:
+def boot_box_then(provider: Provider, name: str, after: str = "", flags: str = "") -> tuple[dict[str, Any] | None, str]:
     """boot_box, then `after` (root shell lines that never fail the boot and say how they went on stdout)
-    in the same exec, one exec less: (the boot's summary, the exec's stdout)."""
-    script = f"command -v {BOOT_COMMAND} >/dev/null 2>&1 || exit 3\n{BOOT_COMMAND}; rc=$?\n{after}\nexit $rc"
+    in the same exec, one exec less: (the boot's summary, the exec's stdout). `flags`: the boot's own
+    (--no-supervisor: a pooled box, whose supervisor starts at its claim)."""
+    script = f"command -v {BOOT_COMMAND} >/dev/null 2>&1 || exit 3\n{BOOT_COMMAND} {flags}; rc=$?\n{after}\nexit $rc"
     run = provider.exec(name, ["sh", "-c", script], user="root", what=f"output of {BOOT_COMMAND}")
     output = run.stdout.decode("utf-8", "replace")
     if run.rc == 3:

@@ -61,6 +61,8 @@ def test_pool_yml_fills_paused_boxes_that_users_never_see(tmp_path: Path, client
         assert made["changed"] and len(made["refill"]["made"]) == 2
         boxes = pooled(client, path)
         assert len(boxes) == 2
+        # What a booted pooled box holds, read in its boot's exec: max_memory is judged by it.
+        assert json.loads(Path(path).read_text())["pools"][made["key"]]["box_memory"] > 16 * 2**20
         for box in boxes:
             assert box.status == "paused"
             assert box.labels["io.agentbox.kind"] == "pool" and box.labels["io.agentbox.pool"] == made["key"]
