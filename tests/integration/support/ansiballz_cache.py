@@ -100,8 +100,8 @@ def wrap(module_common: Any, directory: str) -> None:
             return original(name, module_fqn, module_data, zf, date_time, extension_manager)
         origin = module_common.Origin.get_tag(module_data)
         where = origin.path if origin is not None and origin.path else "-"  # an installed copy is its own entry
-        key = hashlib.sha256(b"\0".join([version.encode(), module_fqn.encode(), where.encode(),
-                                          as_bytes(module_data)])).hexdigest()
+        parts = [version.encode(), module_fqn.encode(), where.encode(), as_bytes(module_data)]
+        key = hashlib.sha256(b"\0".join(parts)).hexdigest()
         path = os.path.join(directory, key + ".pickle")
         entry = load(path)
         if entry is not None:

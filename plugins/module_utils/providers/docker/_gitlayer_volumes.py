@@ -38,8 +38,8 @@ def create_layers(engine: Any, box: str, box_id: str, labels: dict[str, str], pa
 
     On failure the views and volumes made so far are removed before the error goes on.
     """
-    return {overlay: path for overlay, (path, _options) in make_layers(engine, box, box_id, labels, paths,
-                                                                      box_root).items()}
+    layers = make_layers(engine, box, box_id, labels, paths, box_root)
+    return {overlay: path for overlay, (path, _options) in layers.items()}
 
 
 def make_layers(engine: Any, box: str, box_id: str, labels: dict[str, str], paths: list[str],
