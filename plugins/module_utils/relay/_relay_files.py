@@ -56,9 +56,20 @@ class StagedCopy:
     exists: bool  # the host file is there now (out: replacing it asks the user)
     reasons: list[str] = dataclasses.field(default_factory=list)
 
+    wakes_box = True  # an answer given hours later: the box runs again before the copy
+
     @property
     def reason(self) -> str | None:
         return "; ".join(self.reasons) or None
+
+    def approval(self, request: Request, own_branch: str) -> str | None:
+        """Why the user must approve it (None: the box may copy alone)."""
+        return self.reason
+
+    def run(self, provider: Provider, facts: BoxFacts, request: Request, bundles: object, approved: bool) -> Outcome:
+        """The copy; an approved one may replace the file it named (`bundles` carries a push's commits only)."""
+        del bundles
+        return carry_out(provider, facts, request, self, approved and self.exists)
 
 
 def _workspace(facts: BoxFacts) -> str:

@@ -26,7 +26,7 @@ from ..git import _git, _gitlayer
 from ..providers._registry import get_provider
 from ._relay_policy import DEFAULT_CI_PATHS, ci_files, policy_path
 from ._relay_policy import load as load_policy
-from ._relay_protocol import Request
+from ._relay_protocol import Request, approval_reason
 
 if TYPE_CHECKING:  # imported when a push needs it
     from ..git._ship import BundleSource
@@ -143,6 +143,16 @@ class StagedPush:
     tip: str  # "" for a delete
     notes: str = ""
     ci: list[str] = dataclasses.field(default_factory=list)
+    wakes_box = False  # its second half needs nothing more of the box
+
+    def approval(self, request: Request, own_branch: str) -> str | None:
+        """Why the user must approve it (None: the box may push alone)."""
+        return approval_reason(request, own_branch, self.ci)
+
+    def run(self, provider: Provider, facts: BoxFacts, request: Request, bundles: BundleSource | None,
+            approved: bool) -> Outcome:
+        """The second half: exactly `tip`, whatever the box did meanwhile."""
+        return carry_out(provider, facts, request, bundles, self)
 
 
 def stage_push(provider: Provider, facts: BoxFacts, request: Request, bundles: BundleSource | None = None,

@@ -408,23 +408,19 @@ class Relay:
             decision = "allowed"
             lock = self.box_locks.setdefault(box_id, asyncio.Lock())
             staged: Any = None
-            if request.operation == "git.push":
-                # The push's first half: the box's commits into the host repository (its own branch only), so
-                # the policy sees what the push carries (CI configuration) before anything reaches the remote.
+            if request.operation in STAGED:
+                # The request's first half, before the policy decides: a push's commits into the host repository
+                # (its own branch only), so the policy sees what it carries (CI configuration) before anything
+                # reaches the remote; a copy's host path checked (where, and what the user must approve).
                 async with lock:
-                    staged = await asyncio.to_thread(_relay_ops.stage, provider, facts, request,
-                                                     bundles if request.bundles else None, self.ci_patterns())
-            elif request.operation == "file.cp":  # the host path checked: where, and what the user must approve
-                staged = await asyncio.to_thread(_relay_files.stage, facts, request)
+                    staged = await asyncio.to_thread(STAGED[request.operation], self, provider, facts, request,
+                                                     bundles if request.bundles else None)
             if isinstance(staged, _relay_ops.Outcome):
                 self._audit(entry, decision, staged.summary())
                 await send({"type": "result", "rc": staged.rc, "stdout": staged.stdout, "stderr": staged.stderr,
                             "data": staged.data})
                 return
-            if isinstance(staged, _relay_files.StagedCopy):
-                reason = staged.reason
-            else:
-                reason = approval_reason(request, facts.branch, staged.ci if staged else ())
+            reason = staged.approval(request, facts.branch) if staged else approval_reason(request, facts.branch)
             if reason:
                 entry["reason"] = reason
                 decision = await self._ask_user(registration, request, reason, send, hangup, entry)
@@ -437,17 +433,17 @@ class Relay:
                     self._audit(entry, decision, {"rc": 1})
                     await send(_error(message, rc=1))
                     return
-                if request.operation != "git.push":  # a staged push needs nothing more of the box
+                if staged is None or staged.wakes_box:  # a staged push needs nothing more of the box
                     # The answer may have come hours later: a box paused or stopped meanwhile runs again first.
                     facts = await asyncio.to_thread(_relay_ops.wake, provider, facts)
             started = time.monotonic()
+            channel = bundles if request.bundles else None
             async with lock:
-                if isinstance(staged, _relay_files.StagedCopy):  # approved: it may replace the file it named
-                    outcome = await asyncio.to_thread(_relay_files.carry_out, provider, facts, request, staged,
-                                                      decision == "approved" and staged.exists)
+                if staged is not None:
+                    outcome = await asyncio.to_thread(staged.run, provider, facts, request, channel,
+                                                      decision == "approved")
                 else:
-                    outcome = await asyncio.to_thread(_relay_ops.carry_out, provider, facts, request,
-                                                      bundles if request.bundles else None, staged)
+                    outcome = await asyncio.to_thread(_relay_ops.carry_out, provider, facts, request, channel)
             entry["seconds"] = round(time.monotonic() - started, 3)
             self._audit(entry, decision, outcome.summary())
             if request.operation == "open":
@@ -746,3 +742,16 @@ async def serve() -> int:
         LOG.info("relay %d stopped", os.getpid())
         os.close(lock)
     return 0
+
+
+def _stage_push(relay: Relay, provider: Any, facts: Any, request: Any, bundles: Any) -> Any:
+    return _relay_ops.stage(provider, facts, request, bundles, relay.ci_patterns())
+
+
+def _stage_copy(relay: Relay, provider: Any, facts: Any, request: Any, bundles: Any) -> Any:
+    return _relay_files.stage(facts, request)
+
+
+# Requests with a first half done before the policy decides; what they stage says why the user must approve
+# (`approval`), whether the box must run again after a late answer (`wakes_box`), and does the rest (`run`).
+STAGED: dict[str, Callable[..., Any]] = {"git.push": _stage_push, "file.cp": _stage_copy}
