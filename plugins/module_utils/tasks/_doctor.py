@@ -338,30 +338,31 @@ def cloud_checks(image: str = DEFAULT_IMAGE) -> list[Check]:
     """Daytona and boxd, each only when its credentials are configured (in the environment)."""
     checks = []
     for name, keys in CLOUD_KEYS.items():
-        if not any(os.environ.get(key) for key in keys):
-            continue
-
-        state: dict[str, Provider] = {}
-
-        def answers(name: str = name, state: dict[str, Provider] = state) -> tuple[str, str, str]:
-            provider = get_provider(name, **cloud_settings(name, lambda _setting: None))
-            boxes = provider.list_boxes()
-            state["provider"] = provider
-            return OK, f"{provider.engine} answers ({len(boxes)} boxes)", ""
-
-        checks.append(run_check(name, "API answers", answers))
-        if "provider" not in state:
-            checks.append(Check(name, "box image", FAIL, "cannot run: the API does not answer (see above)"))
-            continue
-
-        def cloud_image(name: str = name, provider: Provider = state["provider"]) -> tuple[str, str, str]:
-            if provider.image_exists(image):
-                return OK, f"{image} is there", ""
-            return (FAIL, f"{image} is not there: a create on {name} is refused",
-                    f"make it there (docs/providers/{name}.md), or name one that is with -e image=REF")
-
-        checks.append(run_check(name, "box image", cloud_image))
+        if any(os.environ.get(key) for key in keys):
+            checks += _cloud(name, image)
     return checks
+
+
+def _cloud(name: str, image: str) -> list[Check]:
+    made: list[Provider] = []
+
+    def answers() -> tuple[str, str, str]:
+        provider = get_provider(name, **cloud_settings(name, lambda _setting: None))
+        boxes = provider.list_boxes()
+        made.append(provider)
+        return OK, f"{provider.engine} answers ({len(boxes)} boxes)", ""
+
+    checks = [run_check(name, "API answers", answers)]
+    if not made:
+        return [*checks, Check(name, "box image", FAIL, "cannot run: the API does not answer (see above)")]
+
+    def cloud_image() -> tuple[str, str, str]:
+        if made[0].image_exists(image):
+            return OK, f"{image} is there", ""
+        return (FAIL, f"{image} is not there: a create on {name} is refused",
+                f"make it there (docs/providers/{name}.md), or name one that is with -e image=REF")
+
+    return [*checks, run_check(name, "box image", cloud_image)]
 
 
 def run_all(engines: list[dict[str, Any]], image: str = DEFAULT_IMAGE, agents: list[str] | None = None,
