@@ -1,8 +1,9 @@
 """`agentbox-ctl init`, the set-up wizard in the box, run here from the checkout as the box runs it
 (`python3 -I agentbox-ctl`): the same inspection and file as init.yml's module (the host's own
 module_utils/project, imported as agentbox_project), an existing file kept unless --force, --dry-run and
---diff writing nothing, a workspace it cannot classify getting the minimal file and what to fill in, and an
-image without the wizard's code saying to rebuild it. tests/integration/inbox/test_ctl_init_in_box.py runs it
+--diff writing nothing, a workspace it cannot classify getting the minimal file and what to fill in, an
+image without the wizard's code saying to rebuild it, and the box_image role handing the image's build that code
+(module_utils/project as agentbox_project, byte for byte). tests/integration/inbox/test_ctl_init_in_box.py runs it
 in a real box."""
 
 from __future__ import annotations
@@ -13,8 +14,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+from ansible.template import trust_as_template
+
 from ansible_collections.agentbox.box.plugins.module_utils.tasks._init_task import run_init_task
 from tests.conftest import REPO
+from tests.unit.support.templating import render
 
 FILES = REPO / "roles" / "inbox_supervisor" / "files"
 PROJECT = REPO / "plugins" / "module_utils" / "project"
@@ -98,7 +103,27 @@ def test_an_image_without_the_wizards_code_says_to_rebuild_it(tmp_path: Path) ->
     done = ctl("init", "--workspace", str(root), ctl_path=lib / "agentbox-ctl")
     assert done.returncode == 1 and not (root / "agentbox.yaml").exists()
     assert f"is not in {lib}/agentbox_project" in done.stderr and "playbooks/build_image.yml" in done.stderr
-    # Installed as the image installs it (agentbox_project beside agentbox_inbox), it runs.
-    shutil.copytree(PROJECT, lib / "agentbox_project", ignore=shutil.ignore_patterns("__pycache__"))
+    # Laid out from the libraries the box_image role hands the image's build (to /usr/local/lib/agentbox), it runs.
+    for path, text in image_libraries().items():
+        (lib / path).parent.mkdir(exist_ok=True)
+        (lib / path).write_text(text, encoding="utf-8")
     done = ctl("init", "--workspace", str(root), ctl_path=lib / "agentbox-ctl")
     assert done.returncode == 0 and (root / "agentbox.yaml").is_file(), done.stderr
+
+
+def image_libraries() -> dict[str, str]:
+    """The `libraries` the box_image role passes to agentbox_image, rendered by Ansible's templating."""
+    tasks = yaml.safe_load((REPO / "roles" / "box_image" / "tasks" / "main.yml").read_text(encoding="utf-8"))
+    task = next(t for t in tasks if "libraries" in t.get("agentbox.box.agentbox_image", {}))
+    variables: dict[str, object] = {name: trust_as_template(value) for name, value in task["vars"].items()
+                                    if name.startswith(("_box_image_librar", "_box_image_project"))}  # fmt: skip
+    variables["role_path"] = str(REPO / "roles" / "box_image")
+    return render(task["agentbox.box.agentbox_image"]["libraries"], variables)
+
+
+def test_the_image_ships_the_hosts_project_code_beside_agentbox_inbox() -> None:
+    libraries = image_libraries()
+    project = {f"agentbox_project/{path.name}": path.read_text(encoding="utf-8") for path in PROJECT.glob("*.py")}
+    assert {"agentbox_project/_project_scan.py", "agentbox_project/_project_plan.py"} <= set(project)
+    assert {path: text for path, text in libraries.items() if path.startswith("agentbox_project/")} == project
+    assert libraries["agentbox_inbox/wizard.py"] == (FILES / "agentbox_inbox" / "wizard.py").read_text(encoding="utf-8")
