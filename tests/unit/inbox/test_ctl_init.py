@@ -9,7 +9,9 @@ in a real box."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -80,6 +82,12 @@ def test_an_existing_file_is_kept_unless_forced_and_dry_run_writes_nothing(tmp_p
     assert forced.returncode == 0 and "+  web:\n" in forced.stdout and "wrote " in forced.stdout
     assert "flask --app app:app run" in (root / "agentbox.yaml").read_text()
     assert [path.name for path in root.iterdir() if path.name.startswith(".agentbox")] == []  # no temporary left
+    # A pipe (or a link to nowhere) in its place is there too: kept, and never opened (a pipe would block).
+    piped = project(tmp_path / "piped", PYTHON_APP)
+    os.mkfifo(piped / "agentbox.yaml")
+    kept = ctl("init", "--workspace", str(piped))
+    assert kept.returncode == 1 and "agentbox.yaml exists; nothing written" in kept.stderr
+    assert stat.S_ISFIFO((piped / "agentbox.yaml").lstat().st_mode)
 
 
 def test_a_workspace_it_cannot_classify_gets_the_minimal_file_and_what_to_fill_in(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from .common import DEFAULT_CONFIG, EXIT_FAILED, EXIT_OK
 from .config import parse_config
 
 PROJECT_PACKAGE = "agentbox_project"
+READ_LIMIT = 4 << 20  # of an existing agentbox.yaml, compared with the new text (a few KiB)
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # Where the project code is: beside this package (the image, the role), else in the checkout holding it.
 PROJECT_DIRS = (
@@ -70,11 +71,13 @@ def _fail(message: str) -> int:
 def _read(path: str) -> str | None:
     if not os.path.lexists(path):
         return None
+    if not os.path.isfile(path):
+        return ""  # a link to nowhere, a directory, a pipe: there, and not ours to replace without --force
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
-            return handle.read()
+            return handle.read(READ_LIMIT)
     except OSError:
-        return ""  # a dangling link or an unreadable file: there, and not ours to replace without --force
+        return ""
 
 
 def _write(path: str, text: str) -> None:
