@@ -9,13 +9,14 @@ module: agentbox_doctor
 short_description: Check every configured engine and provider, one line per check with the fix
 version_added: 0.1.0
 description:
-  - Reads, never changes. On this machine, the docker CLI, the box engine (answers, remaps user namespaces),
-    the box image on it, the user's own engine, the unisolated boxes, the relay, the keys for C(ssh) into boxes and
-    each agent's sign-in.
+  - Reads, never changes. On this machine, the docker, git and ssh programs, the box engine (answers, remaps user
+    namespaces), the box image on it, the user's own engine, the unisolated boxes, the relay and the egress gateway
+    it runs, the keys for C(ssh) into boxes and each agent's sign-in (present, readable, and not expired where the
+    sign-in file records an expiry and holds no refresh token).
   - On each remote engine of O(engines), that SSH answers, Docker answers, its boxes are isolated (a box engine
     there, see M(agentbox.box.agentbox_engine)), the box image is there, and its unisolated boxes.
   - Daytona and boxd, each only when its API key (C(DAYTONA_API_KEY); C(BOXD_API_KEY) or C(BOXD_TOKEN)) is set,
-    that the API answers.
+    that the API answers and the box image (O(image)) is there.
   - Each check is V(ok), V(WARN) (works, worth knowing) or V(FAIL) (with the fix). A check that cannot run says
     why and what to install. The task itself fails only on bad options; C(playbooks/doctor.yml) fails when a
     check does.

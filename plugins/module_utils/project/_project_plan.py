@@ -127,10 +127,11 @@ def _unit_lines(unit: Unit, service: bool) -> list[str]:
 
 
 _HEADER = [
-    "agentbox.yaml: what every box of this project installs and runs. Written by playbooks/init.yml;",
-    "edit it freely and commit it. Each box's supervisor (agentbox-ctl) reads it at start: tasks run in",
-    "the order `needs` gives, services are started, checked and restarted. Every key: docs/agentbox-yaml.md;",
-    "check a change with `agentbox-ctl validate` in a box.",
+    "agentbox.yaml: what every box of this project installs and runs. Written by the set-up wizard",
+    "(playbooks/init.yml, or agentbox-ctl init in a box); edit it freely and commit it. Each box's",
+    "supervisor (agentbox-ctl) reads it at start: tasks run in the order `needs` gives, services are",
+    "started, checked and restarted. Every key: docs/agentbox-yaml.md; check a change with",
+    "`agentbox-ctl validate` in a box.",
 ]
 
 _UNCLASSIFIED = [

@@ -589,7 +589,7 @@ class Relay:
         name = command.get("cmd")
         if name == "status":
             return {"ok": True, "pid": os.getpid(), "started": self.started, "boxes": len(self.servers),
-                    "pending": len(self.pending)}
+                    "pending": len(self.pending), "gateway": sorted(self.gateway.boxes)}  # doctor.yml compares it
         if name == "list":
             self.expire_pending()
             waiting = [p for p in self.pending.values() if not p.decision.done()]

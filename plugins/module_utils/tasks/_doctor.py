@@ -12,9 +12,14 @@ Note that this module_utils is PRIVATE to the collection: it can change at any t
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
+import datetime
+import json
 import os
 import shutil
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +36,13 @@ INSTALL_HINT = ("install the collection's Python requirements on this machine (s
                 "pip install -r requirements.txt)")
 # A cloud provider is configured when one of these is set (its API key; boxd also takes a token).
 CLOUD_KEYS = {"daytona": ("DAYTONA_API_KEY",), "boxd": ("BOXD_API_KEY", "BOXD_TOKEN")}
+# Programs this machine runs for boxes: (program, what needs it, the Debian package that has it).
+LOCAL_PROGRAMS = (
+    ("docker", "ssh agentbox-<box> and attach run it", "docker.io"),
+    ("git", "every create reads the workspace's repository with it", "git"),
+    ("ssh", "ssh agentbox-<box>, attach and scp/rsync into boxes run it", "openssh-client"),
+)
+RELAY_FIX = "ansible-playbook playbooks/relay.yml (a create starts it too)"
 
 
 @dataclasses.dataclass
@@ -85,8 +97,9 @@ def local_checks(image: str, agents: list[str]) -> list[Check]:
     box_engine = _box_engine.box_engine_host()
     user_engine = _box_engine.user_engine_host()
     checks = [
-        run_check(here, "docker CLI", lambda: (OK, shutil.which("docker") or "", "") if shutil.which("docker") else
-                  (FAIL, "not on PATH (ssh agentbox-<box> and attach run it)", "apt-get install docker.io")),
+        run_check(here, f"{program} CLI", lambda program=program, why=why, package=package:
+                  program_on_path(program, why, package))
+        for program, why, package in LOCAL_PROGRAMS
     ]
 
     def box_engine_remaps() -> tuple[str, str, str]:
@@ -117,18 +130,51 @@ def local_checks(image: str, agents: list[str]) -> list[Check]:
         checks.append(run_check("your engine", "answers", user_engine_answers))
     checks.append(run_check(here, "unisolated boxes", lambda: _unisolated(DockerProvider())))
     checks.append(run_check(here, "relay", _relay))
+    checks.append(run_check(here, "egress gateway", gateway_check))
     checks.append(run_check(here, "keys", _keys))
-    checks += [run_check(here, f"{agent} sign-in", lambda agent=agent: _sign_in(agent, agent in agents))
+    checks += [run_check(here, f"{agent} sign-in", lambda agent=agent: sign_in_check(agent, agent in agents))
                for agent in _agent.AGENTS]
     return checks
+
+
+def program_on_path(program: str, needed_for: str, package: str) -> tuple[str, str, str]:
+    found = shutil.which(program)
+    if found:
+        return OK, found, ""
+    return FAIL, f"not on PATH ({needed_for})", f"apt-get install {package}"
 
 
 def _relay() -> tuple[str, str, str]:
     pid = _relay_state.running_pid()
     if pid:
         return OK, f"runs (pid {pid}, {_relay_state.relay_home()})", ""
-    return (FAIL, "does not run: boxes cannot push, fetch or checkpoint through it",
-            "ansible-playbook playbooks/relay.yml (a create starts it too)")
+    return FAIL, "does not run: boxes cannot push, fetch or checkpoint through it", RELAY_FIX
+
+
+def gateway_check() -> tuple[str, str, str]:
+    try:
+        answer = _relay_state.control("status", timeout=2.0)
+    except (_relay_state.RelayError, ValueError):
+        return FAIL, "cannot run: the gateway runs in the relay, which does not run (see above)", RELAY_FIX
+    wanted = {box_id: str(entry.get("name", box_id)) for box_id, entry in _relay_state.registered_boxes().items()
+              if "egress" in entry and _relay_state.channel_of(entry) == "socket"}
+    return gateway_verdict(answer.get("gateway"), wanted)
+
+
+def gateway_verdict(serving: Any, wanted: dict[str, str]) -> tuple[str, str, str]:
+    """The relay's gateway against the boxes of this machine made with an egress policy ({box id: name}):
+    each needs its gateway socket, or it reaches nothing."""
+    restart = "ansible-playbook playbooks/relay.yml -e state=restarted"
+    if not isinstance(serving, list):
+        return (WARN, "the running relay is older than this collection and does not say whether it serves the "
+                      "egress gateway", restart)
+    missing = sorted(name for box_id, name in wanted.items() if box_id not in serving)
+    if missing:
+        return (FAIL, f"no gateway socket for {', '.join(missing)}: they have an egress policy and reach nothing "
+                      "(the relay's log, ~/.agentbox/relay/relay.log, says why)", restart)
+    if not wanted:
+        return OK, "runs in the relay (no box with an egress policy now)", ""
+    return OK, f"runs in the relay, serving {len(wanted)} box(es) with an egress policy", ""
 
 
 def _keys() -> tuple[str, str, str]:
@@ -140,14 +186,94 @@ def _keys() -> tuple[str, str, str]:
             "the next create makes ~/.agentbox/ssh/id_ed25519; or ssh-keygen -t ed25519")
 
 
-def _sign_in(agent: str, wanted: bool) -> tuple[str, str, str]:
-    found = _agent.collect_credentials(agent).found
-    if found:
-        return OK, ", ".join(found), ""
+def sign_in_check(agent: str, wanted: bool) -> tuple[str, str, str]:
+    credentials = _agent.collect_credentials(agent)
     fix = f"ansible-playbook playbooks/agent_login.yml -e agent={agent}"
+    if not credentials.found:
+        if wanted:
+            return FAIL, "not signed in, no API key in the environment", fix
+        return WARN, f"not signed in (needed only to run {agent} in a box)", fix
+    usable = [name for name in credentials.found if not name.startswith("~/")]  # API keys in the environment
+    problems = []
+    for relative, text in sorted(credentials.files.items()):
+        good, said = sign_in_verdict(relative, text, time.time())
+        (usable if good else problems).append(said)
+    if usable:
+        return OK, ", ".join(usable + problems), ""
     if wanted:
-        return FAIL, "not signed in, no API key in the environment", fix
-    return WARN, f"not signed in (needed only to run {agent} in a box)", fix
+        return FAIL, "; ".join(problems), fix
+    return WARN, "; ".join(problems) + f" (needed only to run {agent} in a box)", fix
+
+
+# -- sign-in files: present, and not expired where the file says when -------------------------------------
+def _epoch(value: Any) -> float | None:
+    """Seconds since the epoch, from seconds or milliseconds (Claude Code and OpenCode write milliseconds)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        return None
+    return value / 1000 if value > 1e11 else float(value)
+
+
+def _jwt_expiry(token: Any) -> float | None:
+    """A JSON web token's `exp`, read (never verified: the vendor does that); None when it is not one."""
+    if not isinstance(token, str) or token.count(".") != 2:
+        return None
+    payload = token.split(".")[1]
+    try:
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    except (ValueError, binascii.Error):
+        return None
+    return _epoch(claims.get("exp")) if isinstance(claims, dict) else None
+
+
+def sign_in_tokens(relative: str, data: dict[str, Any]) -> list[tuple[str, float | None, bool]]:
+    """(what, when it expires or None, renewable by a refresh token) of each credential a sign-in file holds."""
+    tokens: list[tuple[str, float | None, bool]] = []
+    if relative == ".claude/.credentials.json":
+        oauth = data.get("claudeAiOauth")
+        if isinstance(oauth, dict) and oauth.get("accessToken"):
+            tokens.append(("Claude sign-in", _epoch(oauth.get("expiresAt")), bool(oauth.get("refreshToken"))))
+    elif relative == ".codex/auth.json":
+        if isinstance(data.get("OPENAI_API_KEY"), str) and data["OPENAI_API_KEY"]:
+            tokens.append(("OpenAI API key", None, False))
+        own = data.get("tokens")
+        if isinstance(own, dict) and own.get("access_token"):
+            tokens.append(("ChatGPT sign-in", _jwt_expiry(own["access_token"]), bool(own.get("refresh_token"))))
+    else:  # OpenCode's auth.json: one entry per model provider
+        for name, entry in sorted(data.items()):
+            if isinstance(entry, dict) and entry.get("type") == "oauth" and entry.get("access"):
+                tokens.append((f"{name} sign-in", _epoch(entry.get("expires")), bool(entry.get("refresh"))))
+            elif isinstance(entry, dict) and entry.get("key"):
+                tokens.append((f"{name} API key", None, False))
+    return tokens
+
+
+def _when(epoch: float) -> str:
+    return datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def sign_in_verdict(relative: str, text: str, now: float) -> tuple[bool, str]:
+    """(usable, what to say) of one sign-in file: it must be JSON; a credential whose expiry the file records is
+    usable until then, or after when a refresh token renews it. Never a token's value."""
+    where = f"~/{relative}"
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return False, f"{where} is not valid JSON (the agent cannot read it)"
+    if not isinstance(data, dict):
+        return False, f"{where} is not a JSON object (the agent cannot read it)"
+    tokens = sign_in_tokens(relative, data)
+    if not tokens:
+        return True, f"{where} (no expiry readable)"
+    live = [token for token in tokens if token[1] is None or token[1] > now]
+    if live:
+        what, expiry, _renewable = live[0]
+        return True, f"{where} ({what}{f', expires {_when(expiry)}' if expiry else ''})"
+    renewable = [token for token in tokens if token[2]]
+    if renewable:
+        what, expiry, _renewable = renewable[0]
+        return True, f"{where} ({what}: expired {_when(expiry or now)}, renewed by its refresh token when used)"
+    what, expiry, _renewable = tokens[0]
+    return False, f"{where}: {what} expired {_when(expiry or now)}, with no refresh token"
 
 
 # -- remote engines --------------------------------------------------------------------------------
@@ -208,20 +334,35 @@ def engine_checks(engine: str, ssh_options: dict[str, Any], image: str) -> list[
 
 
 # -- clouds ---------------------------------------------------------------------------------------
-def cloud_checks() -> list[Check]:
+def cloud_checks(image: str = DEFAULT_IMAGE) -> list[Check]:
     """Daytona and boxd, each only when its credentials are configured (in the environment)."""
     checks = []
     for name, keys in CLOUD_KEYS.items():
-        if not any(os.environ.get(key) for key in keys):
-            continue
-
-        def answers(name: str = name) -> tuple[str, str, str]:
-            provider = get_provider(name, **cloud_settings(name, lambda _setting: None))
-            boxes = provider.list_boxes()
-            return OK, f"{provider.engine} answers ({len(boxes)} boxes)", ""
-
-        checks.append(run_check(name, "API answers", answers))
+        if any(os.environ.get(key) for key in keys):
+            checks += _cloud(name, image)
     return checks
+
+
+def _cloud(name: str, image: str) -> list[Check]:
+    made: list[Provider] = []
+
+    def answers() -> tuple[str, str, str]:
+        provider = get_provider(name, **cloud_settings(name, lambda _setting: None))
+        boxes = provider.list_boxes()
+        made.append(provider)
+        return OK, f"{provider.engine} answers ({len(boxes)} boxes)", ""
+
+    checks = [run_check(name, "API answers", answers)]
+    if not made:
+        return [*checks, Check(name, "box image", FAIL, "cannot run: the API does not answer (see above)")]
+
+    def cloud_image() -> tuple[str, str, str]:
+        if made[0].image_exists(image):
+            return OK, f"{image} is there", ""
+        return (FAIL, f"{image} is not there: a create on {name} is refused",
+                f"make it there (docs/providers/{name}.md), or name one that is with -e image=REF")
+
+    return [*checks, run_check(name, "box image", cloud_image)]
 
 
 def run_all(engines: list[dict[str, Any]], image: str = DEFAULT_IMAGE, agents: list[str] | None = None,
@@ -230,4 +371,4 @@ def run_all(engines: list[dict[str, Any]], image: str = DEFAULT_IMAGE, agents: l
     checks = local_checks(image, agents or []) if local else []
     for entry in engines:
         checks += engine_checks(entry["engine"], entry.get("ssh_options") or {}, image)
-    return checks + (cloud_checks() if clouds else [])
+    return checks + (cloud_checks(image) if clouds else [])

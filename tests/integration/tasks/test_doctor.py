@@ -60,6 +60,9 @@ def test_doctor_on_this_machine_says_what_is_missing_then_ok(home: Path) -> None
     assert lines["box engine: box image"].startswith("ok")
     relay = lines["this machine: relay"]
     assert relay.startswith("FAIL") and "fix: ansible-playbook playbooks/relay.yml" in relay
+    gateway = lines["this machine: egress gateway"]  # part of the relay: cannot run without it
+    assert gateway.startswith("FAIL") and "cannot run: the gateway runs in the relay" in gateway
+    assert lines["this machine: ssh CLI"].startswith("ok") and lines["this machine: git CLI"].startswith("ok")
     keys = lines["this machine: keys"]
     assert keys.startswith("FAIL") and "fix:" in keys and "ssh-keygen -t ed25519" in keys
     codex = lines["this machine: codex sign-in"]  # asked for: a failure
@@ -76,6 +79,7 @@ def test_doctor_on_this_machine_says_what_is_missing_then_ok(home: Path) -> None
     sign_in.write_text('{"tokens": {"access_token": "test"}}')
     _rc, lines = doctor(home, "-e", "agents=codex")
     assert lines["this machine: relay"].startswith("ok")
+    assert lines["this machine: egress gateway"].startswith("ok")  # the running relay says it serves the gateway
     assert lines["this machine: keys"].startswith("ok") and str(home / ".ssh/id_ed25519") in lines["this machine: keys"]
     assert lines["this machine: codex sign-in"].startswith("ok") and "~/.codex/auth.json" in lines["this machine: codex sign-in"]
     assert not [line for line in lines.values() if line.startswith("FAIL")], lines

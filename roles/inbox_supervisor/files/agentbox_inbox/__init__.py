@@ -14,5 +14,7 @@ Modules, lower ones first (each imports only those above it):
   units       a unit's log, process, task and service state machines, readiness probes
   wire        socket plumbing: peer checks, JSON lines, byte pipes
   supervisor  the daemon
+  wizard      `agentbox-ctl init`: the set-up wizard (the collection's module_utils/project, shipped beside
+              this package as agentbox_project)
   cli         the command line
 """

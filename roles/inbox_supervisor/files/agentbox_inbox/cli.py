@@ -1,7 +1,7 @@
 # Copyright: agentbox.box developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The command line: every subcommand but `daemon` and `validate` is a client of the socket."""
+"""The command line: every subcommand but `daemon`, `validate` and `init` is a client of the socket."""
 from __future__ import annotations
 
 import argparse
@@ -29,6 +29,7 @@ from .common import (
 from .config import load_config_file
 from .spec import ConfigIssue
 from .supervisor import DaemonOptions, Supervisor
+from .wizard import add_parser as add_init_parser
 
 
 class Unreachable(Exception):
@@ -298,6 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", nargs="?")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_validate)
+
+    add_init_parser(sub)
 
     p = sub.add_parser("daemon", help="run the supervisor in the foreground")
     p.add_argument("--config", default=os.environ.get("AGENTBOX_CONFIG", DEFAULT_CONFIG))
