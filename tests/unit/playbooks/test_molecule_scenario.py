@@ -5,14 +5,26 @@ as molecule_init.yml writes it is a scenario molecule accepts, for the local eng
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import yaml
-from molecule.model.schema_v3 import validate as validate_v3  # the schema molecule checks a scenario with
 
 from tests.conftest import REPO
 from tests.unit.support.templating import render
 
 TEMPLATES = REPO / "playbooks/templates/molecule"
+
+
+def validate_v3(scenario: dict) -> Any:
+    """The schema molecule checks a scenario with. Imported here, with the environment put back after: importing
+    molecule sets ANSIBLE_FORCE_COLOR=1 in this process, and every Ansible a later test of the worker starts
+    would print colour codes around its JSON."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ANSIBLE_FORCE_COLOR", "0")  # recorded as not set: taken away again at the end
+        from molecule.model.schema_v3 import validate  # pylint: disable=import-outside-toplevel
+
+        return validate(scenario)
 GATE = REPO / "roles/inbox_supervisor/molecule/default"
 
 
