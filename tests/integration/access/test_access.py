@@ -142,9 +142,11 @@ def ssh(home: Path, alias: str, command: str, *extra: str, stdin: str | None = N
     return subprocess.run(argv, capture_output=True, text=True, input=stdin, timeout=60, check=False)
 
 
-def create(workspace: Path, name: str, boxes: list[str]) -> dict:
+def create(workspace: Path, name: str, boxes: list[str], **args: Any) -> dict:
+    """agentbox_box's create by its main. `boot=False` where nothing in the box needs to run: the way in is the
+    box's sshd in inetd mode through the engine (the alias's ProxyCommand), whether the box booted or not."""
     boxes.append(name)
-    result = run_module_direct("agentbox_box", {"name": name, "workspace": str(workspace)})
+    result = run_module_direct("agentbox_box", {"name": name, "workspace": str(workspace), **args})
     assert not result["failed"], result.get("msg")
     return result
 
@@ -152,7 +154,7 @@ def create(workspace: Path, name: str, boxes: list[str]) -> dict:
 def test_ssh_alias_local_box(home: Path, repo_factory, boxes: list[str]) -> None:
     repo = repo_factory("ws")
     name = f"acc-{secrets.token_hex(3)}"
-    created = create(repo, name, boxes)
+    created = create(repo, name, boxes, boot=False)
     alias = f"agentbox-{name}"
     config = home / ".agentbox" / "ssh_config"
     assert created["access"]["alias"] == alias and created["access"]["warnings"] == []
@@ -208,7 +210,7 @@ def test_ssh_alias_local_box(home: Path, repo_factory, boxes: list[str]) -> None
 
     # The alias follows a stop and a start (the keys lived on the box's tmpfs).
     assert move_to(name, "stopped")["state"] == "stopped"
-    moved = run_module_direct("agentbox_box", {"name": name, "state": "started"})
+    moved = run_module_direct("agentbox_box", {"name": name, "state": "started", "boot": False})
     assert not moved["failed"], moved.get("msg")
     again = ssh(home, alias, "git -C /workspace rev-parse --abbrev-ref HEAD")
     assert again.returncode == 0 and again.stdout.strip() == f"agentbox/{name}", again.stderr
@@ -252,7 +254,7 @@ def playbook(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
 def test_attach_uri_resume_and_include(home: Path, repo_factory, boxes: list[str], tmp_path: Path) -> None:
     repo = repo_factory("ws")
     name = f"att-{secrets.token_hex(3)}"
-    create(repo, name, boxes)
+    create(repo, name, boxes, boot=False)
     paused = move_to(name, "paused")
     assert paused["state"] == "paused", paused
 
@@ -306,7 +308,7 @@ def test_ssh_alias_and_web_url_of_a_box_restored_from_a_checkpoint(home: Path, r
     repo = repo_factory("ws")
     tag = secrets.token_hex(3)
     source, restored, checkpoint = f"cks-{tag}", f"ckr-{tag}", f"ck-{tag}"
-    create(repo, source, boxes)
+    create(repo, source, boxes, boot=False)  # the restore boots its box, as create_box.yml does
     try:
         saved = playbook("playbooks/checkpoint.yml", "-e", f"box={source}", "-e", f"checkpoint={checkpoint}")
         assert saved.returncode == 0, saved.stdout[-3000:] + saved.stderr[-2000:]
@@ -339,7 +341,7 @@ def test_ssh_alias_and_web_url_of_a_box_restored_from_a_checkpoint(home: Path, r
 def test_attach_missing_box_removes_stale_alias(home: Path, repo_factory, boxes: list[str]) -> None:
     repo = repo_factory("ws")
     name = f"gone-{secrets.token_hex(3)}"
-    create(repo, name, boxes)
+    create(repo, name, boxes, boot=False)
     # Removed behind the collection's back: the entry stays until something notices.
     subprocess.run(["docker", "rm", "-f", "-v", f"agentbox-{name}"], check=True, capture_output=True)
     config = home / ".agentbox" / "ssh_config"
@@ -540,7 +542,9 @@ def test_ssh_alias_and_named_shells_of_a_box_on_a_remote_engine(
     common = {"name": name, "provider": "docker_ssh", "engine": engine.alias, "isolation": "none"}
     where = ("-e", f"box={name}", "-e", "provider=docker_ssh", "-e", f"engine={engine.alias}")
     try:
-        created = run_module_direct("agentbox_box", {**common, "workspace": str(repo), "ports": [8123], "image": FLEET_IMAGE})
+        # boot=False: the alias, forward.yml and tmux need nothing started in the box (no dockerd in the engine's box).
+        created = run_module_direct("agentbox_box", {**common, "workspace": str(repo), "ports": [8123], "image": FLEET_IMAGE,
+                                                     "boot": False})  # fmt: skip
         assert not created["failed"], created.get("msg")
         alias = created["access"]["alias"]
         assert created["access"]["warnings"] == []
@@ -562,7 +566,7 @@ def test_ssh_alias_and_named_shells_of_a_box_on_a_remote_engine(
 
         remote = DockerProvider(engine=engine.alias, ssh_options={}, isolation="none")
         assert move_to(name, "stopped", remote)["state"] == "stopped"
-        moved = run_module_direct("agentbox_box", {**common, "state": "started"})
+        moved = run_module_direct("agentbox_box", {**common, "state": "started", "boot": False})
         assert not moved["failed"], moved.get("msg")
         again = ssh(home, alias, "git -C /workspace rev-parse --abbrev-ref HEAD")
         assert again.returncode == 0 and again.stdout.strip() == f"agentbox/{name}", again.stderr
@@ -640,9 +644,7 @@ def test_named_shells(at_shared_home: Path, served_box: SharedBox) -> None:
     assert ended.returncode == 0, ended.stdout + ended.stderr
     listed = playbook("playbooks/shell.yml", "-e", f"box={name}", "-e", "state=list")
     assert f"shells in {name}: none" in listed.stdout, listed.stdout
-
-    bad = playbook("playbooks/shell.yml", "-e", f"box={name}", "-e", "name=a;b")
-    assert bad.returncode != 0 and "letters, digits" in bad.stdout
+    # A bad name is refused by the play's first task: tests/unit/playbooks/test_playbook_arguments.py.
 
 
 def test_forward_local_and_web_url_after_start(at_shared_home: Path, served_box: SharedBox) -> None:
@@ -734,15 +736,15 @@ def volume_names(box_or_kind: str) -> list[str]:
     return sorted(out.split())
 
 
-def test_editor_servers_and_extensions_are_each_box_s_own(home: Path, repo_factory, boxes: list[str]) -> None:
+def test_editor_servers_and_extensions_are_each_box_s_own(
+    home: Path, repo_factory, boxes: list[str], unbooted_box: SharedBox
+) -> None:
     """Each box's VS Code and Cursor servers, extensions included, live in volumes of that box alone: an
-    extension one box plants never reaches another box's editor server."""
+    extension one box plants never reaches another box's editor server (the other box: the module's
+    unbooted_box, only read here)."""
     repo = repo_factory("ws")
-    first, second = f"ed-{secrets.token_hex(3)}", f"ed-{secrets.token_hex(3)}"
-    create(repo, first, boxes)
-    made = run_module_direct("agentbox_box", {"name": second, "workspace": str(repo), "boot": False})
-    boxes.append(second)
-    assert not made["failed"], made.get("msg")
+    first, second = f"ed-{secrets.token_hex(3)}", unbooted_box.name
+    create(repo, first, boxes, boot=False)
     alias = f"agentbox-{first}"
     for name in (first, second):
         mounts = json.loads(
@@ -764,7 +766,7 @@ def test_editor_servers_and_extensions_are_each_box_s_own(home: Path, repo_facto
     wrote = ssh(home, alias, planted)
     assert wrote.returncode == 0, wrote.stderr
     assert move_to(first, "stopped")["state"] == "stopped"
-    assert not run_module_direct("agentbox_box", {"name": first, "state": "started"})["failed"]
+    assert not run_module_direct("agentbox_box", {"name": first, "state": "started", "boot": False})["failed"]
     kept = ssh(home, alias, f"cat ~/.vscode-server/marker ~/.vscode-server/extensions/planted-{first}")
     assert kept.stdout.split() == ["server", "ext"], kept.stdout + kept.stderr
     seen = subprocess.run(["docker", "exec", f"agentbox-{second}", "sh", "-c",
