@@ -37,7 +37,7 @@ JOURNEYS = (
     "providers/docker/test_docker_ssh.py::test_checkpoint_copied_to_another_engine_starts_boxes_there",
     "providers/docker/test_docker_ssh.py::test_fleet_playbook_spreads_boxes_over_engines",
     "providers/docker/test_docker_ssh.py::test_prepare_streams_the_image_to_an_engine_once_and_records_it",
-    "access/test_access.py::test_ssh_alias_and_named_shells_of_a_box_on_a_remote_engine",
+    "access/test_access_remote_engine.py::test_ssh_alias_and_named_shells_of_a_box_on_a_remote_engine",
     "providers/docker/test_unisolated_boxes.py::"
     "test_box_on_the_user_engine_works_through_inventory_connection_ssh_state_and_destroy",
     # The fleet page in Chromium.

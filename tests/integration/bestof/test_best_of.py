@@ -42,7 +42,7 @@ TESTS = (
     "    def test_zero(self):\n        self.assertEqual(add(0, 5), 5)\n\n\nif __name__ == '__main__':\n    unittest.main()\n"
 )
 TIMEOUT = 300  # every agent's but the one that never finishes
-HUNG_TIMEOUT = 20  # that one's own (an agent entry's timeout): the test waits for it, so it is short
+HUNG_TIMEOUT = 10  # that one's own (an agent entry's timeout): the test waits for it, so it is short
 
 
 def _project(root: Path) -> Path:

@@ -1,5 +1,11 @@
 """Creates of one name racing each other, someone else's container under the name, and what a box
-leaves behind when its container is removed by hand (real engine, real git, real playbooks)."""
+leaves behind when its container is removed by hand (real engine, real git).
+
+The racing creates are agentbox_box's own main, each in a fresh Python as Ansible runs it on the target
+(the name's lock and journal are the task's, not Ansible's: create_box.yml's path is proven in
+test_create_crash.py), made with boot=False (seed, worktree and branch are the create's, nothing needs to run
+in the box); destroy_box.yml's words while a create holds the name still come from the playbook.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +13,14 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import docker
 import pytest
 
-from tests.conftest import REPO, chown_tree, git, make_repo, run_module
+from tests.conftest import REPO, chown_tree, git, make_repo
 from tests.integration.box.conftest import box_task
 from tests.integration.box.test_create_crash import (
     agentbox_branches,
@@ -21,7 +28,6 @@ from tests.integration.box.test_create_crash import (
     make_home,
     paused_at,
     registrations,
-    start_create,
     wait_until,
 )
 
@@ -50,6 +56,31 @@ def names() -> Any:
     yield made
     for name in made:
         box_task({"name": name, "state": "absent", "delete_branch": True})
+
+
+def start_create(repo: Path, name: str, pause_at: str, report: Path, home: Path | None = None) -> subprocess.Popen:
+    """A create of `name` by agentbox_box's main in a fresh Python (its arguments in a file beside `report`, as
+    tests.conftest.run_module_direct passes them), held at `pause_at` until `report` is removed. Its stdout is
+    the module's JSON result (`result`)."""
+    args = {"name": name, "workspace": str(repo), "image": IMAGE, "checkpoint": "none", "state": "started",
+            "boot": False, "_ansible_check_mode": False, "_ansible_diff": True}  # fmt: skip
+    args_file = report.with_name(f"{report.name}.args.json")
+    args_file.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
+    pythonpath = os.pathsep.join(p for p in (str(REPO / ".collections"), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": pythonpath, "AGENTBOX_TEST_PAUSE_AT": pause_at,
+           "AGENTBOX_TEST_PAUSE_FILE": str(report)}  # fmt: skip
+    if home is not None:
+        env["HOME"] = str(home)
+    return subprocess.Popen([sys.executable, "-m", "ansible_collections.agentbox.box.plugins.modules.agentbox_box",
+                             str(args_file)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)  # fmt: skip
+
+
+def result(out: str) -> dict[str, Any]:
+    """The module's JSON result from a create's output (its stdout, stderr folded in after it)."""
+    start = out.index("{")
+    parsed, _end = json.JSONDecoder().raw_decode(out[start:])
+    return parsed
 
 
 def finish(procs: list[subprocess.Popen]) -> list[tuple[int, str]]:
@@ -86,12 +117,12 @@ def test_four_creates_of_one_name_on_one_controller(client: docker.DockerClient,
         p.poll() is not None for p in procs) == 3 else None, "three creates giving up")
     for proc in losers:
         out, _err = proc.communicate()
-        assert proc.returncode == 2, out
-        assert f"box '{name}' is being created by another run right now" in out, out
+        assert proc.returncode != 0 and result(out)["failed"] is True, out
+        assert f"box '{name}' is being created by another run right now" in result(out)["msg"], out
     report.unlink()  # let the winner go on
     (winner,) = [p for p in procs if p not in losers]
     out, _err = winner.communicate(timeout=600)
-    assert winner.returncode == 0, out
+    assert winner.returncode == 0 and not result(out).get("failed"), out
     healthy(client, workspace, name)
 
 
@@ -111,11 +142,12 @@ def test_four_creates_of_one_name_from_four_controllers(client: docker.DockerCli
     for report in reports:
         report.unlink()
     results = finish(procs)
-    winners = [out for rc, out in results if rc == 0]
+    winners = [out for rc, out in results if rc == 0 and not result(out).get("failed")]
     losers = [out for rc, out in results if rc != 0]
-    assert len(winners) == 1, results
+    assert len(winners) == 1 and len(losers) == 3, results
     for out in losers:
-        assert f"a container called 'agentbox-{name}' already exists on engine local: pick another box name" in out, out
+        said = result(out)["msg"]
+        assert f"a container called 'agentbox-{name}' already exists on engine local: pick another box name" in said, out
     # The winner's box is whole; each loser took back its own branch and nothing else.
     boxes = client.containers.list(all=True, filters={"label": f"io.agentbox.box={name}"})
     assert len(boxes) == 1 and boxes[0].status == "running"
@@ -133,9 +165,9 @@ def test_someone_elses_container_under_the_name_is_never_touched(
     name = f"theirs-{os.urandom(3).hex()}"
     theirs = client.containers.create(IMAGE, ["sleep", "infinity"], name=f"agentbox-{name}")
     try:
-        result = run_module("agentbox_box", {"name": name, "workspace": str(workspace)})
-        assert result["failed"], result
-        assert "was not made by agentbox" in result["msg"] and "pick another box name" in result["msg"]
+        refused = box_task({"name": name, "workspace": str(workspace), "boot": False})
+        assert refused["failed"], refused
+        assert "was not made by agentbox" in refused["msg"] and "pick another box name" in refused["msg"]
         gone = box_task({"name": name, "state": "absent"})
         assert gone["failed"] and "was not made by agentbox" in gone["msg"], gone
         theirs.reload()
@@ -150,12 +182,12 @@ def test_destroy_after_docker_rm_removes_the_leftovers(
 ) -> None:
     name = f"rmf-{os.urandom(3).hex()}"
     names.append(name)
-    made = box_task({"name": name, "workspace": str(workspace), "checkpoint": "none"})
+    made = box_task({"name": name, "workspace": str(workspace), "checkpoint": "none", "boot": False})
     assert not made["failed"], made
     client.containers.get(f"agentbox-{name}").remove(force=True)  # by hand, as `docker rm -f` would
-    result = run_module("agentbox_box", {"name": name, "state": "absent"})
-    assert not result["failed"] and result["changed"], result
-    destroyed = result["destroyed"]
+    gone = box_task({"name": name, "state": "absent"})
+    assert not gone["failed"] and gone["changed"], gone
+    destroyed = gone["destroyed"]
     # Its Docker volume, its editor server volumes (_editor_volumes) and its git layer (overlay, upper,
     # work); its registration lived in that layer.
     removed = sorted(destroyed["volumes_removed"])
@@ -168,7 +200,7 @@ def test_destroy_after_docker_rm_removes_the_leftovers(
     assert not client.volumes.list(filters={"label": f"io.agentbox.box={name}"})
     assert registrations(workspace)[1:] == [] and agentbox_branches(workspace) == []
     # Nothing is left to trip the next create of that name.
-    again = box_task({"name": name, "workspace": str(workspace), "checkpoint": "none"})
+    again = box_task({"name": name, "workspace": str(workspace), "checkpoint": "none", "boot": False})
     assert not again["failed"] and again["changed"], again
     healthy(client, workspace, name)
 
@@ -177,14 +209,14 @@ def test_leftovers_with_commits_keep_the_branch(client: docker.DockerClient, wor
                                                 names: list[str]) -> None:
     name = f"rmfc-{os.urandom(3).hex()}"
     names.append(name)
-    made = box_task({"name": name, "workspace": str(workspace), "checkpoint": "none"})
+    made = box_task({"name": name, "workspace": str(workspace), "checkpoint": "none", "boot": False})
     assert not made["failed"], made
     code, out = in_box(client, name, "cd /workspace && su vscode -c 'git add notes.txt && git -c user.name=a "
                                      "-c user.email=a@b commit -qm work'")
     assert code == 0, out
     client.containers.get(f"agentbox-{name}").remove(force=True)
     # A create of the name finds the leftovers too, and starts clean (on the next free branch).
-    again = run_module("agentbox_box", {"name": name, "workspace": str(workspace), "checkpoint": "none"})
+    again = box_task({"name": name, "workspace": str(workspace), "checkpoint": "none", "boot": False})
     assert not again["failed"], again
     assert again["box"]["branch"] == f"agentbox/{name}-2"
     assert git(workspace, "log", "-1", "--format=%s", f"agentbox/{name}").strip() == "work"
@@ -194,14 +226,14 @@ def test_destroy_of_a_box_whose_workspace_moved(client: docker.DockerClient, wor
                                                 names: list[str]) -> None:
     name = f"moved-{os.urandom(3).hex()}"
     names.append(name)
-    made = box_task({"name": name, "workspace": str(workspace), "checkpoint": "none"})
+    made = box_task({"name": name, "workspace": str(workspace), "checkpoint": "none", "boot": False})
     assert not made["failed"], made
     moved = tmp_path / "moved-ws"
     shutil.move(str(workspace), str(moved))
-    result = run_module("agentbox_box", {"name": name, "state": "absent", "workspace": str(moved)})
-    assert not result["failed"] and result["changed"], result
+    gone = box_task({"name": name, "state": "absent", "workspace": str(moved)})
+    assert not gone["failed"] and gone["changed"], gone
     # Registered in the box's own git layer: nothing to find in the moved repository, and nothing claimed.
-    assert result["destroyed"]["worktrees_removed"] == [], result
+    assert gone["destroyed"]["worktrees_removed"] == [], gone
     assert registrations(moved)[1:] == []
     assert not client.containers.list(all=True, filters={"label": f"io.agentbox.box={name}"})
 
@@ -226,5 +258,5 @@ def test_a_destroy_during_a_create_says_the_destroy_failed(client: docker.Docker
     finally:
         report.unlink(missing_ok=True)  # let the create go on: the refused destroy took nothing from it
     out, _err = creating.communicate(timeout=600)
-    assert creating.returncode == 0, out
+    assert creating.returncode == 0 and not result(out).get("failed"), out
     healthy(client, workspace, name)

@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 import textwrap
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -80,8 +81,12 @@ def fleet():
         host_git(workspace, "add", "-A")
         host_git(workspace, "commit", "-q", "-m", "initial")
         subprocess.run(["chown", "-R", f"{BOX_UID}:{BOX_UID}", str(root)], check=True)
-        for name in names:
-            created = run_module_direct("agentbox_box", {"name": name, "workspace": str(workspace)})
+        # Made side by side, with boot=False: the inventory, the connection and fleet_status.yml read the boxes'
+        # labels, git and files, and run nothing the boot starts.
+        with ThreadPoolExecutor(len(names)) as pool:
+            made = list(pool.map(lambda name: run_module_direct(
+                "agentbox_box", {"name": name, "workspace": str(workspace), "boot": False}), names))
+        for created in made:
             assert not created["failed"], created
         inv = root / "inv" / "fleet.agentbox.yml"
         inv.parent.mkdir()

@@ -50,6 +50,9 @@ REFUSED = [
     ("fleet_create.yml", {"count": "2"}, "No engines in inventory group 'engines'"),
     ("fleet_create.yml", {"engines_group": "mine"}, "No engines in inventory group 'mine'"),
     ("fleet_create.yml", {"provider": "daytona"}, "provider must be docker (every box on the local engine)"),
+    ("shell.yml", {"box": "b1", "name": "a;b"}, "use -e box=BOX [-e name=NAME (letters, digits, _ . -)]"),
+    ("shell.yml", {"name": "build"}, "use -e box=BOX [-e name=NAME (letters, digits, _ . -)]"),
+    ("shell.yml", {"box": "b1", "state": "gone"}, "[-e state=present|absent|list]"),
 ]
 
 
@@ -72,6 +75,8 @@ ACCEPTED = [
     ("destroy_box.yml", {"box": "b1"}),
     ("switch_box.yml", {"box": "b1"}),
     ("fleet_create.yml", {"provider": "docker", "count": "2"}),
+    ("shell.yml", {"box": "b1", "name": "build"}),
+    ("shell.yml", {"box": "b1", "state": "list"}),
 ]
 
 
