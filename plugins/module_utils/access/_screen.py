@@ -23,6 +23,7 @@ from typing import Any
 
 from ..core import _host_files
 from ..core._errors import ProviderError
+from ..core._naming import SECRETS_DIR
 from ..core._provider import BoxFacts, Provider
 from . import _forwards
 
@@ -35,7 +36,6 @@ SCREEN_IMAGE = "agentbox/box-screen:latest"
 BUILD_HINT = "ansible-playbook playbooks/build_image.yml -e box_image_screen=true"
 CREATE_HINT = "ansible-playbook playbooks/create_box.yml -e box=NAME -e vnc=true"
 PASSWORD_LENGTH = 8  # VNC authentication reads the first 8 characters only
-SECRETS_DIR = "/run/agentbox/secrets"
 
 
 def key_path() -> str:

@@ -35,7 +35,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
-from ...core._naming import label, strip_labels
+from ...core._naming import BOX_USER, SECRETS_DIR, label, strip_labels
 from ...core._provider import (
     BOX_TEXT_LIMIT,
     BoxFacts,
@@ -73,8 +73,6 @@ from ._boxd_state import (
     needs_start,
 )
 
-BOX_USER = "vscode"
-SECRETS_DIR = "/run/agentbox/secrets"
 START_TIMEOUT = 300.0
 STOP_TIMEOUT = 120.0
 ADOPT_WAIT_SECONDS = 15.0

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...core._boot import boot_box
-from ...core._naming import label, strip_labels
+from ...core._naming import BOX_USER, SECRETS_DIR, label, strip_labels
 from ...core._provider import BoxFacts, BoxNotFound, BoxSpec, ProviderError
 from ...core._shell_line import gib
 from .._snapshot_store import parse_snapshot_name
@@ -46,7 +46,7 @@ from ._daytona_api import (
     is_transport_error,
     status_of,
 )
-from ._daytona_exec import BOX_USER, DEFAULT_EXEC_SLICE
+from ._daytona_exec import DEFAULT_EXEC_SLICE
 from ._daytona_idle import DEFAULT_IDLE_MINUTES, IDLE_LABEL
 from ._daytona_options import env_minutes, is_ephemeral, refuse_if_ephemeral, refuse_other_region
 from ._daytona_snapshots import DaytonaSnapshots
@@ -64,7 +64,6 @@ from ._daytona_state import (
 )
 
 WEB_PORT = 80
-SECRETS_DIR = "/run/agentbox/secrets"
 CREATE_TIMEOUT = 600.0
 START_TIMEOUT = 300.0
 STOP_TIMEOUT = 120.0

@@ -18,7 +18,15 @@ from typing import IO, Any
 
 from ...access import _editor_volumes
 from ...core._host_files import ensure_private_dir, ssh_config_file
-from ...core._naming import CONTAINER_BOX_NAME_MAX, container_name, docker_volume_name, label, strip_labels
+from ...core._naming import (
+    BOX_USER,
+    CONTAINER_BOX_NAME_MAX,
+    SECRETS_DIR,
+    container_name,
+    docker_volume_name,
+    label,
+    strip_labels,
+)
 from ...core._provider import (
     BoxFacts,
     BoxNotFound,
@@ -44,13 +52,11 @@ from ._engine_api import (
 from ._engine_sdk import API_TIMEOUT, SDKEngine, client_for, engine_error, engine_unreachable, forget_client
 from ._gitlayer_volumes import create_layers, remove_layers, rescue_commits
 
-BOX_USER = "vscode"
 WEB_PORT = 80
 # The capabilities a box needs for Docker-in-box and FUSE; never --privileged.
 BOX_CAPABILITIES = ["SYS_ADMIN", "NET_ADMIN"]
 BOX_SECURITY_OPT = ["seccomp=unconfined", "apparmor=unconfined"]
 RUN_DIR = "/run/agentbox"
-SECRETS_DIR = RUN_DIR + "/secrets"
 DOCKER_STATES = {
     "running": "running",
     "paused": "paused",
