@@ -23,12 +23,11 @@ from typing import Any
 
 from ..core import _host_files
 from ..core._errors import ProviderError
-from ..core._naming import SECRETS_DIR
 from ..core._provider import BoxFacts, Provider
 from . import _forwards
 
 NOVNC_PORT = 6080
-SECRET = "vnc_password"  # the file under /run/agentbox/secrets that agentbox-boot reads
+SECRET = "vnc_password"  # the secret file (core/_naming.SECRETS_DIR) that agentbox-boot reads
 SCREEN_LABEL = "screen"  # io.agentbox.screen=true on a box made with vnc (the image's own label is io.agentbox.vnc)
 IMAGE_LABEL = "io.agentbox.vnc"  # "true" on the screen image and on checkpoints made from its boxes
 DEFAULT_IMAGE = "agentbox/box:latest"
@@ -84,13 +83,7 @@ def give_password(provider: Provider, facts: BoxFacts) -> None:
     """A box with a screen lost its password with its tmpfs at a stop: write it again, before the boot reads it."""
     if facts.labels.get(SCREEN_LABEL) != "true":
         return
-    provider.exec(
-        facts.name,
-        ["sh", "-c", 'install -d -m 0700 -o vscode -g vscode "$0" && umask 077 && cat > "$0/$1" && chown vscode: "$0/$1"',
-         SECRETS_DIR, SECRET],
-        user="root",
-        stdin=password(facts.id).encode(),
-    ).check("writing the VNC password", facts.name)
+    provider.write_secrets(facts.name, {SECRET: password(facts.id)})
 
 
 def novnc_url(base: str, box_id: str) -> str:

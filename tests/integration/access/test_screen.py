@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.agentbox.box.plugins.module_utils.access import _screen
+from ansible_collections.agentbox.box.plugins.module_utils.core import _naming
 from tests.conftest import REPO, make_repo, run_module_direct
 from tests.integration.access.test_access import destroy_quietly, enter_home, new_home, playbook
 from tests.integration.support.cdp import Browser
@@ -147,7 +148,7 @@ def test_screen_shows_the_box_desktop_with_its_own_chromium_on_a_page_served_in_
     # Where the box writes (its layer, /workspace, logs, /tmp) and its tmpfs: the one secret file holds it.
     holders = docker_exec(screen_box, "sh", "-c", f"grep -rlsF {password} /home /root /etc /var/log /var/lib/agentbox "
                           "/tmp /run /workspace || true", user="root").split()  # fmt: skip
-    assert holders == [f"{_screen.SECRETS_DIR}/{_screen.SECRET}"], holders
+    assert holders == [f"{_naming.SECRETS_DIR}/{_screen.SECRET}"], holders
     assert "/run/agentbox" in docker_exec(screen_box, "sh", "-c", "findmnt -n -o TARGET -T /run/agentbox/vnc")
 
 

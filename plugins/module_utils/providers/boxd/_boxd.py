@@ -305,7 +305,7 @@ class BoxdProvider(Provider):
                 self.exec(spec.name, ["rm", "-rf", "/var/lib/docker/runtimes"], user="root").check(
                     "preparing in-box Docker", spec.name)
             if spec.secrets:
-                self._write_secrets(spec.name, spec.secrets)
+                self.write_secrets(spec.name, spec.secrets)
             return self._facts(machine, forwards)
         except BaseException:
             self._delete_quietly(machine.id)
@@ -416,7 +416,7 @@ class BoxdProvider(Provider):
                                     box=name, operation=operation)
             time.sleep(POLL_SECONDS)
 
-    def _write_secrets(self, name: str, values: dict[str, str]) -> None:
+    def write_secrets(self, name: str, values: dict[str, str]) -> None:
         """Each secret a file on a tmpfs, its value through exec's stdin: never in env, labels or snapshots."""
         script = (
             'd=$1; mkdir -p "$d"; mountpoint -q "$d" || mount -t tmpfs -o mode=0700,size=1m agentbox-secrets "$d" '

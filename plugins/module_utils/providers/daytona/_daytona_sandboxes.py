@@ -325,7 +325,7 @@ class DaytonaSandboxes(DaytonaSnapshots):
             if parse_snapshot_name(spec.image) is not None:
                 self._after_restore(spec.name)
             if spec.secrets:
-                self._write_secrets(spec.name, spec.secrets)
+                self.write_secrets(spec.name, spec.secrets)
             return self._facts_with_url(sandbox, spec.name)
         except BaseException:
             self._destroy_quietly(spec.name)
@@ -402,7 +402,7 @@ class DaytonaSandboxes(DaytonaSnapshots):
         start and refuses to start when it cannot; the directory is rebuilt at start, so it goes."""
         self.exec(name, ["rm", "-rf", "/var/lib/docker/runtimes"], user="root").check("preparing in-box Docker", name)
 
-    def _write_secrets(self, name: str, values: dict[str, str]) -> None:
+    def write_secrets(self, name: str, values: dict[str, str]) -> None:
         """Each secret a file on a tmpfs: never in env, labels, session history or snapshots."""
         script = (
             f'd={SECRETS_DIR}; mkdir -p "$d"; '

@@ -424,7 +424,7 @@ class DockerProvider(Provider):
                 raise
             engine.start_container(container)
             if spec.secrets:
-                self._write_secrets(spec.name, spec.secrets)
+                self.write_secrets(spec.name, spec.secrets)
             attrs = engine.inspect_container(container)
             if attrs is None:
                 raise ProviderError("the box's container went away as it started", box=spec.name, operation="create")
@@ -520,7 +520,7 @@ class DockerProvider(Provider):
             with contextlib.suppress(EngineAPIError, EngineUnanswered):
                 engine.remove_volume(name, force=True)
 
-    def _write_secrets(self, name: str, secrets: dict[str, str]) -> None:
+    def write_secrets(self, name: str, secrets: dict[str, str]) -> None:
         """Secrets go to a tmpfs file each: never in env, labels or the writable layer.
 
         Written through exec's stdin: the engine's archive API cannot reach into a tmpfs mount.
