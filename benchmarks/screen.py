@@ -6,7 +6,7 @@ Makes a box with vnc on the local engine (the screen image must be built:
 interleaved so load drift hits both alike:
 
   screen    ansible-playbook playbooks/screen.yml -e box=B, then this machine's headless Chromium (started
-            before the clock, as a user's browser is) opens the URL until noVNC reports connected
+            before the clock, as a user's browser is) opens the page it printed until noVNC reports connected
   trivial   a playbook with one debug task (the floor of any ansible-playbook run here)
 
 and the desktop's idle memory: the resident set (RSS, and PSS from smaps_rollup) of Xvnc, openbox and websockify
@@ -108,7 +108,7 @@ def main() -> int:
                 browser.open("about:blank")
                 began = time.perf_counter()
                 out = playbook("playbooks/screen.yml", "-e", f"box={name}", home=home)
-                url = re.search(r"screen:\s+(http://127\.0\.0\.1:\d+/vnc\.html#\S+?)[\"',\s]", out).group(1)
+                url = re.search(r"screen:\s+(file:///\S+?\.html)[\"',\s]", out).group(1)  # the page that opens noVNC
                 opened = time.perf_counter()
                 browser.open(url)
                 assert browser.wait_for("document.documentElement.classList.contains('noVNC_connected')")
