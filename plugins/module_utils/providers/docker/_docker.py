@@ -312,12 +312,14 @@ class DockerProvider(Provider):
         return self._facts(container)
 
     def list_boxes(self, project: str | None = None) -> list[BoxFacts]:
-        # One request: /containers/json already carries labels, state and ports; claimed pooled boxes (kind
-        # pool) are read through their claim records (_claimed: one more request, only when there is one).
+        # The engine filters by label: the boxes (of the project, when asked), and the pooled containers, which
+        # a claim made boxes when they carry another name (their labels, the project's too, are read through
+        # their claim records: _claimed, one more request when there is one). /containers/json already carries
+        # labels, state and ports. Probes and other kinds never leave the engine.
         with self._engine_call("", "list boxes") as engine:
-            summaries = engine.containers([label("kind")])
-            summaries = [s for s in summaries if (s.get("Labels") or {}).get(label("kind")) == "box"] + \
-                _claimed.listed_as_boxes(engine, summaries)
+            of_project = [f"{label('project')}={project}"] if project else []
+            summaries = engine.containers([label("kind") + "=box", *of_project]) + \
+                _claimed.listed_as_boxes(engine, engine.containers([label("kind") + "=pool"]))
         boxes = [self._facts_from_summary(s) for s in summaries
                  if not project or (s.get("Labels") or {}).get(label("project")) == project]
         if self._other_isolation():
