@@ -6,7 +6,7 @@ Makes a box with vnc on the local engine (the screen image must be built:
 interleaved so load drift hits both alike:
 
   screen    ansible-playbook playbooks/screen.yml -e box=B, then this machine's headless Chromium (started
-            before the clock, as a user's browser is) opens the URL until noVNC reports connected
+            before the clock, as a user's browser is) opens the page it printed until noVNC reports connected
   trivial   a playbook with one debug task (the floor of any ansible-playbook run here)
 
 and the desktop's idle memory: the resident set (RSS, and PSS from smaps_rollup) of Xvnc, openbox and websockify
@@ -35,6 +35,7 @@ for entry in (str(REPO), str(REPO / ".collections")):
     if entry not in sys.path:
         sys.path.insert(0, entry)
 
+from tests.conftest import chown_tree, make_repo  # noqa: E402
 from tests.integration.support.cdp import Browser  # noqa: E402
 
 CONNECTED_TARGET_S = 2.0
@@ -90,15 +91,13 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="abs-", dir="/tmp"))
     root.chmod(0o755)
     name = f"bench-scr-{secrets.token_hex(3)}"
-    (root / "ws").mkdir()
-    subprocess.run(["git", "-C", str(root / "ws"), "init", "-q", "-b", "main"], check=True)
-    subprocess.run(["git", "-C", str(root / "ws"), "-c", "user.name=b", "-c", "user.email=b@x.invalid", "commit", "-q",
-                    "--allow-empty", "-m", "init"], check=True)  # fmt: skip
+    workspace = make_repo(root / "ws")
+    chown_tree(workspace)
     trivial = root / "trivial.yml"
     trivial.write_text(TRIVIAL)
     load_before = os.getloadavg()
     try:
-        playbook("playbooks/create_box.yml", "-e", f"box={name}", "-e", f"workspace={root / 'ws'}", "-e", "vnc=true",
+        playbook("playbooks/create_box.yml", "-e", f"box={name}", "-e", f"workspace={workspace}", "-e", "vnc=true",
                  "-e", f"image={args.image}", "-e", "checkpoint=none", home=home)  # fmt: skip
         time.sleep(5)  # a benchmark, not a test: let the boot's processes settle before reading their memory
         rss, pss, processes = desktop_memory(name)
@@ -108,7 +107,7 @@ def main() -> int:
                 browser.open("about:blank")
                 began = time.perf_counter()
                 out = playbook("playbooks/screen.yml", "-e", f"box={name}", home=home)
-                url = re.search(r"screen:\s+(http://127\.0\.0\.1:\d+/vnc\.html#\S+?)[\"',\s]", out).group(1)
+                url = re.search(r"screen:\s+(file:///\S+?\.html)[\"',\s]", out).group(1)  # the page that opens noVNC
                 opened = time.perf_counter()
                 browser.open(url)
                 assert browser.wait_for("document.documentElement.classList.contains('noVNC_connected')")
@@ -119,7 +118,7 @@ def main() -> int:
                 floor.append(time.perf_counter() - began)
     finally:
         subprocess.run([str(REPO / ".venv/bin/ansible-playbook"), "playbooks/destroy_box.yml", "-e", f"box={name}",
-                        "-e", "delete_branch=true", "-e", f"workspace={root / 'ws'}"], cwd=REPO, capture_output=True,
+                        "-e", "delete_branch=true", "-e", f"workspace={workspace}"], cwd=REPO, capture_output=True,
                        env={**os.environ, "HOME": str(home), "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")}, check=False)
         shutil.rmtree(home, ignore_errors=True)
         shutil.rmtree(root, ignore_errors=True)

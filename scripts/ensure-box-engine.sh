@@ -41,6 +41,10 @@ egress_subnet=${AGENTBOX_EGRESS_SUBNET:-172.30.252.0/24}
 
 engine_answers() { DOCKER_HOST=$socket docker info >/dev/null 2>&1; }
 
+# The runtime that delegates each box's cgroup to the box's root and isolates its port on the egress
+# bridge (scripts/agentbox-runc). Installed once on each run, so a running engine gets its changes too.
+install_runtime() { install -D -m 0755 "$here/agentbox-runc" "$runtime"; }
+
 chain() {  # chain TABLE NAME HOOK [TOOL]: make NAME (empty) and jump to it from HOOK once, first
   local tool=${4:-iptables}
   "$tool" -t "$1" -N "$2" 2>/dev/null || "$tool" -t "$1" -F "$2"
@@ -52,9 +56,8 @@ chain() {  # chain TABLE NAME HOOK [TOOL]: make NAME (empty) and jump to it from
 # cannot touch (its NET_ADMIN is its own namespace's); the rules first, then the network that says so.
 ensure_egress() {
   local tool flag
-  # The runtime isolates each new box's port on the bridge (scripts/agentbox-runc): installed each run,
-  # so a running engine gets it too, and the ports of boxes already there are isolated now.
-  install -D -m 0755 "$here/agentbox-runc" "$runtime"
+  # The runtime (install_runtime) isolates each new box's port on the bridge; the ports of boxes already
+  # there are isolated now.
   for flag in /sys/class/net/"$egress_bridge"/brif/*/isolated; do
     if [ -e "$flag" ]; then echo 1 > "$flag"; fi
   done
@@ -77,7 +80,7 @@ ensure_egress() {
 
 if engine_answers; then
   say "box engine answers at $socket"
-  if [ "$(id -u)" = 0 ]; then ensure_egress; fi
+  if [ "$(id -u)" = 0 ]; then install_runtime; ensure_egress; fi
   exit 0
 fi
 if [ "$(id -u)" != 0 ]; then
@@ -132,8 +135,8 @@ for file in /etc/subuid /etc/subgid; do
   fi
 done
 
-# The runtime that delegates each box's cgroup to the box's root (see the file).
-install -D -m 0755 "$here/agentbox-runc" "$runtime"
+# Before the daemon starts: its configuration names the runtime.
+install_runtime
 
 mkdir -p "$run_dir" "$data_root" "$config_dir"
 chmod 0711 "$run_dir"

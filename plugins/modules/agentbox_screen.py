@@ -10,10 +10,12 @@ short_description: The URL on this machine of a box's screen (noVNC), connecting
 version_added: 0.2.0
 description:
   - A box made with O(agentbox.box.agentbox_box#module:vnc=true) runs a desktop (Xvnc, openbox) with Chromium
-    (C(agentbox-browser URL) in the box) and noVNC on its port 6080 (docs/screen.md). This module returns the URL
-    of noVNC's page on this machine's C(127.0.0.1), with the box's VNC password in the URL's fragment, so the page
-    connects as it opens. The password is made on this machine from the box's id; the fragment never reaches
-    the box's web server (nor its log).
+    (C(agentbox-browser URL) in the box) and noVNC on its port 6080 (docs/screen.md). This module writes a page
+    on this machine, C(~/.agentbox/screen/<box>.html) (mode 0600, in a 0700 folder), that takes the browser to
+    noVNC's page on this machine's C(127.0.0.1) with the box's VNC password in the URL's fragment, so noVNC
+    connects as it opens, and returns the page's C(file://) URL. The password is made on this machine from the
+    box's id; it is in the page only, never in what the module returns (so in no Ansible output or log_path),
+    and the fragment never reaches the box's web server (nor its log).
   - Local engine - the port the engine published on C(127.0.0.1) at create (it changes when the box is stopped
     and started, so ask again after a start).
   - Remote engines (O(provider=docker_ssh)) - a forward on this machine through the engine's SSH connection,
@@ -46,16 +48,25 @@ EXAMPLES = r"""
 
 - name: Open it
   ansible.builtin.debug:
-    msg: "{{ screen.url }}"
+    msg: "{{ screen.url }}"  # file:///home/me/.agentbox/screen/fix-login.html
 """
 
 RETURN = r"""
 url:
-  description: "noVNC's page on this machine, connecting at once (the box's VNC password is in the fragment). None in
-    check mode when a forward would have to be started."
+  description: "The C(file://) URL of the box's page on this machine: open it in a browser here and noVNC connects
+    at once (the page holds the password). None in check mode when a forward would have to be started."
   returned: always
   type: str
-  sample: "http://127.0.0.1:32771/vnc.html#autoconnect=1&resize=scale&password=Xa3kP0qZ"
+  sample: "file:///home/me/.agentbox/screen/fix-login.html"
+page:
+  description: "The path of that page (mode 0600); in check mode, where it would be written."
+  returned: when a URL was made
+  type: str
+novnc:
+  description: "noVNC's page on this machine's C(127.0.0.1), without the password (it asks for it)."
+  returned: when a URL was made
+  type: str
+  sample: "http://127.0.0.1:32771/vnc.html#autoconnect=1&resize=scale"
 local_port:
   description: "The port on this machine's 127.0.0.1."
   returned: when a URL was made

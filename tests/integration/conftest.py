@@ -27,8 +27,9 @@ def loaded_engines(box_image: str, tmp_path_factory: pytest.TempPathFactory) -> 
 def engine_fleet(loaded_engines: EngineFleet) -> Iterator[EngineFleet]:
     """The run's engine fleet, its SSH config in AGENTBOX_SSH_CONFIG for the module. Both workers may use it
     at once, so a test names its own boxes and checks only those, keeps dockerd running and gives back the
-    disk. engines[1] is docker_ssh's alone (its disk-full test fills it); a test that needs an engine
-    without boxes or the box image (doctor) starts its own."""
+    disk. docker_ssh's disk-full test fills engines[1], holding it (EngineFleet.holding): a test of another
+    module that makes boxes there holds it too. A test that needs an engine without boxes or the box image
+    (doctor) starts its own."""
     with loaded_engines.exported() as fleet:
         yield fleet
 

@@ -37,11 +37,11 @@ import tempfile
 from typing import Any
 
 from ..core import _host_files
+from ..core._naming import BOX_USER
 from ..core._provider import BOX_TEXT_LIMIT, BoxFacts, Provider, ProviderError
 from ..relay._relay_state import write_module_launcher
 from ..ssh._ssh_proxy import alias, engine_proxy_argv, local_proxy_argv
 
-BOX_USER = "vscode"
 WAKE_MODULE = "ansible_collections.agentbox.box.plugins.module_utils.tasks._wake"
 KEY_NAMES = ("id_ed25519", "id_ecdsa", "id_rsa")
 KEY_ENV = "AGENTBOX_SSH_KEY"  # a private key file to use instead of ~/.ssh/id_*

@@ -6,8 +6,9 @@ A box made with `vnc: true` runs the screen image (`agentbox/box-screen`, the bo
 publishes the box's noVNC port on the engine's 127.0.0.1. Its VNC password is made on this machine from the
 box's id and a key only this user reads (`~/.agentbox/screen.key`): written to the box's tmpfs at create and
 at every start (a stop empties the tmpfs), so it is never in a label, the image, the container's config, a log
-or a checkpoint, and this machine needs no per-box record of it. screen.yml prints a noVNC URL that carries
-the password in its fragment (never sent to the box's web server, so never in its log) and connects at once.
+or a checkpoint. screen.yml prints the URL of a page on this machine (`~/.agentbox/screen/<box>.html`, 0600 in a
+0700 folder) that takes the browser to noVNC with the password in the URL's fragment (never sent to a server, so
+never in the box's web server's log), which connects at once: the password is in no output, so in no Ansible log.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import html
+import json
 import os
 import time
 import urllib.error
@@ -27,7 +30,7 @@ from ..core._provider import BoxFacts, Provider
 from . import _forwards
 
 NOVNC_PORT = 6080
-SECRET = "vnc_password"  # the file under /run/agentbox/secrets that agentbox-boot reads
+SECRET = "vnc_password"  # the secret file (core/_naming.SECRETS_DIR) that agentbox-boot reads
 SCREEN_LABEL = "screen"  # io.agentbox.screen=true on a box made with vnc (the image's own label is io.agentbox.vnc)
 IMAGE_LABEL = "io.agentbox.vnc"  # "true" on the screen image and on checkpoints made from its boxes
 DEFAULT_IMAGE = "agentbox/box:latest"
@@ -35,7 +38,6 @@ SCREEN_IMAGE = "agentbox/box-screen:latest"
 BUILD_HINT = "ansible-playbook playbooks/build_image.yml -e box_image_screen=true"
 CREATE_HINT = "ansible-playbook playbooks/create_box.yml -e box=NAME -e vnc=true"
 PASSWORD_LENGTH = 8  # VNC authentication reads the first 8 characters only
-SECRETS_DIR = "/run/agentbox/secrets"
 
 
 def key_path() -> str:
@@ -84,23 +86,44 @@ def give_password(provider: Provider, facts: BoxFacts) -> None:
     """A box with a screen lost its password with its tmpfs at a stop: write it again, before the boot reads it."""
     if facts.labels.get(SCREEN_LABEL) != "true":
         return
-    provider.exec(
-        facts.name,
-        ["sh", "-c", 'install -d -m 0700 -o vscode -g vscode "$0" && umask 077 && cat > "$0/$1" && chown vscode: "$0/$1"',
-         SECRETS_DIR, SECRET],
-        user="root",
-        stdin=password(facts.id).encode(),
-    ).check("writing the VNC password", facts.name)
+    provider.write_secrets(facts.name, {SECRET: password(facts.id)})
 
 
-def novnc_url(base: str, box_id: str) -> str:
-    """noVNC's page at `base` that connects at once: the password in the fragment, which no server sees."""
-    return f"{base.rstrip('/')}/vnc.html#autoconnect=1&resize=scale&password={password(box_id)}"
+def novnc_url(base: str) -> str:
+    """noVNC's page at `base`, set to connect at once and scale; without the password (it asks for it)."""
+    return f"{base.rstrip('/')}/vnc.html#autoconnect=1&resize=scale"
+
+
+def page_path(box: str) -> str:
+    return os.path.join(_host_files.agentbox_dir(), "screen", f"{box}.html")
+
+
+def page_text(box: str, target: str) -> str:
+    """The page that takes the browser to `target` (noVNC with the password in its fragment, which noVNC's
+    WebUtil.getConfigVar reads from location.hash and no browser sends to a server); no referrer leaves it."""
+    script = json.dumps(target).replace("<", "\\u003c")
+    return ("<!doctype html>\n<meta charset=\"utf-8\">\n<meta name=\"referrer\" content=\"no-referrer\">\n"
+            f"<title>agentbox screen: {html.escape(box)}</title>\n<script>location.replace({script});</script>\n"
+            f"<p><a href=\"{html.escape(target)}\">the screen of box {html.escape(box)}</a></p>\n")
+
+
+def write_page(box: str, target: str, check_mode: bool) -> bool:
+    """Write the box's page (0600, in a 0700 folder) unless it already says the same: True when it changed
+    (in check mode: would change, and nothing is written)."""
+    path, text = page_path(box), page_text(box, target)
+    if _host_files.read_text(path) == text:
+        return False
+    if not check_mode:
+        _host_files.ensure_private_dir(os.path.dirname(path))
+        _host_files.write_atomic(path, text, 0o600)
+    return True
 
 
 def screen(provider: Provider, name: str, check_mode: bool = False) -> dict[str, Any]:
-    """screen.yml's answer for box `name`: `url` (the auto-connecting noVNC page on this machine's 127.0.0.1),
-    `local_port`, `pid` of a forward (docker_ssh), `changed`, `box`. Fails with what to do for a box without one."""
+    """screen.yml's answer for box `name`: `url` (the file URL of the box's page on this machine, which opens
+    noVNC connecting at once), `page` (its path), `novnc` (noVNC's page on this machine's 127.0.0.1, without the
+    password), `local_port`, `pid` of a forward (docker_ssh), `changed`, `box`. The password is in none of them.
+    Fails with what to do for a box without a screen."""
     problem = supported(provider)
     if problem:
         raise ValueError(problem)
@@ -121,7 +144,11 @@ def screen(provider: Provider, name: str, check_mode: bool = False) -> dict[str,
     if problem:
         raise ProviderError(f"the screen of box {name!r} does not answer ({problem}): its logs are "
                             "/var/log/agentbox/vnc.log and novnc.log in the box", box=name, operation="screen")
-    answer["url"] = novnc_url(answer["url"], facts.id)
+    answer["novnc"] = novnc_url(answer["url"])
+    target = f"{answer['novnc']}&password={password(facts.id)}"
+    answer["changed"] = write_page(name, target, check_mode) or answer["changed"]
+    answer["page"] = page_path(name)
+    answer["url"] = "file://" + urllib.request.pathname2url(answer["page"])
     return answer
 
 

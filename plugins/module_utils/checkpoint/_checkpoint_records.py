@@ -22,12 +22,12 @@ from typing import Any
 
 from ..core import _naming
 from ..core._box_data import WORKSPACE, head_line
+from ..core._naming import SECRETS_DIR
 from ..core._provider import BoxFacts, Provider, ProviderError, too_large
 
 SCHEMA_VERSION = 1
 # Kept in step with galaxy.yml by hand: modules run from a zip, where galaxy.yml is not readable.
 COLLECTION_VERSION = "0.1.0"
-SECRETS_DIR = "/run/agentbox/secrets"
 ANSWER_LIMIT = 64 * 1024  # a line or two of git's answer, and its stderr
 SECRET_LIMIT = 1 << 20  # what of one secret file the host reads back (the host wrote it: a key, a token)
 DEFAULT_MAX_LAYERS = 3

@@ -18,6 +18,10 @@ LABEL_PREFIX = "io.agentbox."
 CONTAINER_PREFIX = "agentbox-"
 BRANCH_PREFIX = "agentbox/"
 CHECKPOINT_IMAGE_PREFIX = "agentbox-ckpt-"
+# Inside every box: its user (uid 1000, passwordless sudo), and the tmpfs directory of its secret files (written
+# through exec's stdin by Provider.write_secrets: never in env, labels, a layer or a checkpoint).
+BOX_USER = "vscode"
+SECRETS_DIR = "/run/agentbox/secrets"
 BOX_NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 # Checkpoint names become image tags: Docker allows [A-Za-z0-9_.-]{1,128}; we keep it lower case.
 CHECKPOINT_NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")

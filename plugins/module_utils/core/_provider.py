@@ -341,6 +341,12 @@ class Provider(abc.ABC):
     def get_archive(self, name: str, path: str) -> Iterator[bytes]:
         """A tar stream of `path` in the box."""
 
+    @abc.abstractmethod
+    def write_secrets(self, name: str, secrets: dict[str, str]) -> None:
+        """Each secret a file `SECRETS_DIR/<key>` on the box's tmpfs, 0600 and the box user's, its value
+        through exec's stdin: never in env, labels, a layer or a checkpoint. Create writes BoxSpec.secrets;
+        a workflow writes again what a stop emptied (the screen's VNC password). A file already there is replaced."""
+
     # -- images and checkpoints -------------------------------------------------------------
     @abc.abstractmethod
     def image_exists(self, image: str) -> bool: ...

@@ -26,7 +26,6 @@ import re
 import time
 from typing import Any
 
-from ..access._access import BOX_USER
 from ..agent import _agent
 from ..box import _box
 from ..core import _naming
@@ -54,7 +53,7 @@ ACTIVITY_SCRIPT = (
     r"""printf '%d ' "$(pgrep -c -f '^(sshd|sshd-session): @USER@ \[priv\]' 2>/dev/null)"; """
     r"""awk 'FNR > 1 && $4 == "01" && $2 ~ /:@PORT@$/ && $3 !~ /^(0100007F|0000000000000000FFFF00000100007F|"""
     r"""00000000000000000000000001000000):/ {n++} END {printf "%d\n", n}' /proc/net/tcp /proc/net/tcp6 2>/dev/null;"""
-).replace("@USER@", BOX_USER).replace("@PORT@", f"{WEB_PORT:04X}")
+).replace("@USER@", _naming.BOX_USER).replace("@PORT@", f"{WEB_PORT:04X}")
 ACTIVITY_LINE = re.compile(r"agentbox-activity (\d{1,12}) (\d{1,6}) (\d{1,6})")
 
 

@@ -1,8 +1,9 @@
 """The box's screen for real: the screen image built by the role (a cached build of its own on top of the box
 image), a box made with vnc, its own Chromium (agentbox-browser) on a page a server in the box serves, and
-screen.yml's URL opened by this machine's headless Chromium: noVNC says connected and shows that page. The VNC
-password is in no label, environment, image, log or checkpoint-visible file, and the screen comes back after
-a stop and a start. The test talks only to 127.0.0.1. Bad input and vnc-less boxes: tests/unit/access/test_screen.py.
+screen.yml's URL (a private page on this machine) opened by this machine's headless Chromium: noVNC says connected
+and shows that page. The VNC password is in no label, environment, image, log (screen.yml's output and its Ansible
+log_path included) or checkpoint-visible file, and the screen comes back after a stop and a start. The test
+talks only to 127.0.0.1. Bad input and vnc-less boxes: tests/unit/access/test_screen.py.
 
 `AGENTBOX_SCREEN_SCREENSHOT=docs/img/screen.png` keeps the screenshot there (refreshed on purpose only)."""
 
@@ -13,6 +14,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -21,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.agentbox.box.plugins.module_utils.access import _screen
+from ansible_collections.agentbox.box.plugins.module_utils.core import _naming
 from tests.conftest import REPO, make_repo, run_module_direct
 from tests.integration.access.test_access import destroy_quietly, enter_home, new_home, playbook
 from tests.integration.support.cdp import Browser
@@ -98,11 +101,21 @@ def show_page_in_the_box(name: str) -> str:
     return docker_exec(name, "python3", "-c", probe).strip()
 
 
-def screen_url(name: str, home: Path) -> str:
-    done = playbook("playbooks/screen.yml", "-e", f"box={name}", env={"HOME": str(home)})
+def screen_url(name: str, home: Path, log: Path) -> tuple[str, str]:
+    """screen.yml's URL (of the box's page on this machine) and all it wrote: its output (-v: the module's result
+    too) and its Ansible log."""
+    done = playbook("playbooks/screen.yml", "-v", "-e", f"box={name}", env={"HOME": str(home), "ANSIBLE_LOG_PATH": str(log)})
     assert done.returncode == 0, done.stdout + done.stderr
-    found = re.search(r"screen:\s+(http://127\.0\.0\.1:\d+/vnc\.html#\S+?)[\"',\s]", done.stdout)
+    found = re.search(r"screen:\s+(file:///\S+?\.html)[\"',\s]", done.stdout)
     assert found, done.stdout
+    return found.group(1), done.stdout + done.stderr + log.read_text()
+
+
+def novnc_target(page_url: str) -> str:
+    """The noVNC URL, password in its fragment, that the box's page takes the browser to."""
+    found = re.search(r'location\.replace\("(http://127\.0\.0\.1:\d+/vnc\.html#[^"]+)"\)',
+                      Path(page_url.removeprefix("file://")).read_text())  # fmt: skip
+    assert found, page_url
     return found.group(1)
 
 
@@ -121,16 +134,22 @@ def test_screen_shows_the_box_desktop_with_its_own_chromium_on_a_page_served_in_
         screen_box: str, screen_home: Path, tmp_path: Path) -> None:  # fmt: skip
     token = screen_box.removeprefix("scr-")
     assert show_page_in_the_box(screen_box) == f"agentbox screen {token}"
-    url = screen_url(screen_box, screen_home)
-    password = url.rsplit("password=", 1)[1]
-    assert url.count("#") == 1 and "autoconnect=1" in url.split("#")[1] and len(password) == 8
+    url, said = screen_url(screen_box, screen_home, tmp_path / "ansible.log")
+    page = screen_home / ".agentbox" / "screen" / f"{screen_box}.html"
+    assert url == f"file://{page}"
+    assert stat.S_IMODE(page.stat().st_mode) == 0o600 and stat.S_IMODE(page.parent.stat().st_mode) == 0o700
+    target = novnc_target(url)
+    password = target.rsplit("password=", 1)[1]
+    assert target.count("#") == 1 and "autoconnect=1" in target.split("#")[1] and len(password) == 8
+    # Neither screen.yml's output (the module's result included) nor its Ansible log has the password.
+    assert "127.0.0.1" in said and password not in said
     shot = os.environ.get("AGENTBOX_SCREEN_SCREENSHOT") or str(tmp_path / "screen.png")
     connected, pixels = connected_pixels(url, str(REPO / shot) if not os.path.isabs(shot) else shot)
     assert connected, "noVNC did not report connected"
     # The page fills most of Chromium's 1280x800 window: well over 100,000 magenta pixels reach this machine.
     assert pixels > 100000, pixels
     # A wrong password is refused: the screen is the box's password's only.
-    wrong = url.replace(f"password={password}", "password=wrong123")
+    wrong = target.replace(f"password={password}", "password=wrong123")
     with Browser(1280, 800) as browser:
         browser.open(wrong)
         refused = browser.wait_for("document.getElementById('noVNC_status') && "
@@ -147,7 +166,7 @@ def test_screen_shows_the_box_desktop_with_its_own_chromium_on_a_page_served_in_
     # Where the box writes (its layer, /workspace, logs, /tmp) and its tmpfs: the one secret file holds it.
     holders = docker_exec(screen_box, "sh", "-c", f"grep -rlsF {password} /home /root /etc /var/log /var/lib/agentbox "
                           "/tmp /run /workspace || true", user="root").split()  # fmt: skip
-    assert holders == [f"{_screen.SECRETS_DIR}/{_screen.SECRET}"], holders
+    assert holders == [f"{_naming.SECRETS_DIR}/{_screen.SECRET}"], holders
     assert "/run/agentbox" in docker_exec(screen_box, "sh", "-c", "findmnt -n -o TARGET -T /run/agentbox/vnc")
 
 
@@ -155,13 +174,17 @@ def test_the_screen_comes_back_after_a_stop_and_a_start(screen_box: str, screen_
     env = {"HOME": str(screen_home)}
     before = run_module_direct("agentbox_screen", {"name": screen_box}, env=env)
     assert not before["failed"], before.get("msg")
+    password = novnc_target(before["url"]).rsplit("password=", 1)[1]
     for state in ("stopped", "started"):
         moved = run_module_direct("agentbox_box", {"name": screen_box, "state": state}, env=env)
         assert not moved["failed"], moved.get("msg")
     after = run_module_direct("agentbox_screen", {"name": screen_box}, env=env)
     assert not after["failed"], after.get("msg")
-    # The start gave the box its password again (the tmpfs was emptied): the same one, made here from the box's id.
-    assert after["url"].rsplit("password=", 1)[1] == before["url"].rsplit("password=", 1)[1]
+    # The start gave the box its password again (the tmpfs was emptied): the same one, made here from the box's id;
+    # the page says the new port (a start publishes another).
+    assert after["url"] == before["url"] and str(after["local_port"]) in after["novnc"]
+    assert password not in json.dumps(before) + json.dumps(after)
+    assert novnc_target(after["url"]) == f"{after['novnc']}&password={password}"
     assert show_page_in_the_box(screen_box).startswith("agentbox screen")
     connected, pixels = connected_pixels(after["url"])
     assert connected and pixels > 100000, (connected, pixels)

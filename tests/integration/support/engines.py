@@ -175,6 +175,13 @@ class EngineFleet:
             else:
                 os.environ[SSH_CONFIG_ENV] = old
 
+    @contextmanager
+    def holding(self, engine: Engine) -> Iterator[Engine]:
+        """`engine` kept from other holders while the block runs: a test that fills its disk, one whose boxes
+        need that disk. A file lock in the fleet's directory, which the workers sharing the fleet all see."""
+        with _locked(Path(self.dir) / f"{engine.alias}.hold"):
+            yield engine
+
     def load_image(self, image: str) -> None:
         """Stream `image` from the local engine to every engine with dockerd, in parallel; the reports go to
         image_reports by alias. Uncompressed: on loopback the link is not the bottleneck, the 2 CPUs are."""

@@ -122,3 +122,22 @@ def test_daytona_and_boxd_say_the_screen_is_not_there_yet(tmp_path: Path, home: 
         assert made["failed"] is True and made["msg"].startswith(f"vnc: {wanted}"), made
         assert shown["failed"] is True and shown["msg"].startswith(wanted), shown
         assert cloud.boxes == {}
+
+
+def test_the_screen_page_is_private_and_takes_the_browser_to_novnc_with_the_password_in_the_fragment(
+        home: Path) -> None:  # fmt: skip
+    novnc = _screen.novnc_url("http://127.0.0.1:4321/")
+    assert novnc == "http://127.0.0.1:4321/vnc.html#autoconnect=1&resize=scale"
+    target = f"{novnc}&password=Ab3dEf9h"
+    page = Path(_screen.page_path("scr"))
+    assert page == home / ".agentbox" / "screen" / "scr.html"
+    assert _screen.write_page("scr", target, check_mode=True) is True and not page.parent.exists()
+    assert _screen.write_page("scr", target, check_mode=False) is True
+    assert stat.S_IMODE(page.stat().st_mode) == 0o600 and stat.S_IMODE(page.parent.stat().st_mode) == 0o700
+    text = page.read_text()
+    assert f"location.replace({json.dumps(target)});" in text and 'content="no-referrer"' in text
+    assert _screen.write_page("scr", target, check_mode=False) is False  # the same page: unchanged
+    # Another port after a start: the page changes; in check mode it only says so.
+    moved = target.replace("4321", "4322")
+    assert _screen.write_page("scr", moved, check_mode=True) is True and page.read_text() == text
+    assert _screen.write_page("scr", moved, check_mode=False) is True and "4322" in page.read_text()

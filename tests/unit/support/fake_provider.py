@@ -29,7 +29,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from ansible_collections.agentbox.box.plugins.module_utils.core._naming import now_iso, strip_labels
+from ansible_collections.agentbox.box.plugins.module_utils.core._naming import SECRETS_DIR, now_iso, strip_labels
 from ansible_collections.agentbox.box.plugins.module_utils.core._provider import (
     BoxFacts,
     BoxSpec,
@@ -178,10 +178,7 @@ class FakeProvider(Provider):
                 box.layers.append((path, str(upper), str(work)))
             self.boxes[spec.name] = box
             if spec.secrets:
-                secrets = box.root / "run/agentbox/secrets"
-                secrets.mkdir(mode=0o700)
-                for key, value in spec.secrets.items():
-                    (secrets / key).write_text(value)
+                self.write_secrets(spec.name, spec.secrets)
         except BaseException:
             self.boxes.pop(spec.name, None)
             shutil.rmtree(directory, ignore_errors=True)
@@ -253,6 +250,17 @@ class FakeProvider(Provider):
         if run.rc != 0:
             raise ProviderError(f"{path}: {run.stderr.decode(errors='replace')}", box=name, operation="get_archive")
         return iter([run.stdout[i:i + (1 << 16)] for i in range(0, len(run.stdout), 1 << 16)])
+
+    def write_secrets(self, name: str, secrets: dict[str, str]) -> None:
+        self._step("write_secrets", name)
+        directory = self._box(name).root / SECRETS_DIR.lstrip("/")
+        directory.mkdir(mode=0o700, exist_ok=True)
+        os.chown(directory, BOX_UID, BOX_UID)
+        for key, value in secrets.items():
+            path = directory / key
+            with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "w") as file:
+                file.write(value)
+            os.chown(path, BOX_UID, BOX_UID)
 
     def image_exists(self, image: str) -> bool:
         self._step("image_exists")

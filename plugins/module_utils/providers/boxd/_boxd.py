@@ -35,7 +35,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
-from ...core._naming import label, strip_labels
+from ...core._naming import BOX_USER, SECRETS_DIR, label, strip_labels
 from ...core._provider import (
     BOX_TEXT_LIMIT,
     BoxFacts,
@@ -73,8 +73,6 @@ from ._boxd_state import (
     needs_start,
 )
 
-BOX_USER = "vscode"
-SECRETS_DIR = "/run/agentbox/secrets"
 START_TIMEOUT = 300.0
 STOP_TIMEOUT = 120.0
 ADOPT_WAIT_SECONDS = 15.0
@@ -307,7 +305,7 @@ class BoxdProvider(Provider):
                 self.exec(spec.name, ["rm", "-rf", "/var/lib/docker/runtimes"], user="root").check(
                     "preparing in-box Docker", spec.name)
             if spec.secrets:
-                self._write_secrets(spec.name, spec.secrets)
+                self.write_secrets(spec.name, spec.secrets)
             return self._facts(machine, forwards)
         except BaseException:
             self._delete_quietly(machine.id)
@@ -418,7 +416,7 @@ class BoxdProvider(Provider):
                                     box=name, operation=operation)
             time.sleep(POLL_SECONDS)
 
-    def _write_secrets(self, name: str, values: dict[str, str]) -> None:
+    def write_secrets(self, name: str, values: dict[str, str]) -> None:
         """Each secret a file on a tmpfs, its value through exec's stdin: never in env, labels or snapshots."""
         script = (
             'd=$1; mkdir -p "$d"; mountpoint -q "$d" || mount -t tmpfs -o mode=0700,size=1m agentbox-secrets "$d" '

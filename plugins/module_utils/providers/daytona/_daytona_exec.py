@@ -41,7 +41,6 @@ from ._daytona_api import (
 )
 from ._daytona_state import box_state, state_name
 
-BOX_USER = "vscode"
 # Control files of running commands: a tmpfs that the checkpoint cleanup (which empties /tmp) and a
 # snapshot never see.
 EXEC_DIR = "/dev/shm/agentbox-exec"

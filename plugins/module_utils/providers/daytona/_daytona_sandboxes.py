@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...core._boot import boot_box
-from ...core._naming import label, strip_labels
+from ...core._naming import BOX_USER, SECRETS_DIR, label, strip_labels
 from ...core._provider import BoxFacts, BoxNotFound, BoxSpec, ProviderError
 from ...core._shell_line import gib
 from .._snapshot_store import parse_snapshot_name
@@ -46,7 +46,7 @@ from ._daytona_api import (
     is_transport_error,
     status_of,
 )
-from ._daytona_exec import BOX_USER, DEFAULT_EXEC_SLICE
+from ._daytona_exec import DEFAULT_EXEC_SLICE
 from ._daytona_idle import DEFAULT_IDLE_MINUTES, IDLE_LABEL
 from ._daytona_options import env_minutes, is_ephemeral, refuse_if_ephemeral, refuse_other_region
 from ._daytona_snapshots import DaytonaSnapshots
@@ -64,7 +64,6 @@ from ._daytona_state import (
 )
 
 WEB_PORT = 80
-SECRETS_DIR = "/run/agentbox/secrets"
 CREATE_TIMEOUT = 600.0
 START_TIMEOUT = 300.0
 STOP_TIMEOUT = 120.0
@@ -326,7 +325,7 @@ class DaytonaSandboxes(DaytonaSnapshots):
             if parse_snapshot_name(spec.image) is not None:
                 self._after_restore(spec.name)
             if spec.secrets:
-                self._write_secrets(spec.name, spec.secrets)
+                self.write_secrets(spec.name, spec.secrets)
             return self._facts_with_url(sandbox, spec.name)
         except BaseException:
             self._destroy_quietly(spec.name)
@@ -403,7 +402,7 @@ class DaytonaSandboxes(DaytonaSnapshots):
         start and refuses to start when it cannot; the directory is rebuilt at start, so it goes."""
         self.exec(name, ["rm", "-rf", "/var/lib/docker/runtimes"], user="root").check("preparing in-box Docker", name)
 
-    def _write_secrets(self, name: str, values: dict[str, str]) -> None:
+    def write_secrets(self, name: str, values: dict[str, str]) -> None:
         """Each secret a file on a tmpfs: never in env, labels, session history or snapshots."""
         script = (
             f'd={SECRETS_DIR}; mkdir -p "$d"; '

@@ -18,7 +18,15 @@ from typing import IO, Any
 
 from ...access import _editor_volumes
 from ...core._host_files import ensure_private_dir, ssh_config_file
-from ...core._naming import CONTAINER_BOX_NAME_MAX, container_name, docker_volume_name, label, strip_labels
+from ...core._naming import (
+    BOX_USER,
+    CONTAINER_BOX_NAME_MAX,
+    SECRETS_DIR,
+    container_name,
+    docker_volume_name,
+    label,
+    strip_labels,
+)
 from ...core._provider import (
     BoxFacts,
     BoxNotFound,
@@ -44,13 +52,11 @@ from ._engine_api import (
 from ._engine_sdk import API_TIMEOUT, SDKEngine, client_for, engine_error, engine_unreachable, forget_client
 from ._gitlayer_volumes import create_layers, remove_layers, rescue_commits
 
-BOX_USER = "vscode"
 WEB_PORT = 80
 # The capabilities a box needs for Docker-in-box and FUSE; never --privileged.
 BOX_CAPABILITIES = ["SYS_ADMIN", "NET_ADMIN"]
 BOX_SECURITY_OPT = ["seccomp=unconfined", "apparmor=unconfined"]
 RUN_DIR = "/run/agentbox"
-SECRETS_DIR = RUN_DIR + "/secrets"
 DOCKER_STATES = {
     "running": "running",
     "paused": "paused",
@@ -306,12 +312,14 @@ class DockerProvider(Provider):
         return self._facts(container)
 
     def list_boxes(self, project: str | None = None) -> list[BoxFacts]:
-        # One request: /containers/json already carries labels, state and ports; claimed pooled boxes (kind
-        # pool) are read through their claim records (_claimed: one more request, only when there is one).
+        # The engine filters by label: the boxes (of the project, when asked), and the pooled containers, which
+        # a claim made boxes when they carry another name (their labels, the project's too, are read through
+        # their claim records: _claimed, one more request when there is one). /containers/json already carries
+        # labels, state and ports. Probes and other kinds never leave the engine.
         with self._engine_call("", "list boxes") as engine:
-            summaries = engine.containers([label("kind")])
-            summaries = [s for s in summaries if (s.get("Labels") or {}).get(label("kind")) == "box"] + \
-                _claimed.listed_as_boxes(engine, summaries)
+            of_project = [f"{label('project')}={project}"] if project else []
+            summaries = engine.containers([label("kind") + "=box", *of_project]) + \
+                _claimed.listed_as_boxes(engine, engine.containers([label("kind") + "=pool"]))
         boxes = [self._facts_from_summary(s) for s in summaries
                  if not project or (s.get("Labels") or {}).get(label("project")) == project]
         if self._other_isolation():
@@ -418,7 +426,7 @@ class DockerProvider(Provider):
                 raise
             engine.start_container(container)
             if spec.secrets:
-                self._write_secrets(spec.name, spec.secrets)
+                self.write_secrets(spec.name, spec.secrets)
             attrs = engine.inspect_container(container)
             if attrs is None:
                 raise ProviderError("the box's container went away as it started", box=spec.name, operation="create")
@@ -511,7 +519,7 @@ class DockerProvider(Provider):
             with contextlib.suppress(EngineAPIError, EngineUnanswered):
                 engine.remove_volume(name, force=True)
 
-    def _write_secrets(self, name: str, secrets: dict[str, str]) -> None:
+    def write_secrets(self, name: str, secrets: dict[str, str]) -> None:
         """Secrets go to a tmpfs file each: never in env, labels or the writable layer.
 
         Written through exec's stdin: the engine's archive API cannot reach into a tmpfs mount.
