@@ -114,6 +114,7 @@ def wrap(module_common: Any, directory: str) -> None:
         store(path, (metadata, recorder.files))
         return metadata
 
+    recursive_finder.__wrapped__ = original  # type: ignore[attr-defined]
     module_common.recursive_finder = recursive_finder
 
 

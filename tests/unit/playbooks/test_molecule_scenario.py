@@ -14,6 +14,7 @@ from tests.conftest import REPO
 from tests.unit.support.templating import render
 
 TEMPLATES = REPO / "playbooks/templates/molecule"
+GATE = REPO / "roles/inbox_supervisor/molecule/default"
 
 
 def validate_v3(scenario: dict) -> Any:
@@ -25,7 +26,6 @@ def validate_v3(scenario: dict) -> Any:
         from molecule.model.schema_v3 import validate  # pylint: disable=import-outside-toplevel
 
         return validate(scenario)
-GATE = REPO / "roles/inbox_supervisor/molecule/default"
 
 
 @pytest.mark.parametrize("name", ["create.yml", "destroy.yml"])
