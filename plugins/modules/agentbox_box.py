@@ -146,7 +146,12 @@ options:
         V(open) (any public host, logged), V(none) (nothing).
       - Left out, the C(egress) key of the workspace's C(agentbox.yaml) is used; left out there too (and
         O(egress_allow) in neither), the box keeps the open network of boxes made before the gateway (for now).
-      - Local engine (O(provider=docker)) only, on the box engine; refused elsewhere (the file's keys there are
+      - On O(provider=daytona) and O(provider=boxd) the policy is the provider's own allow list instead, with no
+        gateway and no audit. V(none) is Daytona's V(block_all) and a boxd list that lets nothing out; V(allowlist)
+        is boxd's list of the policy's hosts, refused on Daytona (its list takes IPv4 CIDRs; use O(network) there);
+        V(open) is their open network. Refused together with O(network); O(network) wins over the file's keys
+        (docs/egress.md).
+      - Refused on a remote engine (O(provider=docker_ssh)) and with O(isolation=none) (the file's keys there are
         checked, then left unapplied with a warning).
     type: str
   egress_allow:
@@ -188,7 +193,7 @@ options:
         C(AGENTBOX_DAYTONA_NETWORK), else open.
       - On O(provider=boxd), the machine's egress allow list of host names and CIDRs (V([github.com, 10.0.0.0/8]));
         boxd has no V(block_all). Default C(AGENTBOX_BOXD_EGRESS_ALLOW) (comma-separated), else open.
-      - Other providers refuse it.
+      - Other providers refuse it. Refused together with O(egress) or O(egress_allow) - one or the other.
     type: raw
   ephemeral:
     description:

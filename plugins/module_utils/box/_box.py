@@ -64,7 +64,7 @@ class CreateRequest:
     journal: _journal.Journal | None = None  # the caller's claimed journal (else create claims one)
     with_env: bool = False  # the ignored .env* files too, onto the box's tmpfs (_carry_env)
     carry_ignored: list[str] = dataclasses.field(default_factory=list)  # more ignored files, by glob
-    egress: EgressPolicy | None = None  # through the host's gateway only (docs/egress.md); None: the open network
+    egress: EgressPolicy | None = None  # the host's gateway or the provider's allow list (docs/egress.md); None: open
     vnc: bool = False  # the box's screen: the screen image, its noVNC port published, a VNC password (_screen)
 
 
@@ -117,14 +117,19 @@ def create_box(provider: Provider, request: CreateRequest) -> Created:
     _preflight.check_workspace_path(workspace)
     name, box_id = resolve_name(request.name, workspace)
     check_name_fits(provider, name)
-    if request.egress is not None and not provider.holds_egress:
-        raise BoxError(f"egress: the egress gateway holds boxes on this machine's box engine only, not {provider.name} "
-                       f"on {provider.engine} (a remote engine, Daytona, boxd or isolation none): create the box "
-                       "without egress and egress_allow", box=name, operation="create")
+    # The policy is held by the host's gateway (the local box engine) or by the provider's own network setting
+    # (Daytona, boxd): `gateway` is the policy when the gateway holds it.
+    gateway = request.egress if request.egress is not None and provider.holds_egress else None
+    if request.egress is not None and gateway is None and not provider.egress_network(request.egress):
+        raise BoxError(f"egress: a policy holds boxes on this machine's box engine (its gateway), Daytona and boxd "
+                       f"(their own allow lists) only, not {provider.name} on {provider.engine} (a remote engine or "
+                       "isolation none): create the box without egress and egress_allow", box=name,
+                       operation="create")
+    request = dataclasses.replace(request, egress=gateway)  # past here: the gateway's policy (None: no gateway part)
     no_screen = _screen.supported(provider) if request.vnc else ""
     if no_screen:
         raise BoxError(f"vnc: {no_screen}: create the box without vnc", box=name, operation="create")
-    provider.check_can_create(name, egress=request.egress is not None)  # before an image is sent or anything made
+    provider.check_can_create(name, egress=gateway is not None)  # before an image is sent or anything made
     project = _naming.project_id(workspace)
     _preflight.check_not_bare(workspace)
     repos = _git.find_repos(workspace)

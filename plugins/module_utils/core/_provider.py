@@ -20,6 +20,8 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
+from ..egress._egress_policy import EgressPolicy
+
 # The errors live at the bottom rank (_errors), re-exported here: modules, plugins and tests import them from _provider.
 from ._errors import (  # noqa: F401  # pylint: disable=unused-import
     BoxNotFound,
@@ -245,7 +247,14 @@ class Provider(abc.ABC):
     @property
     def holds_egress(self) -> bool:
         """A new box of this provider can be held to the host's egress gateway (docs/egress.md): the local box
-        engine only, today."""
+        engine only."""
+        return False
+
+    def egress_network(self, policy: EgressPolicy) -> bool:
+        """Hold the boxes this provider creates to `policy` with its own network setting instead of the gateway
+        (Daytona's, boxd's: docs/egress.md "Daytona and boxd"): True when it does; False when it has none
+        (the box would have the open network). ProviderError names what to write when the policy cannot be
+        expressed there, or the `network` create option was given too (one or the other)."""
         return False
 
     def __init__(self) -> None:

@@ -92,6 +92,12 @@ class EgressPolicy:
             raise EgressError(f"the recorded egress policy {record!r} is not an object with a word under 'egress'")
         return parse_policy(record["egress"], record.get("egress_allow"))
 
+    def allowed_hosts(self) -> tuple[str, ...]:
+        """The names and `*.` wildcards an allowlist lets through: the default list less its `-` entries, then
+        the user's (what a provider's own allow list is given: docs/egress.md "Daytona and boxd")."""
+        kept = [host for host in DEFAULT_ALLOW if f"-{host}" not in self.allow]
+        return tuple(dict.fromkeys([*kept, *(entry for entry in self.allow if not entry.startswith("-"))]))
+
     def decide(self, host: str) -> Decision:
         """Whether the box may reach `host` (normalized by request_host), and why: the audit's reason."""
         if self.mode == "none":
@@ -289,6 +295,16 @@ def check_agent_hosts(policy: EgressPolicy, environ: Mapping[str, str], agents: 
         whys = "; ".join(f"{host}: {why}" for host, why in sorted(missing.items()))
         raise EgressError(f"egress: allowlist would block the agent's own API host ({whys}): add it, "
                           f"egress_allow: [{hosts}], or unset the base URL variable on the host")
+
+
+def check_open_network(policy: EgressPolicy, where: str) -> None:
+    """`egress: open` on a provider's own network (Daytona, boxd: no gateway) is that open network: a `-`
+    entry would take one host off it, which an allow list cannot do. EgressError says what to write."""
+    taken = [entry for entry in policy.allow if entry.startswith("-")]
+    if policy.mode == "open" and taken:
+        raise EgressError(f"egress_allow {', '.join(taken)}: with egress: open a box on {where} has the provider's "
+                          "open network, whose allow list cannot take one host off it: drop the '-' entries, or "
+                          "use egress: allowlist", "egress_allow")
 
 
 def request_host(text: str) -> str | None:

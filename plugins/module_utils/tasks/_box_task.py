@@ -15,6 +15,7 @@ from ..access import _screen
 from ..access._access import answer_include, include_hint, include_present, ssh_command
 from ..box import _box, _rollback
 from ..core import _journal, _naming, _preflight
+from ..core._errors import ProviderError
 from ..egress._egress_policy import EgressError, EgressPolicy, parse_policy
 from ..git import _git, _gitlayer, _seed
 from ..providers import _registry
@@ -69,11 +70,24 @@ def _egress(params: dict[str, Any], workspace: str, provider: Any, warnings: lis
         policy = parse_policy(values.get("egress"), values.get("egress_allow"), environ=os.environ)
     except EgressError as exc:
         raise EgressError(f"{_file_line(project, from_file, exc)}{exc}", exc.setting, exc.entry, exc.names) from None
-    if not given and not provider.holds_egress:
+    if not given and params.get("network") is not None:
+        # The create option names this box's network: it wins over the project's file (given with a policy
+        # option instead, the provider refuses the two together).
+        warnings.append(f"{project['path']} sets {' and '.join(from_file)}, and this box's network option wins "
+                        "over it: the box has the network the option gives")
+        return None
+    if provider.holds_egress:
+        return policy
+    try:
+        mapped = provider.egress_network(policy)  # Daytona's, boxd's own allow list; refused before anything is made
+    except ProviderError as exc:
+        raise ProviderError(f"{project['path']}: {exc}" if from_file else str(exc), box=params["name"],
+                            operation="create") from None
+    if not mapped and not given:
         # The file is the project's, whichever provider a box goes to: told, not refused (the option is).
         warnings.append(f"{project['path']} sets {' and '.join(from_file)}, which only boxes on this machine's box "
-                        f"engine are held to, not this one ({provider.name} on {provider.engine}: a remote engine, "
-                        "Daytona, boxd or isolation none): this box has the open network")
+                        f"engine, Daytona and boxd are held to, not this one ({provider.name} on {provider.engine}: "
+                        "a remote engine or isolation none): this box has the open network")
         return None
     return policy
 

@@ -16,6 +16,7 @@ import pytest
 from ansible_collections.agentbox.box.plugins.module_utils.box import _box
 from ansible_collections.agentbox.box.plugins.module_utils.core import _journal
 from ansible_collections.agentbox.box.plugins.module_utils.core._provider import ProviderError
+from ansible_collections.agentbox.box.plugins.module_utils.egress import _egress_forwarder
 from ansible_collections.agentbox.box.plugins.module_utils.egress._egress_policy import EgressPolicy
 from tests.conftest import git, make_repo
 from tests.unit.support.fake_provider import FakeProvider
@@ -108,9 +109,26 @@ def test_an_egress_policy_on_a_provider_that_cannot_hold_it_is_refused_before_an
     be a promise the box does not keep: refused, nothing made."""
     repo = workspace(tmp_path)
     state = host_state(repo)
-    with pytest.raises(_box.BoxError, match="egress gateway holds boxes on this machine's box engine only, not fake"):
+    with pytest.raises(_box.BoxError, match=r"egress: a policy holds boxes on this machine's box engine \(its gateway\), "
+                       r"Daytona and boxd \(their own allow lists\) only, not fake"):
         _box.create_box(fake, _box.CreateRequest(name="eg", workspace=str(repo), egress=EgressPolicy("none")))
     assert fake.boxes == {} and host_state(repo) == state and journals(home) == []
+
+
+def test_a_policy_the_provider_holds_with_its_own_allow_list_gets_none_of_the_gateways_parts(
+    fake: FakeProvider, tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A provider that maps the policy onto its own network setting (Daytona, boxd: Provider.egress_network) is
+    asked once, and its box gets none of the gateway's parts: no egress label (a start would run the
+    forwarder), no proxy variables, no gateway network, no forwarder settings in the box."""
+    asked: list[EgressPolicy] = []
+    monkeypatch.setattr(fake, "egress_network", lambda policy: asked.append(policy) or True)
+    policy = EgressPolicy("none")
+    created = _box.create_box(fake, _box.CreateRequest(name="eg", workspace=str(workspace(tmp_path)), egress=policy))
+    assert asked == [policy]
+    box = fake.boxes["eg"]
+    assert "egress" not in created.facts.labels and "HTTPS_PROXY" not in box.spec.env and not box.spec.egress
+    assert not (fake.box_root("eg") / _egress_forwarder.PROFILE_FILE.lstrip("/")).exists()
 
 
 def test_destroy_brings_the_box_commits_home_then_removes_everything(fake: FakeProvider, tmp_path: Path, home: Path):

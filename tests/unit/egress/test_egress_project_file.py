@@ -101,13 +101,13 @@ def test_an_option_that_fixes_the_files_bad_entry_wins_and_a_bad_option_names_no
 def test_a_provider_that_cannot_hold_a_box_to_the_gateway_says_the_files_policy_does_not_apply(
     fake_docker: FakeProvider, home: Path, tmp_path: Path
 ) -> None:
-    """As a docker_ssh, Daytona or boxd box, or one with isolation none: the file is the project's, not refused;
-    still checked (a bad entry is refused wherever the box goes)."""
+    """As a docker_ssh box, or one with isolation none (Daytona and boxd hold it with their own allow lists:
+    tests/unit/providers/test_provider_egress.py): the file is the project's, not refused; still checked (a bad entry is refused wherever the box goes)."""
     repo = workspace(tmp_path, PROJECT)
     planned = plan(repo)
     assert planned["failed"] is False and planned["egress"] is None, planned
-    assert any("agentbox.yaml sets egress and egress_allow, which only boxes on this machine's box engine are held "
-               "to" in warning and "this box has the open network" in warning for warning in planned["warnings"])
+    assert any("agentbox.yaml sets egress and egress_allow, which only boxes on this machine's box engine, "
+               "Daytona and boxd are held to" in warning and "this box has the open network" in warning for warning in planned["warnings"])
     (repo / "agentbox.yaml").write_text("egress: opne\n")
     assert plan(repo)["failed"]
     nothing_made(fake_docker, home, repo)

@@ -50,6 +50,7 @@ from ...core._provider import (
     SshProxy,
 )
 from ...core._shell_line import command_line, gib
+from ...egress._egress_policy import EgressPolicy
 from .._snapshot_store import parse_snapshot_name
 from ._boxd_api import (
     BoxdConflict,
@@ -68,6 +69,7 @@ from ._boxd_state import (
     HIBERNATED,
     box_state,
     conflict_names_stopped,
+    egress_allow_for,
     is_ready,
     machine_name,
     needs_start,
@@ -172,10 +174,21 @@ class BoxdProvider(Provider):
         # Seconds idle before boxd suspends the machine (None: boxd's default; 0: never).
         self._auto_suspend = auto_suspend if auto_suspend is not None else _env_int("AGENTBOX_BOXD_AUTO_SUSPEND")
         self._disk = disk if disk is not None else _env_int("AGENTBOX_BOXD_DISK")  # GiB
+        self._network_option = egress_allow is not None  # the create option `network`, not the environment's
         raw_egress = os.environ.get("AGENTBOX_BOXD_EGRESS_ALLOW", "")
         self._egress = egress_allow if egress_allow is not None else [e for e in raw_egress.split(",") if e.strip()]
         self._ids: dict[str, str] = {}  # box name -> machine id: a cache, never the truth
         self._lock = threading.Lock()
+
+    def egress_network(self, policy: EgressPolicy) -> bool:
+        if self._network_option:
+            raise ProviderError("egress and network were both given: a boxd box's egress allow list is one or the "
+                                "other (egress: allowlist is the default list plus egress_allow); drop one")
+        try:
+            self._egress = egress_allow_for(policy)  # in place of AGENTBOX_BOXD_EGRESS_ALLOW's
+        except ValueError as exc:
+            raise ProviderError(str(exc)) from None
+        return True
 
     # -- plumbing -------------------------------------------------------------------------------
     @property
@@ -291,8 +304,10 @@ class BoxdProvider(Provider):
                                 box=spec.name, operation="create")
         machine = self._create_once(spec)
         try:
-            if self._egress and parse_snapshot_name(spec.image) is None:
-                # The machine is only scheduled yet: the list is in force before its image's start runs.
+            if self._egress and (parse_snapshot_name(spec.image) is None
+                                 or list(getattr(machine, "egress_allow", None) or []) != list(self._egress)):
+                # The machine is only scheduled yet: the list is in force before its image's start runs. A
+                # restore's spec list was combined with its snapshot's (never open): narrowed to this one.
                 self._call(lambda: self.sdk.machines.set_egress_allow(machine.id, self._egress), spec.name,
                            "egress allow list")
             machine = self._until_ready(spec.name, machine.id, "create")

@@ -18,7 +18,10 @@ hibernated, stopped, failed, destroyed, migrating; the others are transitions a 
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import re
+
+from ...egress._egress_policy import EgressPolicy, check_open_network
 
 RUNNING = frozenset({"running"})
 COMING_UP = frozenset({"starting", "creating", "booting", "pending", "scheduled", "migrating"})
@@ -67,3 +70,32 @@ def machine_name(box: str, prefix: str = NAME_PREFIX) -> str:
         return base
     digest = hashlib.sha1(box.encode()).hexdigest()[:6]
     return f"{base[:55].rstrip('-')}-{digest}"
+
+
+# boxd has no block_all and an empty list leaves a machine open: `egress: none` is an allow list naming only a
+# host that never resolves (RFC 6761 reserves .invalid), so nothing is let out.
+NOTHING_HOST = "nothing.invalid"
+
+
+def egress_allow_for(policy: EgressPolicy) -> list[str]:
+    """boxd's egress allow list for an egress policy (docs/egress.md; boxd takes host names, `*.` wildcards and
+    public IPv4 addresses): none lets nothing out (NOTHING_HOST), open is boxd's open network ([]), an
+    allowlist its hosts. ValueError says what to write instead of an entry boxd cannot take."""
+    if policy.mode == "none":
+        return [NOTHING_HOST]
+    if policy.mode == "open":
+        check_open_network(policy, "boxd")
+        return []
+    hosts = list(policy.allowed_hosts())
+    bad = []
+    for host in hosts:
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            continue
+        if address.version != 4 or not address.is_global:
+            bad.append(host)
+    if bad:
+        raise ValueError(f"egress_allow {', '.join(bad)}: boxd's allow list takes host names and public IPv4 "
+                         "addresses only: name the host instead, or leave the entry out")
+    return hosts

@@ -1,8 +1,8 @@
 # Copyright (c) agentbox.box contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """agentbox_box's cloud create options: disk, network, ephemeral, auto_delete for Daytona (the region is
-daytona_target), disk and network (its egress allow list) for boxd, and what Daytona's rules on them mean
-for a box.
+daytona_target), disk and network (its egress allow list) for boxd, what Daytona's rules on them mean
+for a box, and an egress policy (docs/egress.md) as each provider's own network setting.
 
 All of it is checked before anything is made: a bad value, or an option given to a provider that cannot
 honour it, fails naming the option and what to do.
@@ -16,6 +16,7 @@ import re
 from typing import Any
 
 from ...core._errors import ProviderError
+from ...egress._egress_policy import EgressPolicy, check_open_network
 from ._daytona_state import network_settings
 
 # Merged into agentbox_box's argument spec (documented in the module).
@@ -107,6 +108,20 @@ def boxd_options(params: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"network: {', '.join(bad)} is neither a host name nor a CIDR")
         options["egress_allow"] = allowed
     return options
+
+
+def daytona_egress_network(policy: EgressPolicy) -> dict[str, Any]:
+    """Daytona's create parameters for an egress policy: none is network_block_all, open the open network;
+    an allowlist names hosts, which Daytona's allow list (IPv4 CIDRs only) cannot hold: ValueError says what
+    to write instead."""
+    if policy.mode == "none":
+        return {"network_block_all": True}
+    if policy.mode == "open":
+        check_open_network(policy, "Daytona")
+        return {}
+    raise ValueError("egress: allowlist lets a box reach host names (the default list and egress_allow), and "
+                     "Daytona's network allow list takes IPv4 CIDRs only: create the box with network: "
+                     "[10.0.0.0/8, ...] or network: block_all instead of egress, or with egress: none or open")
 
 
 def is_ephemeral(sandbox: Any) -> bool:

@@ -24,6 +24,7 @@ from ...core._boot import boot_box
 from ...core._naming import BOX_USER, SECRETS_DIR, label, strip_labels
 from ...core._provider import BoxFacts, BoxNotFound, BoxSpec, ProviderError
 from ...core._shell_line import gib
+from ...egress._egress_policy import EgressPolicy
 from .._snapshot_store import parse_snapshot_name
 from ._daytona_api import (
     API_TIMEOUT,
@@ -48,7 +49,13 @@ from ._daytona_api import (
 )
 from ._daytona_exec import DEFAULT_EXEC_SLICE
 from ._daytona_idle import DEFAULT_IDLE_MINUTES, IDLE_LABEL
-from ._daytona_options import env_minutes, is_ephemeral, refuse_if_ephemeral, refuse_other_region
+from ._daytona_options import (
+    daytona_egress_network,
+    env_minutes,
+    is_ephemeral,
+    refuse_if_ephemeral,
+    refuse_other_region,
+)
 from ._daytona_snapshots import DaytonaSnapshots
 from ._daytona_state import (
     FAILED_STATES,
@@ -145,6 +152,7 @@ class DaytonaSandboxes(DaytonaSnapshots):
         )
         # Disk in GiB for a box made from an image (Daytona's default is 3; Docker in the box wants more).
         self._disk = disk if disk is not None else env_minutes("AGENTBOX_DAYTONA_DISK", None, "GiB")
+        self._network_option = network is not None  # the create option, not the environment's default
         raw_network = network if network is not None else os.environ.get("AGENTBOX_DAYTONA_NETWORK")
         try:
             self._network = network_settings(raw_network)
@@ -154,6 +162,16 @@ class DaytonaSandboxes(DaytonaSnapshots):
         self._auto_delete = auto_delete  # minutes stopped before Daytona deletes the box; 0: ephemeral
         if retry_deadline is not None:  # the tests' shorter deadline; the collection keeps the default
             self.retry_deadline = float(retry_deadline)
+
+    def egress_network(self, policy: EgressPolicy) -> bool:
+        if self._network_option:
+            raise ProviderError("egress and network were both given: a Daytona box's network is one or the other "
+                                "(egress: none is network: block_all); drop one")
+        try:
+            self._network = daytona_egress_network(policy)  # in place of AGENTBOX_DAYTONA_NETWORK's
+        except ValueError as exc:
+            raise ProviderError(str(exc)) from None
+        return True
 
     def _facts(self, sandbox: Any, web_url: str | None = None) -> BoxFacts:
         labels = strip_labels(dict(sandbox.labels or {}))

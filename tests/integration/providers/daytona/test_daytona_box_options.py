@@ -41,12 +41,12 @@ class Emu:
                "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory", "GIT_CONFIG_VALUE_0": "*"}  # fmt: skip
         return env
 
-    def box(self, **args) -> dict:
+    def box(self, check_mode: bool = False, **args) -> dict:
         """agentbox_box with provider daytona: no seeding, no in-box start sequence (only the create matters)."""
         options = {"provider": "daytona", "workspace": str(self.workspace), "seed": False, "boot": False, **args}
         saved = os.environ.pop("DAYTONA_TARGET", None)
         try:
-            return run_module_direct("agentbox_box", options, env=self.env())
+            return run_module_direct("agentbox_box", options, check_mode=check_mode, env=self.env())
         finally:
             if saved is not None:
                 os.environ["DAYTONA_TARGET"] = saved
@@ -124,6 +124,25 @@ def test_disk_and_network_reach_the_sandbox(emu: Emu, registry_image: str) -> No
         emu.destroy(sealed, allowed)
 
 
+def test_the_projects_egress_none_is_the_sandboxs_network_block_all(emu: Emu) -> None:
+    """agentbox.yaml's `egress: none` on Daytona (no gateway there): the create sends network_block_all, and a
+    `network` create option wins over the file, with a warning (the plan, in check mode: what the option itself
+    sends is test_disk_and_network_reach_the_sandbox's; docs/egress.md "Daytona and boxd")."""
+    sealed = _unique("egn")
+    workspace = make_repo(emu.root / f"ws-{sealed}", {"agentbox.yaml": "egress: none\n"})
+    try:
+        done = emu.box(name=sealed, workspace=str(workspace))
+        assert not done["failed"] and done["egress"] == {"egress": "none", "egress_allow": []}, done
+        got = emu.sdk().get(sealed)
+        assert got.network_block_all is True and not got.network_allow_list
+        planned = emu.box(check_mode=True, name=_unique("egw"), workspace=str(workspace), network=["10.0.0.0/8"])
+        assert not planned["failed"] and planned["egress"] is None, planned
+        said = str(planned["warnings"])
+        assert "agentbox.yaml sets egress, and this box's network option wins over it" in said, planned
+    finally:
+        emu.destroy(sealed)
+
+
 def test_an_image_the_controller_cannot_pin_is_sent_by_tag_with_a_warning(emu: Emu, registry_image: str) -> None:
     """No Docker engine on the controller (a common Daytona setup): the image cannot be pinned to a digest or an
     image id, so it goes by its tag and the task's output warns that a moved tag would not be picked up."""
@@ -149,13 +168,15 @@ BAD_VALUES = [
     ({"ephemeral": True, "auto_delete": 5}, "drop auto_delete, or ephemeral"),
     ({"auto_delete": -2}, "auto_delete must be -1"),
     ({"daytona_target": "mars"}, "is only in region us, eu and this box would be made in mars"),
+    ({"egress": "allowlist"}, "Daytona's network allow list takes IPv4 CIDRs only: create the box with network:"),
+    ({"egress": "none", "network": "block_all"}, "egress and network were both given"),
 ]
 
 
 @pytest.fixture(scope="module")
 def refusals(emu: Emu) -> dict[str, dict]:
     """Every refused agentbox_box call of this module, made as tasks of one playbook (one Ansible start, not
-    one a case): {box name: the task's result}, keyed "bad0".."bad7" (BAD_VALUES) and "docker"."""
+    one a case): {box name: the task's result}, keyed "bad0".."bad9" (BAD_VALUES) and "docker"."""
     cases = {f"bad{n}": (_unique("bad"), {"provider": "daytona", "seed": False, "boot": False, **args})
              for n, (args, _message) in enumerate(BAD_VALUES)}  # fmt: skip
     cases["docker"] = (_unique("dock"), {"provider": "docker", "disk": 10, "network": "block_all"})
