@@ -3,7 +3,8 @@
 Every machine is a real container from agentbox/box:latest, so create_box.yml's shipped seeding, the in-box
 start sequence, the inventory and the connection plugin run for real. The playbook tests share one
 emulator and one box (`created`); the provider tests make their own boxes and remove them. HOME is a temp
-dir, so nothing touches the real ~/.agentbox.
+dir, so nothing touches the real ~/.agentbox. A module call a test is not about the path through Ansible
+for runs the module's own main in this process (`World.module`).
 """
 
 from __future__ import annotations
@@ -23,12 +24,13 @@ import time
 from collections.abc import Iterator
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.boxd_emulator import running_emulator
 from tests.conftest import REPO, chown_tree, git
-from tests.integration.providers.daytona.test_daytona_provider import _box_tree, _tree
+from tests.integration.providers.daytona.test_daytona_provider import _box_tree, _tree, module_in_env
 from tests.unit.git.test_workflows_seed import torture_workspace
 
 pytestmark = pytest.mark.integration
@@ -67,6 +69,10 @@ class World:
         if check and done.returncode != 0:
             raise AssertionError(f"{name} {extra} exited {done.returncode}\n{done.stdout[-6000:]}\n{done.stderr[-3000:]}")
         return done
+
+    def module(self, module: str, args: dict[str, Any]) -> dict[str, Any]:
+        """The collection module's own main, in this process, under this world's environment; a failure fails the test."""
+        return module_in_env(module, {"provider": "boxd", **args}, self.env())
 
     def provider(self, **overrides):
         from ansible_collections.agentbox.box.plugins.module_utils.providers.boxd._boxd import BoxdProvider
@@ -160,9 +166,6 @@ def test_box_state_and_inventory_connection(world: World, created: dict) -> None
         boxd:
           base_url: {world.base_url}
         """))
-    listed = subprocess.run([str(VENV_BIN / "ansible-inventory"), "-i", str(inventory), "--list"], cwd=REPO,
-                            env=world.env(), capture_output=True, text=True, check=True).stdout
-    assert world.box in listed and '"boxd"' in listed
     # One play through the connection: a command, then become (root only with -b, the box's user without it)
     # with the module copied in and piped; each task's result saved to a file on the host.
     results = world.root / "connection-results.json"
@@ -171,26 +174,26 @@ def test_box_state_and_inventory_connection(world: World, created: dict) -> None
     for index, (pipelining, become) in enumerate(combos):
         tasks.append({"ansible.builtin.command": "id -un", "become": become, "register": f"id{index}",
                       "vars": {"ansible_pipelining": pipelining}})  # fmt: skip
-    # A second play, on this machine, saves what the box answered.
+    # A second play, on this machine, saves what the box answered and the inventory's boxd group.
     answered = ("{{ {'branch': box.branch.stdout, 'ids': [box.id0.stdout, box.id1.stdout, box.id2.stdout, "
-                "box.id3.stdout]} | to_json }}")
+                "box.id3.stdout], 'boxd': groups['boxd']} | to_json }}")
     save = {"hosts": "localhost", "connection": "local", "gather_facts": False,
             "vars": {"ansible_python_interpreter": sys.executable, "box": f"{{{{ hostvars['{world.box}'] }}}}"},
             "tasks": [{"ansible.builtin.copy": {"content": answered, "dest": str(results), "mode": "0600"}}]}  # fmt: skip
     play = world.root / "connection.yml"
     play.write_text(json.dumps([{"hosts": world.box, "gather_facts": False, "tasks": tasks}, save]))
-    ran = subprocess.run([str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), str(play)],
+    # That play, then fleet_status.yml on the same inventory: one ansible-playbook run, the plays as written.
+    ran = subprocess.run([str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), str(play), "playbooks/fleet_status.yml",
+                          "-e", f"fleet_status_html={world.root / 'fleet.html'}"],
                          cwd=REPO, env=world.env(), capture_output=True, text=True, check=False)  # fmt: skip
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-2000:]
     answers = json.loads(results.read_text())
+    assert world.box in answers["boxd"], answers  # the inventory lists the box in its boxd group
     assert answers["branch"] == f"agentbox/{world.box}", answers
     for (pipelining, become), user in zip(combos, answers["ids"], strict=True):
         assert user == ("root" if become else "vscode"), (pipelining, become, answers)
-    status = subprocess.run([str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), "playbooks/fleet_status.yml",
-                             "-e", f"fleet_status_html={world.root / 'fleet.html'}"],
-                            cwd=REPO, env=world.env(), capture_output=True, text=True, check=False)  # fmt: skip
-    assert status.returncode == 0, status.stdout[-3000:] + status.stderr[-2000:]
-    assert world.box in status.stdout and f"agentbox/{world.box}" in status.stdout
+    fleet = ran.stdout.partition("Read each box's git state")[2]  # what fleet_status.yml printed
+    assert world.box in fleet and f"agentbox/{world.box}" in fleet, ran.stdout[-3000:]
 
 
 def test_exec_files_lifecycle_and_destroy(world: World) -> None:
@@ -236,9 +239,10 @@ def test_exec_files_lifecycle_and_destroy(world: World) -> None:
         # The one retried exec error: a conflict naming the stopped machine, before anything ran.
         assert provider.exec(name, ["echo", "started"]).stdout == b"started\n"
         assert [b.name for b in provider.list_boxes() if b.name == name] == [name]
-        world.playbook("destroy_box.yml", f"box={name}")
+        # agentbox_box's destroy, by its main (destroy_box.yml on boxd: test_checkpoint_restored_into_a_new_box).
+        assert world.module("agentbox_box", {"name": name, "state": "absent"})["changed"]
     finally:
-        provider.destroy(name)  # a no-op after the playbook; the clean-up when the test failed before it
+        provider.destroy(name)  # a no-op after the module; the clean-up when the test failed before it
     assert provider.find(name) is None
     assert not [m for m in world.machines() if m["id"] == facts.container]
 

@@ -6,6 +6,10 @@ The tests of this module share one emulator and, through module fixtures, one bo
 checkpoint restored into a second box (`checkpointed`); each test leaves the shared box running, so they
 pass in any order. The destroy test makes its own box. HOME is a temp dir, so checkpoint manifests never
 touch the real ~/.agentbox.
+
+The playbooks a test is about run through ansible-playbook, and the inventory and the connection through
+Ansible; set-up and module calls a test is not about the path through Ansible for run the module's own main
+in this process (`World.module`): an Ansible start costs more than most of what the emulator does.
 """
 
 from __future__ import annotations
@@ -25,12 +29,15 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 import docker
 import pytest
 
 from tests.conftest import REPO, chown_tree, git, make_repo
 from tests.daytona_emulator import running_emulator
+from tests.unit.support.inprocess import run_module_inprocess
 
 pytestmark = pytest.mark.integration
 
@@ -39,7 +46,8 @@ VENV_BIN = REPO / ".venv" / "bin"
 
 
 class World:
-    def __init__(self, api_url: str, api_key: str, admin, root: Path):
+    def __init__(self, api_url: str, api_key: str, admin, root: Path, image: str = IMAGE):
+        self.image = image
         self.api_url = api_url
         self.api_key = api_key
         self.admin = admin
@@ -82,10 +90,24 @@ class World:
             )
         return done
 
+    def module(self, module: str, args: dict[str, Any]) -> dict[str, Any]:
+        """The collection module's own main, in this process, under this world's environment (the one its
+        playbooks get); a failure fails the test."""
+        return module_in_env(module, {"provider": "daytona", **args}, self.env())
+
     def provider(self):
         from ansible_collections.agentbox.box.plugins.module_utils.providers.daytona._daytona import DaytonaProvider
 
         return DaytonaProvider(api_key=self.api_key, api_url=self.api_url)
+
+
+def module_in_env(module: str, args: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    """run_module_inprocess with os.environ exactly `env` for the call (what a process started with `env`
+    would see); the module's failure fails the test."""
+    with mock.patch.dict(os.environ, env, clear=True):
+        done = run_module_inprocess(module, args)
+    assert not done["failed"], done
+    return done
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +116,7 @@ def world(box_image: str) -> Iterator[World]:
     root.chmod(0o755)
     try:
         with running_emulator(image=box_image) as (api_url, api_key, admin):
-            made = World(api_url, api_key, admin, root)
+            made = World(api_url, api_key, admin, root, box_image)
             try:
                 yield made
             finally:
@@ -247,21 +269,31 @@ def _inventory(world: World) -> Path:
 
 
 def test_inventory_and_connection_run_git_status(world: World, created: dict) -> None:
-    inventory = _inventory(world)
-    argv = [str(VENV_BIN / "ansible"), "-i", str(inventory), "daytona", "-m", "command",
-            "-a", "git -C /workspace status"]  # fmt: skip
     # What git says in the box, read directly through the provider: the connection must show the same.
     in_box = world.provider().exec(world.box, ["git", "-C", "/workspace", "status"]).check("git status").text
     assert f"On branch agentbox/{world.box}" in in_box
-    for pipelining in ("false", "true"):  # the module file copied in, or fed as stdin
-        done = subprocess.run([*argv, "-e", f"ansible_pipelining={pipelining}"], cwd=REPO, env=world.env(),
-                              capture_output=True, text=True, check=False)  # fmt: skip
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        assert f"{world.box} | CHANGED | rc=0 >>\n{in_box.rstrip()}" in done.stdout, done.stdout
-    # become: sudo in the box, through the connection
-    done = subprocess.run([str(VENV_BIN / "ansible"), "-i", str(inventory), "daytona", "-b", "-m", "command",
-                           "-a", "id -un"], cwd=REPO, env=world.env(), capture_output=True, text=True, check=False)  # fmt: skip
-    assert done.returncode == 0 and "root" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+    # One ansible-playbook run on the inventory's daytona group: git status with the module file copied in,
+    # then fed as stdin (pipelining), then become (sudo in the box); a second play saves what came back.
+    results = world.root / "connection-results.json"
+    tasks = [{"ansible.builtin.command": "git -C /workspace status", "register": f"status_{pipelining}",
+              "vars": {"ansible_pipelining": pipelining}} for pipelining in (False, True)]  # fmt: skip
+    tasks.append({"ansible.builtin.command": "id -un", "become": True, "register": "become"})
+    answered = (
+        "{{ {'status_False': box.status_False, 'status_True': box.status_True, 'become': box.become} | to_json }}"
+    )
+    save = {"hosts": "localhost", "connection": "local", "gather_facts": False,
+            "vars": {"ansible_python_interpreter": sys.executable, "box": f"{{{{ hostvars['{world.box}'] }}}}"},
+            "tasks": [{"ansible.builtin.copy": {"content": answered, "dest": str(results), "mode": "0600"}}]}  # fmt: skip
+    play = world.root / "connection.yml"
+    play.write_text(json.dumps([{"hosts": "daytona", "gather_facts": False, "tasks": tasks}, save]))
+    done = subprocess.run([str(VENV_BIN / "ansible-playbook"), "-i", str(_inventory(world)), str(play)], cwd=REPO,
+                          env=world.env(), capture_output=True, text=True, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    answers = json.loads(results.read_text())
+    for pipelining in (False, True):
+        status = answers[f"status_{pipelining}"]
+        assert (status["rc"], status["changed"], status["stdout"]) == (0, True, in_box.rstrip()), (pipelining, status)
+    assert (answers["become"]["rc"], answers["become"]["stdout"]) == (0, "root"), answers["become"]
 
 
 SERVICE = """\
@@ -305,7 +337,9 @@ def test_pause_and_resume(world: World, created: dict) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert _sandbox(world, world.box)["state"] == "started"
 
-    world.playbook("box_state.yml", f"box={world.box}", "state=paused")
+    # Paused again (agentbox_box's main: box_state.yml's pause ran above), then box_state.yml starts it.
+    assert world.module("agentbox_box", {"name": world.box, "state": "paused"})["box"]["state"] == "paused"
+    assert _sandbox(world, world.box)["state"] == "archived"
     world.playbook("box_state.yml", f"box={world.box}", "state=started")
     assert _sandbox(world, world.box)["state"] == "started"
     provider = world.provider()
@@ -325,7 +359,7 @@ def test_fetch_brings_the_box_branch_back(world: World, created: dict) -> None:
     commit = ["sh", "-c", "cd /workspace && echo fetched > fetched.txt && git add -A && "
               "git -c user.name=agent -c user.email=a@b.invalid commit -q -m 'work in the box' && git rev-parse HEAD"]  # fmt: skip
     tip = provider.exec(world.box, commit).check("commit in the box").text.strip()
-    fetched = _module(world, "agentbox_worktree", {"provider": "daytona", "box": world.box, "state": "fetched"})
+    fetched = world.module("agentbox_worktree", {"box": world.box, "state": "fetched"})
     assert fetched["changed"] and fetched["fetched"]["repos"][0]["commit"] == tip
     assert git(world.workspace, "rev-parse", f"agentbox/{world.box}").strip() == tip
     assert git(world.workspace, "show", f"{tip}:README.md") == "hello\nedited on the host\n"
@@ -345,7 +379,8 @@ def checkpointed(world: World, created: dict) -> dict:
     # New uncommitted work on the host after the checkpoint must reach the restored box too.
     (world.workspace / "notes/after-checkpoint.md").write_text("later\n")
     chown_tree(world.workspace)
-    world.playbook("create_box.yml", f"workspace={world.workspace}", f"box={world.restored}", "checkpoint=warm1")
+    # The restore by agentbox_box's main, the task create_box.yml runs (that playbook is `created`'s).
+    world.module("agentbox_box", {"name": world.restored, "workspace": str(world.workspace), "checkpoint": "warm1"})
     return {"stdout": done.stdout, "snapshots": snapshots, "source_state": source_state,
             "source_ctl_socket": source_ctl_socket}  # fmt: skip
 
@@ -369,29 +404,23 @@ def test_checkpoint_and_restore_into_a_new_box(world: World, checkpointed: dict)
 
 
 def test_checkpoint_info_and_prune(world: World, checkpointed: dict) -> None:
+    from daytona import CreateSnapshotParams
+
     from ansible_collections.agentbox.box.plugins.module_utils.providers._snapshot_store import snapshot_name
 
     provider = world.provider()
     project = provider.find(world.box).project
-    orphan = snapshot_name(project, "orphan")  # a snapshot no manifest refers to
-    provider.commit(world.box, orphan, {})
-    listed = _module(world, "agentbox_checkpoint_info", {"provider": "daytona", "workspace": str(world.workspace)})
+    # A snapshot in the project's names that no manifest refers to; made from the box image, which the
+    # emulator keeps when the snapshot goes (a capture of the box would stop, snapshot and boot it again).
+    orphan = snapshot_name(project, "orphan")
+    provider.sdk.snapshot.create(CreateSnapshotParams(name=orphan, image=world.image))
+    listed = world.module("agentbox_checkpoint_info", {"workspace": str(world.workspace)})
     by_name = {c["name"]: c for c in listed["checkpoints"]}
     assert by_name["warm1"]["manifest"] and not by_name["warm1"]["broken"]
     assert by_name["orphan"]["image"] == orphan and not by_name["orphan"]["manifest"]
-    pruned = _module(world, "agentbox_checkpoint", {"provider": "daytona", "prune": True,
-                                                    "workspace": str(world.workspace)})  # fmt: skip
+    pruned = world.module("agentbox_checkpoint", {"prune": True, "workspace": str(world.workspace)})
     assert [r["image"] for r in pruned["removed"]["removed"]] == [orphan]
     assert not provider.image_exists(orphan) and provider.image_exists(by_name["warm1"]["image"])
-
-
-def _module(world: World, module: str, args: dict) -> dict:
-    argv = [str(VENV_BIN / "ansible"), "-i", "localhost,", "-c", "local", "localhost",
-            "-e", f"ansible_python_interpreter={sys.executable}", "-m", f"agentbox.box.{module}", "-a", json.dumps(args)]  # fmt: skip
-    env = {**world.env(), "ANSIBLE_CALLBACK_RESULT_FORMAT": "json"}
-    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    return json.loads(done.stdout.partition(" => ")[2])
 
 
 def test_destroy_leaves_no_sandbox_snapshot_or_container(world: World) -> None:
@@ -399,8 +428,10 @@ def test_destroy_leaves_no_sandbox_snapshot_or_container(world: World) -> None:
     ws = make_repo(world.root / "ws-destroy", {"README.md": "to be destroyed\n"})
     chown_tree(ws)
     box = f"{world.box}-d"
-    world.playbook("create_box.yml", f"workspace={ws}", f"box={box}")
-    world.playbook("checkpoint.yml", f"box={box}", "checkpoint=gone1")
+    # Made and checkpointed by the modules' main (create_box.yml and checkpoint.yml are the other tests');
+    # nothing in the box needs to run, so it is not booted.
+    world.module("agentbox_box", {"name": box, "workspace": str(ws), "boot": False})
+    world.module("agentbox_checkpoint", {"box": box, "name": "gone1"})
     sandbox_id = _sandbox(world, box)["id"]
     container_id = world.admin.sandbox_internal(sandbox_id)["_emulator"]["containerId"]
     project = world.provider().find(box).project
@@ -409,11 +440,7 @@ def test_destroy_leaves_no_sandbox_snapshot_or_container(world: World) -> None:
     assert any(manifests.rglob("manifest.json")), "no manifest was written"
 
     world.playbook("destroy_box.yml", f"box={box}")
-    argv = [str(VENV_BIN / "ansible"), "-i", "localhost,", "-c", "local", "localhost",
-            "-e", f"ansible_python_interpreter={sys.executable}", "-m", "agentbox.box.agentbox_checkpoint",
-            "-a", f"provider=daytona workspace={ws} name=gone1 state=absent"]  # fmt: skip
-    done = subprocess.run(argv, cwd=REPO, env=world.env(), capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    world.module("agentbox_checkpoint", {"workspace": str(ws), "name": "gone1", "state": "absent"})
     assert _sandbox(world, box) is None
     assert [s["name"] for s in world.admin.state()["snapshots"] if "-gone1-" in s["name"]] == []
     assert docker.from_env().containers.list(all=True, filters={"id": container_id}) == []

@@ -84,17 +84,15 @@ def _clean_settings(emu: Emu) -> Iterator[None]:
     emu.admin.clear_faults()
 
 
-def test_commands_files_secrets_and_idle_probe_are_the_box_users(emu: Emu) -> None:
-    """The daemon runs as the image's USER (root for the box image); the box user is still vscode."""
+def test_commands_files_secrets_and_idle_probe_are_the_box_users(emu: Emu, box: str) -> None:
+    """The daemon runs as the image's USER (root for the box image); the box user is still vscode.
+    On the module's shared box (made with a secret); the files and the heartbeat written here go at the end."""
     from ansible_collections.agentbox.box.plugins.modules.agentbox_reap import probe
 
     provider = emu.provider()
-    name = unique("usr")
-    box = spec(name)
-    box.secrets = {"token": "t0ken"}
+    name = box
     try:
-        facts = provider.create(box)
-        raw = emu.sdk().get(facts.container)
+        raw = emu.sdk().get(name)
         # What the daemon itself runs as (the same on Daytona: the box image has no USER).
         assert raw.process.exec("id -un").result.strip() == "root"
         assert provider.exec(name, ["id", "-un"]).text.strip() == "vscode"
@@ -118,7 +116,9 @@ def test_commands_files_secrets_and_idle_probe_are_the_box_users(emu: Emu) -> No
         provider.exec(name, ["sh", "-c", "mkdir -p ~/.agentbox && touch -d @1600000000 ~/.agentbox/last-activity"])
         assert probe(provider, name, 30)["heartbeat"] == "1600000000"
     finally:
-        provider.destroy(name)
+        # An old heartbeat would make the shared box idle to the reaper's test (same project).
+        provider.exec(name, ["rm", "-f", "/tmp/from-stdin", "/tmp/owned.txt", "/home/vscode/.agentbox/last-activity"],
+                      user="root").check("putting the shared box back")  # fmt: skip
 
 
 def _api(emu: Emu, method: str, path: str) -> dict:
@@ -151,11 +151,12 @@ def desired_state_lag(emu: Emu) -> Iterator[None]:
         emu.admin.set_config(desired_state_seconds=DESIRED_STATE_SECONDS)
 
 
-def test_start_waits_out_a_stop_under_way(emu: Emu, desired_state_lag: None) -> None:
+def test_start_waits_out_a_stop_under_way(emu: Emu, request: pytest.FixtureRequest) -> None:
     provider = emu.provider()
     name = unique("dst")
     try:
         sandbox_id = provider.create(spec(name)).container
+        request.getfixturevalue("desired_state_lag")  # from here on (the create is not what is proven)
         # A stop is under way (another client's, or Daytona's auto-stop): state still `started`, desired `stopped`.
         answer = _api(emu, "POST", f"/sandbox/{sandbox_id}/stop?force=false")
         assert (answer["state"], answer["desiredState"]) == ("started", "stopped")
@@ -270,13 +271,14 @@ def test_configuration_ignores_dotenv_files_in_the_working_directory(emu: Emu, t
     assert (tmp_path / ".env").exists() and tmp_path.samefile(".")  # back where it was
 
 
-def test_deleted_sandboxes_linger_as_ghosts_that_are_no_boxes(emu: Emu, desired_state_lag: None) -> None:
+def test_deleted_sandboxes_linger_as_ghosts_that_are_no_boxes(emu: Emu, request: pytest.FixtureRequest) -> None:
     """Deleted elsewhere (another client, auto-delete): renamed DESTROYED_<name>_<ms>, still `started` for a
     while, desired state `destroyed`. Listings skip it, and its name is free again at once."""
     provider = emu.provider()
     name = unique("gho")
     try:
         facts = provider.create(spec(name))
+        request.getfixturevalue("desired_state_lag")  # from the delete on: the ghost lingers, the new create lags
         answer = _api(emu, "DELETE", f"/sandbox/{facts.container}")
         assert answer["name"].startswith(f"DESTROYED_{name}_") and answer["desiredState"] == "destroyed"
         ghost = _api(emu, "GET", f"/sandbox/{facts.container}")
@@ -294,8 +296,8 @@ def test_deleted_sandboxes_linger_as_ghosts_that_are_no_boxes(emu: Emu, desired_
 
 def test_the_reaper_ignores_ghosts(emu: Emu, tmp_path: Path) -> None:
     """A box idle for an hour, then deleted elsewhere: while its ghost (DESTROYED_<name>_<ms>, still
-    `started`, still labelled as the box) lingers, agentbox_reap neither lists, probes nor pauses it."""
-    from tests.conftest import run_module
+    `started`, still labelled as the box) lingers, agentbox_reap (its own main) neither lists, probes nor pauses it."""
+    from tests.conftest import run_module_direct
 
     provider = emu.provider()
     name = unique("grp")
@@ -305,9 +307,9 @@ def test_the_reaper_ignores_ghosts(emu: Emu, tmp_path: Path) -> None:
                                          "~/.agentbox/last-activity"]).check("an old heartbeat")  # fmt: skip
         emu.admin.set_config(desired_state_seconds=60)  # the ghost lingers through the reap below
         assert _api(emu, "DELETE", f"/sandbox/{facts.container}")["name"].startswith(f"DESTROYED_{name}_")
-        reaped = run_module("agentbox_reap", {"provider": "daytona", "project": "c" * 16, "idle_timeout": 1},
-                            env={"HOME": str(tmp_path), "DAYTONA_API_URL": emu.api_url,
-                                 "DAYTONA_API_KEY": emu.api_key})  # fmt: skip
+        reaped = run_module_direct("agentbox_reap", {"provider": "daytona", "project": "c" * 16, "idle_timeout": 1},
+                                   env={"HOME": str(tmp_path), "DAYTONA_API_URL": emu.api_url,
+                                        "DAYTONA_API_KEY": emu.api_key})  # fmt: skip
         assert not reaped["failed"], reaped
         assert not [b for b in reaped["boxes"] if name in b["name"]] and reaped["paused"] == [], reaped
         ghost = _api(emu, "GET", f"/sandbox/{facts.container}")
@@ -421,10 +423,13 @@ def test_boxes_moving_between_pages_mid_listing_are_listed_once(emu: Emu, small_
 
 @pytest.fixture(scope="module")
 def box(emu: Emu) -> Iterator[str]:
-    """One box for the tests that only run commands in it (each leaves its own files under unique names)."""
+    """One box for the tests that only run commands in it (each leaves its own files under unique names, or
+    removes them), with a secret for the test of who reads what."""
     provider = emu.provider()
     name = unique("box")
-    provider.create(spec(name))
+    made = spec(name)
+    made.secrets = {"token": "t0ken"}
+    provider.create(made)
     try:
         yield name
     finally:
