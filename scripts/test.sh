@@ -133,8 +133,13 @@ for engine in box:"$DOCKER_HOST" user:"$user_engine"; do
     --format '{{index .Actor.Attributes "io.agentbox.box"}}' >"$count_dir/created.${engine%%:*}" 2>/dev/null &
   watchers+=($!)
 done
+# The machine's busy CPU over the step (user, system, irq: not idle, iowait or steal; every process on the
+# machine): steadier than the wall time between runs, and what the suite's speed depends on (it is CPU-bound).
+busy_ticks() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
+busy_before=$(busy_ticks)
 AGENTBOX_COUNT_DIR=$count_dir AGENTBOX_ANSIBALLZ_CACHE=$count_dir/ansiballz step "pytest" pytest -p no:cacheprovider -n "${AGENTBOX_TEST_WORKERS:-2}" --dist loadfile \
   -p random_order --random-order-bucket=module --durations=10 "$@"
+busy_after=$(busy_ticks)
 gates_report
 kill "${watchers[@]}" 2>/dev/null
 rm -f "$count_pth" "$cache_pth"
@@ -152,6 +157,8 @@ echo "=== counts: boxes created $(( $(boxes "$count_dir/created.box") + $(boxes 
   "(box engine $(boxes "$count_dir/created.box"), user's engine $(boxes "$count_dir/created.user"));" \
   "containers created in all $(( $(wc -l <"$count_dir/created.box") + $(wc -l <"$count_dir/created.user") ))"
 rm -rf "$count_dir"
+echo "=== counts: busy CPU during pytest $(( (busy_after - busy_before) / $(getconf CLK_TCK) )) core-s" \
+  "(the gates beside it included; $(nproc) cores)"
 echo "=== wall time: $((SECONDS - run_started)) s"
 
 if [ ${#failed[@]} -gt 0 ]; then
