@@ -25,6 +25,7 @@ import tempfile
 import time
 from typing import Any
 
+from ..core._naming import BOX_USER
 from ..core._provider import BoxFacts, Provider, ProviderError
 from ..core._safe_extract import ArchiveRefused, Extracted, extract_as, first_entry
 
@@ -79,7 +80,7 @@ def download(provider: Provider, facts: BoxFacts, dest: str | None, check_mode: 
     archive = f"/tmp/agentbox-export-{secrets.token_hex(8)}.tar"
     try:
         argv = ["sh", "-c", _SCRIPT, "export", archive, str(STATUS_LIMIT)]
-        run = provider.exec(facts.name, argv, user="vscode", limit=2 * STATUS_LIMIT,  # stderr's room too
+        run = provider.exec(facts.name, argv, user=BOX_USER, limit=2 * STATUS_LIMIT,  # stderr's room too
                             what="git status of its working tree")
         run.check("reading the box's working tree", facts.name)
         uncommitted = [line.rstrip() for line in run.text.splitlines() if line.strip()]

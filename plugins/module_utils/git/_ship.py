@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..core._box_data import object_id, own_branch
+from ..core._naming import BOX_USER
 from ..core._provider import BoxFacts, OutputTooLarge, Provider, ProviderError, too_large
 from ..core._tarstream import tar_of_paths, tar_of_tree
 from ..relay._relay_protocol import MAX_BUNDLE_BYTES
@@ -200,13 +201,13 @@ def _ship_one(
     result: _seed.SeedResult,
 ) -> None:
     target = box_path(repo.sub)
-    provider.exec(box, ["mkdir", "-p", target], user="vscode").check(f"making {target}", box)
+    provider.exec(box, ["mkdir", "-p", target], user=BOX_USER).check(f"making {target}", box)
     upload(provider, box, target, tar_of_tree(staged.path), f"the repository {repo.root} ({_mb(staged.pack_bytes)})")
     run = provider.exec(
         box,
         ["bash", "-c", _CHECKOUT_SCRIPT, "ship", target, branch, staged.head, CARRY_REF if state.stash else "",
          _origin_url(repo)],
-        user="vscode",
+        user=BOX_USER,
     )  # fmt: skip
     run.check(f"checking out {branch} in {target}", box)
     if run.stderr.strip():
@@ -283,7 +284,7 @@ class _IterReader:
 
 
 def _box_git(provider: Provider, box: str, path: str, *args: str) -> Any:
-    return provider.exec(box, ["git", "-C", path, *args], user="vscode")
+    return provider.exec(box, ["git", "-C", path, *args], user=BOX_USER)
 
 
 def _host_has_commit(root: str, commit: str) -> bool:
@@ -427,7 +428,7 @@ def _bring_tip(provider: Provider, box: str, repo_root: str, path: str, ref: str
         run = provider.exec(
             box,
             ["sh", "-c", _TIP_AND_BUNDLE, "tip", path, ref, base, have, BUNDLE_PATH, str(limit)],
-            user="vscode",
+            user=BOX_USER,
             limit=limit + INLINE_OVERHEAD,
             what=f"answer to the fetch of {ref.removeprefix('refs/heads/')}",
         )
@@ -527,7 +528,7 @@ def _fetch_box_bundle(
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         if inline is None:
-            provider.exec(box, ["rm", "-f", BUNDLE_PATH], user="vscode")
+            provider.exec(box, ["rm", "-f", BUNDLE_PATH], user=BOX_USER)
 
 
 def _fetch_bundle_file(repo_root: str, scratch: str, bundle: str, ref: str, base: str, box: str) -> None:

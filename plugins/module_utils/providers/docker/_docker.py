@@ -711,7 +711,7 @@ class DockerProvider(Provider):
             attrs = engine.inspect_image(image) or {}
         return (attrs.get("Config") or {}).get("Labels") or {}
 
-    def probe_image(self, image: str, argv: list[str], user: str = "vscode", timeout: float = 60) -> ExecResult | None:
+    def probe_image(self, image: str, argv: list[str], user: str = BOX_USER, timeout: float = 60) -> ExecResult | None:
         with self._calling("", "probe of the image") as engine:
             rc, out, err = probe_in_image(engine, image, argv, user, timeout, isinstance(engine, EngineAPI))
         return ExecResult(rc=rc, stdout=out, stderr=err)
