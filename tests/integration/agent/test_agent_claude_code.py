@@ -131,7 +131,9 @@ def test_sign_in_files_reach_the_box_on_the_tmpfs_and_stay_out_of_checkpoints(wo
     assert "me@example.invalid" in world.sh(box, "cat ~/.claude.json")[1]
     assert {p: p.read_bytes() for p in before} == before  # host files read, never modified
     name = f"ck-{secrets.token_hex(2)}"
-    world.ok("checkpoint.yml", {"box": box, "checkpoint": name})
+    # By agentbox_checkpoint's main (the task checkpoint.yml runs: that playbook is the end-to-end test's).
+    saved = world.task("agentbox_checkpoint", {"box": box, "name": name})
+    assert not saved["failed"] and token not in json.dumps(saved), saved
     reference = checkpoint_image(workspace, name)
     world.images.append(reference)
     assert images_holding(world.client, reference, token) == []
