@@ -21,15 +21,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import docker
 
 from tests.conftest import run_module_direct
+from tests.unit.support.inprocess import run_module_inprocess
 
 REPO = Path(__file__).resolve().parents[3]
 ANSIBLE_PLAYBOOK = str(REPO / ".venv" / "bin" / "ansible-playbook")
 ANSIBLE_INVENTORY = str(REPO / ".venv" / "bin" / "ansible-inventory")
 STANDIN = REPO / "tests" / "fixtures" / "messages_standin.py"
+# The host's variables a playbook of these tests never sees (the machine's own keys must not leak in).
+HOST_CREDENTIALS = ("ANTHROPIC_", "CLAUDE_CODE_", "OPENAI_")
 # Quotes of both kinds, a newline, a tab, shell metacharacters and non-ASCII: all must arrive intact.
 PROMPT = "Write the file, please: \"quoted\" and 'single' $HOME `id` ; \\ back\nsecond line\tü ✓ 日本語 🚀"
 # Claude Code's process once it runs again after a start: `--continue`, in its tmux session; its argv.
@@ -59,11 +63,7 @@ class World:
     def playbook(
         self, name: str, extra: dict[str, Any], env: dict[str, str] | None = None
     ) -> subprocess.CompletedProcess:
-        full_env = {
-            key: value
-            for key, value in os.environ.items()
-            if not key.startswith(("ANTHROPIC_", "CLAUDE_CODE_", "OPENAI_"))
-        }
+        full_env = {key: value for key, value in os.environ.items() if not key.startswith(HOST_CREDENTIALS)}
         full_env.update({"HOME": str(self.home), "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
                          "AGENTBOX_IDLE_INTERVAL": ""})  # fmt: skip
         full_env.update(env or {})
@@ -103,6 +103,14 @@ class World:
     def module_env(self) -> dict[str, str]:
         """A module's environment as playbook() gives it: this HOME, the relay's idle policy from its file."""
         return {"HOME": str(self.home), "AGENTBOX_IDLE_INTERVAL": ""}
+
+    def task(self, module: str, args: dict[str, Any]) -> dict[str, Any]:
+        """The module's own main() in this process (run_module_inprocess: the task its action plugin runs in a
+        playbook), in the environment playbook() gives a playbook: this HOME, none of the host's credential
+        variables. For set-up and bad input, where the path through Ansible is not what a test proves."""
+        env = {key: value for key, value in os.environ.items() if not key.startswith(HOST_CREDENTIALS)}
+        with mock.patch.dict(os.environ, {**env, **self.module_env()}, clear=True):
+            return run_module_inprocess(module, {**self.provider_args, **args})
 
     # Where the API stand-in keeps its files: on a tmpfs no checkpoint looks at (it plays the API, which lives
     # outside the box; its log holds the keys it saw).
