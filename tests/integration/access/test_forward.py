@@ -1,6 +1,11 @@
 """forward.yml on a port the box did not publish at create: a server on the box's own loopback reached from this
 machine's 127.0.0.1 through the forward (several connections at once), the forward recorded, listed, asked again,
-removed by state=absent, by a stop and by a destroy; bad input refused. The test talks only to 127.0.0.1."""
+removed by state=absent, by a stop and by a destroy; bad input refused. The test talks only to 127.0.0.1.
+
+forward.yml and list_boxes.yml are run as a user types them (agentbox_forward through Ansible); the boxes, the
+repeated ask, the refusals of the module and the destroy are the tasks in-process (`box_task`,
+`run_module_inprocess`: the same task Ansible runs, without an `ansible` start each). forward.yml's check of
+its extra vars is proven in-process in tests/unit/playbooks/test_playbook_arguments.py."""
 
 from __future__ import annotations
 
@@ -20,8 +25,10 @@ import pytest
 from ansible_collections.agentbox.box.plugins.module_utils.access import _forwards
 from ansible_collections.agentbox.box.plugins.module_utils.box import _box
 from ansible_collections.agentbox.box.plugins.module_utils.providers.docker._docker import DockerProvider
-from tests.conftest import make_repo, run_module
+from tests.conftest import make_repo
 from tests.integration.access.test_access import destroy_quietly, enter_home, new_home, playbook, wait_gone
+from tests.integration.box.conftest import box_task
+from tests.unit.support.inprocess import run_module_inprocess
 
 pytestmark = pytest.mark.integration
 
@@ -48,7 +55,7 @@ def make_box(home: Path, prefix: str) -> str:
     name = f"{prefix}-{secrets.token_hex(3)}"
     with pytest.MonkeyPatch.context() as patch:
         enter_home(patch, home)
-        made = run_module("agentbox_box", {"name": name, "workspace": str(make_repo(root / "ws")), "boot": False})
+        made = box_task({"name": name, "workspace": str(make_repo(root / "ws")), "boot": False})
     assert not made["failed"], made.get("msg")
     assert sorted(made["box"]["ports"]) == ["80"], made["box"]["ports"]
     return name
@@ -112,7 +119,7 @@ def test_a_port_not_published_at_create_is_forwarded_from_the_boxs_loopback(at_h
         assert got == files
 
         # Asked again: the live forward, unchanged; list_boxes.yml shows it.
-        again = run_module("agentbox_forward", {"name": name, "port": PORT})
+        again = run_module_inprocess("agentbox_forward", {"name": name, "port": PORT})
         assert not again["failed"] and again["changed"] is False, again
         assert (again["url"], again["pid"]) == (url.group(1), pid)
         assert f"127.0.0.1:{url.group(2)}=>{PORT}(pid={pid})" in listed(name)
@@ -129,11 +136,10 @@ def test_a_port_not_published_at_create_is_forwarded_from_the_boxs_loopback(at_h
 
 
 def test_a_forward_of_bad_input_says_what_to_do(at_home: Path, forward_box: str) -> None:
-    """Through the playbook and the module on a real box (tests/unit/access/test_access_modules.py has the rest)."""
-    out_of_range = run_module("agentbox_forward", {"name": forward_box, "port": 70000})
+    """The module on a real box (tests/unit/access/test_access_modules.py has the rest; forward.yml's own check of
+    -e state and -e port: tests/unit/playbooks/test_playbook_arguments.py)."""
+    out_of_range = run_module_inprocess("agentbox_forward", {"name": forward_box, "port": 70000})
     assert out_of_range["failed"] and "port must be 1-65535" in out_of_range["msg"]
-    bad_state = playbook("playbooks/forward.yml", "-e", f"box={forward_box}", "-e", "state=gone")
-    assert bad_state.returncode != 0 and "-e state=present|absent" in bad_state.stdout
     assert _forwards.forwards_of("docker", "local", forward_box) == []  # nothing half-made
 
 
@@ -148,13 +154,13 @@ def test_forwards_end_when_the_box_stops_and_when_it_is_destroyed(at_home: Path)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         wait_gone(first)
         assert _forwards.forwards_of("docker", "local", name) == []
-        refused = run_module("agentbox_forward", {"name": name, "port": PORT})
+        refused = run_module_inprocess("agentbox_forward", {"name": name, "port": PORT})
         assert refused["failed"] and "is stopped" in refused["msg"]
 
         provider = DockerProvider()  # set-up, not under test: the box running again
         _box.set_state(provider, provider.find(name), "started", boot=False)
         second = int(re.search(r"forward: pid (\d+)", forward(name)).group(1))
-        gone = run_module("agentbox_box", {"name": name, "state": "absent"})
+        gone = box_task({"name": name, "state": "absent"})
         assert not gone["failed"], gone.get("msg")
         wait_gone(second)
         assert _forwards.forwards_of("docker", "local", name) == []

@@ -1,9 +1,12 @@
 """Boxes on the local engine: agentbox_box and agentbox_worktree against real git and Docker.
 
-Each path runs through Ansible once (`run_module`: a create, a fetch, check mode of both modules, a resume, a
-refusal, a failure while seeding); the other runs are the task in-process (`box_task`) or the module's main in
-a fresh Python (`run_module_direct`, where a test needs processes of their own: the race) or as Ansible runs it
-on the target."""
+Through Ansible (`run_module`): a create and a failure while seeding (agentbox_box's action plugin, its result
+and its failure as Ansible reports them), check mode of a create (`--check`), and a fetch (agentbox_worktree as
+a module Ansible ships to the target); the playbooks' test runs the playbooks. Every other run is the same task
+in-process (`box_task`, check mode included: the same `_ansible_check_mode` Ansible sends) or the module's main
+in a fresh Python (`run_module_direct`, where a test needs processes of their own: the race). Boxes a test
+drives with git and the shell alone are made with `boot=False` (the git layer and the seed are the create's,
+not the boot's); the create through Ansible and the lifecycle's box are booted."""
 
 from __future__ import annotations
 
@@ -184,7 +187,7 @@ def test_commit_in_box_reaches_host_branch_when_fetched(engine, boxes, tmp_path)
     chown_tree(repo)
     name = box_name()
     boxes.append(name)
-    assert box_task({"name": name, "workspace": str(repo)})["changed"]
+    assert box_task({"name": name, "workspace": str(repo), "boot": False})["changed"]
 
     rc, out = exec_in(
         engine,
@@ -230,7 +233,7 @@ def test_idempotent_check_mode_and_lifecycle(engine, boxes, tmp_path):
         _docker.DockerProvider().exec(name, ["true"])
     assert box_task({"name": name, "state": "paused"})["changed"] is False
 
-    resumed = run_module("agentbox_box", {"name": name, "state": "started"})
+    resumed = box_task({"name": name, "state": "started"})
     assert resumed["changed"] is True and resumed["box"]["state"] == "running"
 
     stopped = box_task({"name": name, "state": "stopped"})
@@ -241,7 +244,7 @@ def test_idempotent_check_mode_and_lifecycle(engine, boxes, tmp_path):
     rc, out = exec_in(engine, name, "cd /workspace && git branch --show-current && cat wip.txt")
     assert rc == 0 and out.split() == [f"agentbox/{name}", "untracked"]
 
-    check_destroy = run_module("agentbox_box", {"name": name, "state": "absent"}, check_mode=True)
+    check_destroy = box_task({"name": name, "state": "absent"}, check_mode=True)
     assert check_destroy["changed"] is True
     assert engine.containers.get(f"agentbox-{name}")
 
@@ -266,7 +269,8 @@ def test_two_boxes_racing_for_one_branch_name_get_distinct_branches(engine, boxe
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         # Two processes, as two ansible runs would be (the module's main each: no ansible start to skew the race).
-        results = list(pool.map(lambda n: run_module_direct("agentbox_box", {"name": n, "workspace": str(repo)}), names))
+        results = list(pool.map(lambda n: run_module_direct("agentbox_box", {"name": n, "workspace": str(repo), "boot": False}),
+                                names))
 
     branches = [result["box"]["branch"] for result in results]
     c_won = [f"agentbox/{base}-2", f"agentbox/{base}-2-2"]
@@ -294,17 +298,17 @@ def test_nested_repos_worktree_workspace_and_plain_copy(engine, boxes, tmp_path)
     nested, copied, linked = box_name("n"), box_name("p"), box_name("l")
     boxes.extend([nested, copied, linked])
 
-    result = run_module_direct("agentbox_box", {"name": nested, "workspace": str(outer)})
+    result = run_module_direct("agentbox_box", {"name": nested, "workspace": str(outer), "boot": False})
     assert result["seed"]["mode"] == "worktree" and len(result["seed"]["worktrees"]) == 2
     rc, out = exec_in(engine, nested, "cd /workspace/lib && git branch --show-current && cat inner.txt inner-wip.txt")
     assert rc == 0 and out.split("\n")[:3] == [f"agentbox/{nested}", "inner", "nested untracked"]
     assert git(outer / "lib", "rev-parse", "--abbrev-ref", f"agentbox/{nested}").strip() == f"agentbox/{nested}"
 
-    result = box_task({"name": copied, "workspace": str(plain)})
+    result = box_task({"name": copied, "workspace": str(plain), "boot": False})
     assert result["seed"]["mode"] == "copy" and result["box"]["branch"] == ""
     assert box_manifest(engine, copied) == tree_manifest(plain)
 
-    result = box_task({"name": linked, "workspace": str(tmp_path / "linked")})
+    result = box_task({"name": linked, "workspace": str(tmp_path / "linked"), "boot": False})
     assert result.get("failed") is not True, result
     rc, out = exec_in(engine, linked, "cd /workspace && git log -1 --format=%s && cat linked-wip.txt")
     assert rc == 0 and out.split("\n")[:2] == ["initial", "in a linked worktree"]
@@ -314,9 +318,8 @@ def test_nested_repos_worktree_workspace_and_plain_copy(engine, boxes, tmp_path)
 def test_invalid_box_names_fail_before_anything(engine, tmp_path, bad):
     repo = make_repo(tmp_path / "ws")
     chown_tree(repo)
-    # The task checks the name (not Ansible's argument spec): one name through Ansible, the others in-process.
-    args = {"name": bad, "workspace": str(repo)}
-    result = run_module("agentbox_box", args) if bad == "../x" else box_task(args)
+    # The task checks the name (not Ansible's argument spec): in-process, as every refusal of the task here.
+    result = box_task({"name": bad, "workspace": str(repo)})
     assert result["failed"] is True
     assert "invalid box name" in result["msg"] and "a-z, 0-9" in result["msg"]
     # The listing alone (the SDK's list inspects each container, and other tests' boxes come and go meanwhile).
@@ -356,8 +359,8 @@ def test_bad_input_leaves_nothing_behind(engine, boxes, tmp_path):
     assert "agentbox/" not in git(repo, "branch", "--list")
 
     boxes.append(name)
-    assert box_task({"name": name, "workspace": str(repo)})["changed"]
-    taken = run_module("agentbox_box", {"name": name, "workspace": str(other)})
+    assert box_task({"name": name, "workspace": str(repo), "boot": False})["changed"]
+    taken = box_task({"name": name, "workspace": str(other)})
     assert taken["failed"] and "already used by another project" in taken["msg"]
     assert "agentbox/" not in git(other, "branch", "--list")
 
@@ -393,10 +396,10 @@ def test_empty_box_seeded_later_by_agentbox_worktree(engine, boxes, tmp_path):
     chown_tree(repo)
     name = box_name("w")
     boxes.append(name)
-    made = box_task({"name": name, "workspace": str(repo), "seed": False})
+    made = box_task({"name": name, "workspace": str(repo), "seed": False, "boot": False})
     assert made["changed"] and made.get("seed") is None
 
-    planned = run_module("agentbox_worktree", {"box": name}, check_mode=True)
+    planned = run_module_direct("agentbox_worktree", {"box": name}, check_mode=True)
     assert planned["changed"] is True
     seeded = run_module_direct("agentbox_worktree", {"box": name})
     assert seeded["changed"] is True and seeded["seed"]["modified"] == 1
@@ -454,7 +457,7 @@ def test_root_owned_repository_is_made_writable_for_the_box(engine, boxes, tmp_p
     mode_before = (repo / "a.txt").stat().st_mode
     name = box_name("r")
     boxes.append(name)
-    result = box_task({"name": name, "workspace": str(repo)})
+    result = box_task({"name": name, "workspace": str(repo), "boot": False})
     assert result.get("failed") is not True, result
     assert not result["seed"]["warnings"], result["seed"]["warnings"]
     rc, out = exec_in(

@@ -1,6 +1,8 @@
 """A chain of checkpoints on the real engine: each restored box stacks one more layer, until the
 default max_layers flattens the next one; a smaller max_layers flattens sooner, and cleanup=false
-captures the box as it is (lab.py: the modules run as Ansible runs them)."""
+captures the box as it is (lab.py: the modules run as Ansible runs them). Its boxes are made with boot=False: the
+chain is the checkpoints' layers, config, labels and files, and the cleanup, an exec of its own; nothing of it
+needs the in-box services (a booted box's checkpoint and restore: test_checkpoint.py)."""
 
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ def test_three_layered_in_a_chain_then_the_fourth_is_flattened_and_max_layers_an
     and of the box restored from it a checkpoint with max_layers=1 would be flattened, while gen2, with
     the default max_layers, is layered and runs the default cleanup there."""
     workspace = lab.workspace()
-    box = lab.ok_box("g0", workspace)["box"]["name"]
+    box = lab.ok_box("g0", workspace, boot=False)["box"]["name"]
     note = f"session-{secrets.token_hex(6)}"
     lab.sh(box, f"echo {note} > /var/tmp/session-note", user="root")  # the in-box cleanup empties /var/tmp
     names: list[str] = []
@@ -45,7 +47,7 @@ def test_three_layered_in_a_chain_then_the_fourth_is_flattened_and_max_layers_an
         assert saved["parents"] == list(reversed(names[:-1])), saved
         if generation < 4:
             assert saved["type"] == "layered" and saved["layers"] == generation
-            box = lab.ok_box(f"g{generation}", workspace, checkpoint=saved["name"])["box"]["name"]
+            box = lab.ok_box(f"g{generation}", workspace, checkpoint=saved["name"], boot=False)["box"]["name"]
             boxes.append(box)
         if generation == 1:
             assert lab.sh(box, "cat /var/tmp/session-note") == f"{note}\n"  # captured as it was: no cleanup ran
@@ -74,5 +76,5 @@ def test_three_layered_in_a_chain_then_the_fourth_is_flattened_and_max_layers_an
         k: v for k, v in source_config["Labels"].items() if not k.startswith("io.agentbox.")
     }
     # Everything the chain accumulated is in the single layer, and a box starts from it.
-    last = lab.ok_box("g4", workspace, checkpoint="gen4")["box"]["name"]
+    last = lab.ok_box("g4", workspace, checkpoint="gen4", boot=False)["box"]["name"]
     assert lab.sh(last, "cat /workspace/node_modules/gen*/v").split() == ["1", "2", "3", "4"]

@@ -1,6 +1,7 @@
 """The lifecycle playbooks refuse missing or bad arguments with a message saying what to pass, before
-any task that changes something (one bad value each here, the others in-process in
-tests/unit/playbooks/test_playbook_arguments.py); prune_checkpoints.yml removes only what nothing refers to."""
+any task that changes something (two playbooks here, run for real; every playbook's check, its conditions, its
+message and its place as the play's first task with nothing to keep its failure from ending the play, in-process
+in tests/unit/playbooks/test_playbook_arguments.py); prune_checkpoints.yml removes only what nothing refers to."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import docker
 import pytest
 
 from tests.conftest import REPO, make_repo
+from tests.integration.box.conftest import box_task
 
 pytestmark = pytest.mark.integration
 
@@ -36,15 +38,12 @@ def recap(stdout: str) -> dict[str, int]:
     return {key: int(value) for key, value in (item.split("=") for item in line.split(":", 1)[1].split())}
 
 
-# One bad value per playbook: the play stops at its check, nothing else runs. Every other missing or bad
-# value is checked against each playbook's condition and message in-process:
+# A bad value of two playbooks (a check on extra vars, and one on the inventory's groups): the play stops at its
+# check, nothing else runs, ansible-playbook exits 2. Every playbook's conditions and message, and that its check
+# is its play's first task with nothing that would keep a failure from ending the play, are read in-process:
 # tests/unit/playbooks/test_playbook_arguments.py.
 MISSING = [
-    ("box_state.yml", [], "use -e box=NAME -e state=started|paused|stopped"),
     ("checkpoint.yml", [], "pass the box to checkpoint: -e box=NAME"),
-    ("checkpoints.yml", ["-e", "state=absent"], "to remove a checkpoint pass its name: -e checkpoint=NAME -e state=absent"),
-    ("destroy_box.yml", [], "say which box: -e box=NAME"),
-    ("switch_box.yml", [], "say which box to switch to: -e box=NAME"),
     ("fleet_create.yml", ["-e", "count=2"], "No engines in inventory group 'engines'"),
 ]
 
@@ -184,6 +183,6 @@ def test_create_box_with_another_image_and_no_checkpoint(docker_client: docker.D
         assert container.attrs["Config"]["Image"] == f"{repository}:{tag}"
         assert container.labels.get("io.agentbox.checkpoint", "") == ""
         assert f"box:       {name} (docker)" in done.stdout and f"branch:    agentbox/{name}" in done.stdout
-    finally:
-        playbook("destroy_box.yml", "-e", f"box={name}", "-e", "delete_branch=true")
+    finally:  # a clean-up, not a check: in-process (destroy_box.yml's output is test_playbook_output's)
+        box_task({"name": name, "state": "absent", "delete_branch": True}, env={"HOME": str(tmp_path / "home")})
         docker_client.images.remove(f"{repository}:{tag}")

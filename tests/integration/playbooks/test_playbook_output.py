@@ -65,11 +65,11 @@ class Player:
         """A module's own main (run_module_direct) in this HOME: set-up or a check a test's playbook is not about."""
         return run_module_direct(module, args, env={"HOME": str(self.home)})
 
-    def make(self, workspace: Path, box: str) -> None:
+    def make(self, workspace: Path, box: str, *, boot: bool = True) -> None:
         """A box for a test about what comes after its create: the task create_box.yml runs, in-process
-        (box_task), in this HOME."""
+        (box_task), in this HOME; `boot=False` where nothing in the box needs to run."""
         self.made.append(box)
-        made = box_task({"name": box, "workspace": str(workspace)}, env={"HOME": str(self.home)})
+        made = box_task({"name": box, "workspace": str(workspace), "boot": boot}, env={"HOME": str(self.home)})
         assert not made["failed"], made
 
 
@@ -203,7 +203,7 @@ def test_delete_branch_of_a_box_already_destroyed(player: Player, tmp_path: Path
     repo = make_repo(tmp_path / "ws")
     chown_tree(repo)
     box = name("nc-gone")
-    player.make(repo, box)
+    player.make(repo, box, boot=False)  # destroyed at once: the branch and the output are the subject
     out = flat(player.ok("destroy_box.yml", f"box={box}"))
     assert f"destroyed {box}" in out and "branches deleted: none" in out
     assert git(repo, "branch", "--list", f"agentbox/{box}").strip() == f"agentbox/{box}"
@@ -222,7 +222,7 @@ def test_delete_branch_of_a_destroyed_box_from_outside_its_workspace(player: Pla
     repo = make_repo(tmp_path / "ws")
     chown_tree(repo)
     box = name("nc-out")
-    player.make(repo, box)
+    player.make(repo, box, boot=False)
     # destroy_box.yml's own output: the test above; here the destroy that records where the branch stays.
     gone = box_task({"name": box, "state": "absent"}, env={"HOME": str(player.home)})
     assert not gone["failed"] and gone["destroyed"]["box_removed"], gone  # what "destroyed BOX" reports
