@@ -12,6 +12,7 @@ import json
 import os
 import secrets
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -174,6 +175,76 @@ def image_exists(client: Any, reference: str) -> bool:
         return True
     except docker.errors.ImageNotFound:
         return False
+
+
+def layers_contain(client: Any, image: str, needles: list[bytes], *, over: str | None = None) -> list[bytes]:
+    """Which needles occur in what `image` holds over the image `over` (all of it when None): the names,
+    link targets, extended attributes and contents of every entry of each layer it adds, read on this
+    host where the engine keeps them (overlay2: one directory per layer, as inspect reports them).
+
+    A layer of `over` is skipped only when it is provably `over`'s: the image's layers start with
+    exactly `over`'s (RootFS diff ids, the sha256 of each layer's content) and the engine keeps them in
+    `over`'s own directories; a box writes only to its container's layer, never into an image's. On
+    another storage driver the whole exported filesystem is searched (filesystem_contains)."""
+    attrs = client.api.inspect_image(image)
+    if attrs["GraphDriver"]["Name"] != "overlay2":
+        return filesystem_contains(client, image, needles)
+    layers, dirs = _layer_dirs(attrs)
+    skip = 0
+    if over is not None:
+        base_layers, base_dirs = _layer_dirs(client.api.inspect_image(over))
+        assert layers[: len(base_layers)] == base_layers, f"{image} is not layered over {over}"
+        assert dirs[: len(base_dirs)] == base_dirs, f"{image} does not share {over}'s layers on disk"
+        skip = len(base_layers)
+    found: set[bytes] = set()
+    for directory in dirs[skip:]:
+        found.update(_tree_contains(directory, needles))
+    return sorted(found)
+
+
+def _layer_dirs(attrs: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """An overlay2 image's layers, bottom first: (diff ids, the directory holding each layer's content)."""
+    data = attrs["GraphDriver"]["Data"]
+    lower = [d for d in (data.get("LowerDir") or "").split(":") if d]
+    dirs = [*reversed(lower), data["UpperDir"]]
+    layers = list(attrs["RootFS"]["Layers"])
+    assert len(layers) == len(dirs), (layers, dirs)
+    return layers, dirs
+
+
+def _tree_contains(root: str, needles: list[bytes]) -> set[bytes]:
+    """Needles in a directory tree's entry names, link targets, extended attributes and file contents
+    (no link followed; devices, fifos and sockets are names only: overlay's whiteouts are devices)."""
+    found: set[bytes] = set()
+    keep = max(len(n) for n in needles)
+
+    def scan(data: bytes) -> None:
+        found.update(n for n in needles if n in data)
+
+    def attributes(path: bytes) -> None:
+        for attr in os.listxattr(path, follow_symlinks=False):
+            scan(os.fsencode(attr) + b"=" + os.getxattr(path, attr, follow_symlinks=False))
+
+    def unreadable(error: OSError) -> None:
+        raise error  # a directory left out would be a part not searched
+
+    attributes(os.fsencode(root))
+    for parent, subdirs, files in os.walk(os.fsencode(root), onerror=unreadable):
+        for name in [*subdirs, *files]:
+            path = os.path.join(parent, name)
+            scan(name)
+            attributes(path)
+            info = os.lstat(path)
+            if stat.S_ISLNK(info.st_mode):
+                scan(os.readlink(path))
+            elif stat.S_ISREG(info.st_mode):
+                with open(path, "rb") as handle:
+                    tail = b""
+                    while chunk := handle.read(16 << 20):
+                        window = tail + chunk
+                        scan(window)
+                        tail = window[-keep:]
+    return found
 
 
 def filesystem_contains(client: Any, image: str, needles: list[bytes]) -> list[bytes]:

@@ -2,8 +2,8 @@
 one gets its own `env`; playbooks/checkpoint.yml takes a flattened project default. One box holds both
 (secrets, and an API key in `env` as users pass them out of habit); it is captured once layered (the
 module, as Ansible runs it: lab.py) and once flattened (the playbook), and each image is searched
-once, its config and its exported filesystem, for every value (the layered one while the playbook
-flattens: the two use different resources, the search reads one image and the flatten writes another)."""
+once, its config and its filesystem, for every value: of the layered one what it adds over the box's
+image (its other layers are provably the image's), of the flattened one its whole single layer."""
 
 from __future__ import annotations
 
@@ -13,13 +13,12 @@ import secrets
 import subprocess
 import sys
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 
 from ansible_collections.agentbox.box.plugins.module_utils.core import _naming
-from tests.integration.checkpoint.lab import IMAGE, REPO, Lab, filesystem_contains, image_exists, open_lab
+from tests.integration.checkpoint.lab import IMAGE, REPO, Lab, image_exists, layers_contain, open_lab
 
 pytestmark = pytest.mark.integration
 
@@ -47,29 +46,31 @@ def sealed(client: Any) -> Iterator[dict[str, Any]]:
             "env": lab.sh(box, "env"),
             "printenv": lab.sh(box, "printenv MY_API_KEY"),
         }
-        # Positive control: a random token in a file of the box, which the search must find (a plain word
-        # could also match inside other files and prove nothing).
-        work_marker = f"work-{secrets.token_hex(12)}".encode()
-        lab.sh(box, f"cd /workspace && echo '{work_marker.decode()}' > work.txt")
-        needles = [token.encode(), api_key.encode(), env_key.encode(), work_marker]
+        # Positive controls: random tokens the search must find, in a file's content, a file's name and a
+        # link's target (a plain word could also match inside other files and prove nothing).
+        work, named, target = (f"{kind}-{secrets.token_hex(12)}" for kind in ("work", "name", "link"))
+        lab.sh(box, f"cd /workspace && echo '{work}' > work.txt && touch '{named}' && ln -s '/nowhere/{target}' link")
+        markers = sorted(marker.encode() for marker in (work, named, target))
+        needles = [token.encode(), api_key.encode(), env_key.encode(), *markers]
+        box_image = lab.client.containers.get(_naming.container_name(box)).attrs["Image"]
         layered = lab.ok_checkpoint(box=box, name="sec-0")["checkpoint"]
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            # One pass over the exported filesystem for every value, started now: the layered image is made.
-            layered_found = pool.submit(filesystem_contains, lab.client, layered["image"], needles)
-            # The flattened one (the costly kind) through the playbook, as a user takes a project default.
-            playbook = checkpoint_playbook(lab, "-e", f"box={box}", "-e", "checkpoint=pb-flat", "-e", "merged=true",
-                                           "-e", "set_default=true")  # fmt: skip
-            assert playbook.returncode == 0, playbook.stdout[-3000:] + playbook.stderr[-2000:]
-            listed = lab.module("agentbox_checkpoint_info", {"box": box})
-            flattened = {c["name"]: c for c in listed["checkpoints"]}["pb-flat"]
-            found = {"layered": layered_found.result(),
-                     "flattened": filesystem_contains(lab.client, flattened["image"], needles)}  # fmt: skip
+        # One pass for every value over what the layered image adds to the box's image (the layers
+        # below are the box image's own, proven so by layers_contain).
+        found = {"layered": layers_contain(lab.client, layered["image"], needles, over=box_image)}
+        # The flattened one (the costly kind) through the playbook, as a user takes a project default.
+        playbook = checkpoint_playbook(lab, "-e", f"box={box}", "-e", "checkpoint=pb-flat", "-e", "merged=true",
+                                       "-e", "set_default=true")  # fmt: skip
+        assert playbook.returncode == 0, playbook.stdout[-3000:] + playbook.stderr[-2000:]
+        listed = lab.module("agentbox_checkpoint_info", {"box": box})
+        flattened = {c["name"]: c for c in listed["checkpoints"]}["pb-flat"]
+        # Its one layer holds the whole filesystem: all of it is searched.
+        found["flattened"] = layers_contain(lab.client, flattened["image"], needles)
         kinds: dict[str, dict[str, Any]] = {}
         for kind, saved in (("layered", layered), ("flattened", flattened)):
             inspect = subprocess.run(["docker", "image", "inspect", saved["image"]], capture_output=True, check=True).stdout
             kinds[kind] = {"saved": saved, "inspect": inspect, "found": found[kind]}
         yield {"lab": lab, "workspace": workspace, "box": box, "token": token, "api_key": api_key,
-               "env_key": env_key, "work_marker": work_marker, "held": held, "kinds": kinds,
+               "env_key": env_key, "markers": markers, "held": held, "kinds": kinds,
                "playbook": playbook, "listed": listed}  # fmt: skip
 
 
@@ -95,8 +96,8 @@ def test_secrets_are_in_neither_kind_of_checkpoint(sealed: dict[str, Any]) -> No
         assert saved["type"] == kind
         assert b"visible" not in inspect  # the box's env is not the checkpoint's (see the test below)
         assert not any(n in inspect for n in needles), saved["type"]
-        # The marker is found, no secret is.
-        assert made["found"] == [sealed["work_marker"]], saved["type"]
+        # The markers are found, no secret is.
+        assert made["found"] == sealed["markers"], saved["type"]
 
     # A box whose environment holds one of its secrets is refused, and nothing is made.
     # (checkpoint none: a fresh box, not one of the project default the playbook set)
@@ -118,7 +119,7 @@ def test_box_env_is_in_neither_kind_of_checkpoint(sealed: dict[str, Any]) -> Non
         assert key.encode() not in inspect, kind
         # Exactly the image's own environment: no key the box added, not even a blanked one.
         assert json.loads(inspect)[0]["Config"]["Env"] == lab.client.images.get(IMAGE).attrs["Config"]["Env"]
-        assert made["found"] == [sealed["work_marker"]], kind
+        assert made["found"] == sealed["markers"], kind
         own = "sk-own-" + secrets.token_hex(8)
         restored = lab.ok_box(f"env-r{int(kind == 'flattened')}", workspace, checkpoint=saved["name"],
                               env={"MY_API_KEY": own}, boot=False)  # its env is the container's: no boot needed

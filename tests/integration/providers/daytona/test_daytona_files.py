@@ -4,13 +4,16 @@ followed literally (it must name -e provider=daytona, or it restores on the loca
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import uuid
+from unittest import mock
 
 from tests.conftest import REPO, chown_tree, git, make_repo
 from tests.integration.playbooks.test_playbook_output import flat, line, restore_hint
 from tests.integration.providers.daytona.test_daytona_provider import VENV_BIN, World, world  # noqa: F401  # pylint: disable=unused-import
+from tests.unit.support.inprocess import run_module_inprocess
 
 
 def test_files_in_and_out_and_the_restore_hint_on_daytona(world: World) -> None:  # noqa: F811
@@ -57,9 +60,10 @@ def test_files_in_and_out_and_the_restore_hint_on_daytona(world: World) -> None:
         # The snapshot carried no .env: the restored box has at most the dangling link.
         assert world.provider().exec(restored, ["cat", "/workspace/.env"]).rc != 0
     finally:
-        for name in (restored, box):
-            world.playbook("destroy_box.yml", f"box={name}", check=False)
-        subprocess.run([str(VENV_BIN / "ansible"), "-i", "localhost,", "-c", "local", "localhost", "-m",
-                        "agentbox.box.agentbox_checkpoint", "-a",
-                        f"provider=daytona workspace={ws} name=nchint state=absent"],
-                       cwd=REPO, env=world.env(), capture_output=True, check=False)  # fmt: skip
+        # Both boxes and the snapshot removed by the modules' own main, in this process (destroy_box.yml
+        # and checkpoint removal are proven elsewhere): no Ansible start for the clean-up.
+        with mock.patch.dict(os.environ, world.env(), clear=True):
+            for name in (restored, box):
+                run_module_inprocess("agentbox_box", {"provider": "daytona", "name": name, "state": "absent"})
+            run_module_inprocess("agentbox_checkpoint", {"provider": "daytona", "workspace": str(ws), "name": "nchint",
+                                                         "state": "absent"})  # fmt: skip
