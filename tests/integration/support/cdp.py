@@ -72,7 +72,8 @@ class Browser:
         while True:
             message = json.loads(read_message(self.sock))
             if message.get("id") == self.next_id:
-                assert "error" not in message, f"{method}: {message['error']}"
+                if "error" in message:
+                    raise CDPError(f"{method}: {message['error']}")
                 return message.get("result", {})
 
     def open(self, url: str) -> None:
@@ -86,7 +87,12 @@ class Browser:
         """Evaluate `expression` until it is truthy (its value), at most `seconds`: waits on the page's state."""
         deadline = time.monotonic() + seconds
         while True:
-            value = self.evaluate(expression)
+            try:
+                value = self.evaluate(expression)
+            except CDPError as exc:  # a page that moves on (a redirect) has no context to evaluate in meanwhile
+                if not any(words in str(exc) for words in NAVIGATING) or time.monotonic() > deadline:
+                    raise
+                value = None
             if value or time.monotonic() > deadline:
                 return value
             time.sleep(0.05)
@@ -95,6 +101,14 @@ class Browser:
         data = self.call("Page.captureScreenshot", format="png")["data"]
         with open(path, "wb") as handle:
             handle.write(base64.b64decode(data))
+
+
+class CDPError(AssertionError):
+    """A DevTools command the browser answered with an error."""
+
+
+# What the browser answers an evaluation while the page navigates (the screen's page forwards to noVNC).
+NAVIGATING = ("Inspected target navigated or closed", "Execution context was destroyed", "Cannot find context")
 
 
 def connect_websocket(url: str) -> socket.socket:
