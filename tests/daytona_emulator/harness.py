@@ -157,11 +157,14 @@ def remove_instance_leftovers(instance_id: str) -> None:
     import docker
     import docker.errors
 
-    client = docker.from_env()
+    client = docker.from_env(timeout=120)  # never a clean-up that waits on the engine for ever
     try:
         label = f"{EMULATOR_LABEL}={instance_id}"
-        for container in client.containers.list(all=True, filters={"label": label}):
-            container.remove(force=True)
+        # The engine's listing alone: the SDK's list() inspects each container, and one being removed meanwhile
+        # hung a full run's teardown on that inspect.
+        for container in client.api.containers(all=True, filters={"label": label}):
+            with contextlib.suppress(docker.errors.NotFound):
+                client.api.remove_container(container["Id"], force=True)
         for image in client.images.list(filters={"label": label}):
             for ref in image.tags or [image.id]:
                 with contextlib.suppress(docker.errors.APIError):
