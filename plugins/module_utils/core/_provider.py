@@ -17,7 +17,7 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any
 
 from ..egress._egress_policy import EgressPolicy
@@ -449,6 +449,20 @@ class Provider(abc.ABC):
 # execs in a box that may never answer (a hostile box's replaced git) bounds them all at once, without each
 # helper on the way passing a timeout along.
 _EXEC_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("agentbox_exec_deadline", default=None)
+
+
+def own_network(provider: str, network_given: bool, mapped: Callable[[], Any], hint: str) -> Any:
+    """An egress policy as `provider`'s own network setting (Daytona's, boxd's: docs/egress.md "Daytona and
+    boxd"): what `mapped` makes of it. ProviderError when the `network` create option was given too (`hint`
+    says how the two relate), or when the policy cannot be said there (the mapping's ValueError, which names
+    what to write instead)."""
+    if network_given:
+        raise ProviderError(f"egress and network were both given: a {provider} box's network is one or the other "
+                            f"({hint}); drop one")
+    try:
+        return mapped()
+    except ValueError as exc:
+        raise ProviderError(str(exc)) from None
 
 
 @contextlib.contextmanager

@@ -48,6 +48,7 @@ from ...core._provider import (
     Provider,
     ProviderError,
     SshProxy,
+    own_network,
 )
 from ...core._shell_line import command_line, gib
 from ...egress._egress_policy import EgressPolicy
@@ -181,13 +182,8 @@ class BoxdProvider(Provider):
         self._lock = threading.Lock()
 
     def egress_network(self, policy: EgressPolicy) -> bool:
-        if self._network_option:
-            raise ProviderError("egress and network were both given: a boxd box's egress allow list is one or the "
-                                "other (egress: allowlist is the default list plus egress_allow); drop one")
-        try:
-            self._egress = egress_allow_for(policy)  # in place of AGENTBOX_BOXD_EGRESS_ALLOW's
-        except ValueError as exc:
-            raise ProviderError(str(exc)) from None
+        self._egress = own_network("boxd", self._network_option, lambda: egress_allow_for(policy),  # the env's list
+                                   "egress: allowlist is the default list plus egress_allow")
         return True
 
     # -- plumbing -------------------------------------------------------------------------------

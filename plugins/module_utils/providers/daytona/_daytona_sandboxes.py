@@ -22,7 +22,7 @@ from typing import Any
 
 from ...core._boot import boot_box
 from ...core._naming import BOX_USER, SECRETS_DIR, label, strip_labels
-from ...core._provider import BoxFacts, BoxNotFound, BoxSpec, ProviderError
+from ...core._provider import BoxFacts, BoxNotFound, BoxSpec, ProviderError, own_network
 from ...core._shell_line import gib
 from ...egress._egress_policy import EgressPolicy
 from .._snapshot_store import parse_snapshot_name
@@ -164,13 +164,8 @@ class DaytonaSandboxes(DaytonaSnapshots):
             self.retry_deadline = float(retry_deadline)
 
     def egress_network(self, policy: EgressPolicy) -> bool:
-        if self._network_option:
-            raise ProviderError("egress and network were both given: a Daytona box's network is one or the other "
-                                "(egress: none is network: block_all); drop one")
-        try:
-            self._network = daytona_egress_network(policy)  # in place of AGENTBOX_DAYTONA_NETWORK's
-        except ValueError as exc:
-            raise ProviderError(str(exc)) from None
+        self._network = own_network("Daytona", self._network_option, lambda: daytona_egress_network(policy),
+                                    "egress: none is network: block_all")  # in place of AGENTBOX_DAYTONA_NETWORK's
         return True
 
     def _facts(self, sandbox: Any, web_url: str | None = None) -> BoxFacts:
