@@ -312,14 +312,15 @@ class DockerProvider(Provider):
         return self._facts(container)
 
     def list_boxes(self, project: str | None = None) -> list[BoxFacts]:
-        # The engine filters by label: the boxes (of the project, when asked), and the pooled containers, which
-        # a claim made boxes when they carry another name (their labels, the project's too, are read through
-        # their claim records: _claimed, one more request when there is one). /containers/json already carries
-        # labels, state and ports. Probes and other kinds never leave the engine.
+        # One request (list_boxes runs on every inventory read and relay pass; over docker_ssh each request is a
+        # round trip): the engine's label filters are ANDed, so boxes and pooled containers cannot be asked for
+        # in one filter, and the kinds are told apart here. /containers/json already carries labels, state and
+        # ports; a pooled container a claim made a box under another name is read through its claim record
+        # (_claimed: one more request, only when there is one), the project's label included.
         with self._engine_call("", "list boxes") as engine:
-            of_project = [f"{label('project')}={project}"] if project else []
-            summaries = engine.containers([label("kind") + "=box", *of_project]) + \
-                _claimed.listed_as_boxes(engine, engine.containers([label("kind") + "=pool"]))
+            listed = engine.containers([label("kind")])
+            summaries = [s for s in listed if (s.get("Labels") or {}).get(label("kind")) == "box"] + \
+                _claimed.listed_as_boxes(engine, listed)
         boxes = [self._facts_from_summary(s) for s in summaries
                  if not project or (s.get("Labels") or {}).get(label("project")) == project]
         if self._other_isolation():
