@@ -22,6 +22,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import time
 from typing import Any
 
@@ -245,8 +246,9 @@ def make_pooled(provider: Provider, key: str, image: str, checkpoint: str | None
         if summary is None:
             raise ProviderError(f"image {image} has no {BOOT_COMMAND}: a pooled box is booted before its claim",
                                 box=name, operation="pool")
+        # The box's word (a checkpoint's image may be any box's): ASCII digits, bounded, or nothing known.
         found = [line[len("memory="):] for line in output.splitlines() if line.startswith("memory=")]
-        memory = int(found[-1]) if found and found[-1].isdigit() else 0
+        memory = int(found[-1]) if found and re.fullmatch(r"[0-9]{1,15}", found[-1]) else 0
         provider.pause(name)
     except BaseException:
         provider.pool_store().remove(facts.container, name)  # type: ignore[attr-defined]
