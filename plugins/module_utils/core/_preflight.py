@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import os
+import stat
 import sys
 from types import ModuleType
 from typing import Any
@@ -124,8 +125,8 @@ def _project_config(workspace: str) -> Any:
     except OSError:
         return None
     ctl = _ctl()
-    if ctl is None or not os.path.isfile(path):
-        return None  # away from the collection's roles: the box's supervisor reports the file
+    if ctl is None or not stat.S_ISREG(found.st_mode):
+        return None  # not a file, or away from the collection's roles: the box's supervisor reports the file
     key = (path, found.st_ino, found.st_size, found.st_mtime_ns)
     if key not in _parsed:
         _parsed.clear()
